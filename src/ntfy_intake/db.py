@@ -1,0 +1,95 @@
+"""SQLite foundation: connections, the one write-transaction helper, and the migration ledger.
+
+Invariants owned here:
+- every connection is in autocommit mode (isolation_level=None), WAL, synchronous=FULL,
+  foreign keys on, and a busy timeout, so no transaction is ever opened implicitly;
+- every write goes through `write_txn`, which starts with BEGIN IMMEDIATE (the write lock is taken
+  up front, so two writers serialize instead of failing at COMMIT) and rolls back on any exception;
+- migrations are an ordered, named list, each applied once in its own transaction and recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from ntfy_intake.errors import InjectedFault
+
+BUSY_TIMEOUT_MS = 10_000
+
+# A hook that tests set to raise between the last statement of a transaction and its COMMIT.
+# It is None in production; `write_txn` calls it only when set.
+BeforeCommit = Callable[[], None]
+
+
+def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+    """Open the database file with the settings every module relies on."""
+    path = Path(path)
+    if not readonly:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.exists():
+            # Create 0600 before SQLite touches it: alert content lives here.
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+            os.close(fd)
+    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    conn = sqlite3.connect(
+        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+    )
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    if not readonly:
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+@contextlib.contextmanager
+def write_txn(
+    conn: sqlite3.Connection, *, before_commit: BeforeCommit | None = None
+) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, rolling back every table on any exception.
+
+    `before_commit` exists for failure-mode tests: it runs after the body's last statement and
+    before COMMIT, so a fault raised there must leave every table untouched.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        if before_commit is not None:
+            before_commit()
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def fail_before_commit() -> None:
+    """A `before_commit` hook that always fails (for tests)."""
+    raise InjectedFault()
+
+
+Migration = tuple[str, Sequence[str]]
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[str]:
+    """Apply pending migrations, each in its own transaction; return their names."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " name TEXT PRIMARY KEY,"
+        " applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
+    )
+    applied = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")}
+    done: list[str] = []
+    for name, statements in migrations:
+        if name in applied:
+            continue
+        with write_txn(conn):
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations(name) VALUES (?)", (name,))
+        done.append(name)
+    return done

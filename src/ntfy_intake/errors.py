@@ -1,0 +1,43 @@
+"""The exception tree. Expected failures (a webhook 500, a bad frame) are values, not exceptions.
+
+IntakeError
+├── ConfigError        a bad setting; the CLI prints one line naming the key and exits 2
+├── StoreError         SQLite refused a statement (wrapped, original in __cause__)
+│   └── InjectedFault  a test-only fault raised between the last statement and COMMIT
+├── AuditWriteError    the JSONL audit log could not be appended or fsynced (trips the latch)
+└── FeedError          an agent-feed request that cannot be honoured (ack beyond head, ...)
+"""
+
+from __future__ import annotations
+
+
+class IntakeError(Exception):
+    """ntfy-intake failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(IntakeError):
+    """A configuration value is invalid."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"config error: {key}: {problem}")
+
+
+class StoreError(IntakeError):
+    """The SQLite store refused an operation."""
+
+
+class InjectedFault(StoreError):
+    """A fault injected by a test between the last statement and COMMIT."""
+
+
+class AuditWriteError(IntakeError):
+    """The audit log could not be written durably."""
+
+
+class FeedError(IntakeError):
+    """The agent feed refused a request."""
