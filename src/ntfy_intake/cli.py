@@ -1,11 +1,185 @@
-"""Command line entry point (placeholder until the commands land)."""
+"""`ntfy-intake`: the command line. The only reader of sys.argv; maps errors to exit codes.
+
+Exit codes: 0 ok, 1 unhealthy / failed, 2 bad configuration or usage (one line naming the key).
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
 import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ntfy_intake import __version__
+from ntfy_intake.errors import ConfigError, IntakeError
+
+if TYPE_CHECKING:
+    from ntfy_intake.daemon import Daemon
+    from ntfy_intake.settings import Settings
+
+Command = Callable[[argparse.Namespace], int]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(f"ntfy-intake: not implemented yet: {args}", file=sys.stderr)
-    return 2
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command: Command = args.command
+    try:
+        return command(args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except IntakeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ntfy-intake",
+        description="Exactly one recorded outcome per ntfy alert, across any crash.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def add(name: str, command: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(command=command)
+        return p
+
+    def config_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--config",
+            type=Path,
+            default=None,
+            help="TOML config file (env: NTFY_INTAKE_CONFIG); every key also has an env twin",
+        )
+
+    p = add("run", _cmd_run, "run the daemon in the foreground")
+    config_arg(p)
+
+    p = add("status", _cmd_status, "show intake, outbox and audit state")
+    config_arg(p)
+    p.add_argument("--json", action="store_true", help="one JSON object, for machines")
+
+    p = add("check", _cmd_check, "exit 0 when healthy, 1 when not (container health check)")
+    config_arg(p)
+
+    p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--keepalive", default="45s", help="keepalive interval (duration)")
+    p.add_argument("--cache-duration", default="12h", help="message cache duration (duration)")
+
+    p = add("receiver", _cmd_receiver, "run the reference triage receiver")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8790)
+    p.add_argument("--db", type=Path, default=Path("receiver.sqlite3"), help="receipt store")
+
+    p = add("demo", _cmd_demo, "zero-setup end-to-end demo on loopback, in a temp dir")
+    p.add_argument("--alerts", type=int, default=0, help="extra generated alerts to publish")
+    return parser
+
+
+def _load_settings(args: argparse.Namespace) -> Settings:
+    from ntfy_intake import settings  # noqa: PLC0415 - imports stay lazy so `--help` is fast
+
+    return settings.load(args.config, os.environ)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ntfy_intake import logs  # noqa: PLC0415
+    from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
+
+    settings = _load_settings(args)
+    logs.configure()
+    daemon = Daemon(settings, crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")))
+    return asyncio.run(_serve_daemon(daemon))
+
+
+async def _serve_daemon(daemon: Daemon) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await daemon.run(stop)
+    return 1 if daemon.failed else 0
+
+
+def _open_readonly(args: argparse.Namespace) -> tuple[sqlite3.Connection | None, Settings]:
+    from ntfy_intake import db  # noqa: PLC0415
+
+    settings = _load_settings(args)
+    path = settings.state.database
+    if not path.exists():
+        return None, settings
+    return db.connect(path, readonly=True), settings
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from ntfy_intake import status  # noqa: PLC0415
+
+    conn, settings = _open_readonly(args)
+    if conn is None:
+        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        return 1
+    report = status.collect(conn, settings, time.time())
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(status.render(report))
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from ntfy_intake import status  # noqa: PLC0415
+
+    conn, settings = _open_readonly(args)
+    if conn is None:
+        print("unhealthy: no state yet", file=sys.stderr)
+        return 1
+    ok, why = status.healthy(status.collect(conn, settings, time.time()))  # type: ignore[arg-type]
+    print(("healthy: " if ok else "unhealthy: ") + why)
+    return 0 if ok else 1
+
+
+def _duration_arg(name: str, text: str) -> float:
+    from ntfy_intake.durations import parse_duration  # noqa: PLC0415
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(name, str(exc)) from exc
+
+
+def _cmd_emulator(args: argparse.Namespace) -> int:
+    from ntfy_intake.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
+
+    config = EmulatorConfig(
+        keepalive_interval=_duration_arg("--keepalive", args.keepalive),
+        cache_duration=_duration_arg("--cache-duration", args.cache_duration),
+    )
+    serve_forever(args.host, args.port, config)
+    return 0
+
+
+def _cmd_receiver(args: argparse.Namespace) -> int:
+    from ntfy_intake import receiver  # noqa: PLC0415
+
+    receiver.serve(args.host, args.port, args.db)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ntfy_intake import demo  # noqa: PLC0415
+
+    return demo.run(extra_alerts=args.alerts)

@@ -35,6 +35,10 @@ class InjectedFault(StoreError):
     """A fault injected by a test between the last statement and COMMIT."""
 
 
+class StateLockedError(IntakeError):
+    """Another daemon holds the state directory."""
+
+
 class AuditWriteError(IntakeError):
     """The audit log could not be written durably."""
 

@@ -1,0 +1,473 @@
+"""The daemon: local recovery, then intake -> inbox transaction -> audit -> cursor, until stopped.
+
+Reading order of one event (DESIGN.md section 2):
+  Intake reads a frame and queues it                      (intake.py, no database)
+  the writer takes a batch, records it in ONE transaction  (inbox.record_batch)
+  appends the batch's audit records, flush + fsync         (audit.flush)
+  and hands the durable events to the resume point         (cursor.ResumePoint)
+  the ticker moves the persisted cursor once the reorder window has passed (cursor.save).
+The relay and the agent feed read the outbox on their own; a webhook outage never stalls intake.
+
+All database work runs in a worker thread under one lock, so the event loop keeps reading the
+socket (and the keepalive watchdog keeps time) while SQLite fsyncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+import structlog
+
+from ntfy_intake import audit, cadence, db, feed, inbox, intake, outbox, relay, schema
+from ntfy_intake.cursor import Cursor, ResumePoint
+from ntfy_intake.cursor import load as load_cursor
+from ntfy_intake.cursor import save as save_cursor
+from ntfy_intake.errors import AuditWriteError, StateLockedError
+from ntfy_intake.frames import Junk, Message
+from ntfy_intake.settings import Settings
+
+log = structlog.get_logger("ntfy_intake.daemon")
+
+MAX_BATCH = 500
+TICK_SECONDS = 0.05
+HEALTH_EVERY = 2.0
+HEALTH_KEY = "health"
+FEED_SENDER = "ntfy-intake"
+TRIAGE_CHANNEL = "triage"
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def migrations() -> list[db.Migration]:
+    return [*schema.CORE, *((name, list(sql)) for name, sql in feed.FEED_MIGRATIONS)]
+
+
+class CrashPoints:
+    """Test-only: SIGKILL this process when a named point is reached (inert unless armed).
+
+    Armed by the drill through NTFY_INTAKE_TEST_CRASH_AT=<point>[:<nth hit>]; never in production.
+    """
+
+    def __init__(self, spec: str | None) -> None:
+        self.point: str | None = None
+        self.remaining = 0
+        if spec:
+            point, _, nth = spec.partition(":")
+            self.point = point
+            self.remaining = int(nth) if nth.isdigit() else 1
+
+    def hit(self, point: str) -> None:
+        if self.point != point:
+            return
+        self.remaining -= 1
+        if self.remaining <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(slots=True)
+class Counters:
+    recorded: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    quarantined: int = 0
+    batches: int = 0
+    cursor_moves: int = 0
+    last_event_wall: float | None = None
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        crash_points: CrashPoints | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.crash = crash_points or CrashPoints(None)
+        self.transport = transport
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.health = intake.IntakeHealth()
+        self.counters = Counters()
+        self.resume = ResumePoint(settings.ntfy.reorder_window)
+        self.latched = False
+        self.failed = False  # a task died: exit non-zero so systemd restarts us
+        self.policy = cadence.Policy(debounce=settings.cadence.debounce)
+        self.queue: asyncio.Queue[intake.Received | intake.GapFound] = asyncio.Queue()
+        self._db_lock = asyncio.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._relay_conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self.relay: relay.Relay | None = None
+        self._next_release: float | None = None
+        self._audit = audit.AuditLog(settings.state.audit_dir, clock)
+        self._cursor: Cursor | None = None
+        self.ready = asyncio.Event()
+
+    # -- database access: one lock, one worker thread at a time ------------------------------
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        assert self._conn is not None, "daemon not started"
+        return self._conn
+
+    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        async with self._db_lock:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Local recovery, before READY: open the store, migrate, replay unwritten audit records."""
+        self.settings.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = _exclusive_lock(self.settings.state.dir / "daemon.lock")
+        self._conn = db.connect(self.settings.state.database)
+        db.migrate(self._conn, migrations())
+        try:
+            written = audit.recover(self._conn, self._audit)
+            if written:
+                log.warning("audit.recovered", lines=written)
+        except AuditWriteError as exc:
+            self._trip_latch_sync(str(exc))
+        cursor = load_cursor(self._conn)
+        if cursor is None:
+            cursor = self._first_cursor()
+            save_cursor(self._conn, cursor, self.clock())
+            log.info("intake.first_start", since=cursor.since)
+        self._cursor = cursor
+        self._next_release = outbox.next_release_at(self._conn)
+
+    def _first_cursor(self) -> Cursor:
+        first = self.settings.ntfy.first_start
+        if first.mode == "all":
+            return Cursor.everything()
+        history = first.seconds if first.mode == "history" else 0.0
+        # Persisted at once: a crash before the first event resumes from this time, inclusive.
+        return Cursor.at_time(int(self.clock() - history))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self._conn is None:
+            await asyncio.to_thread(self.recover)
+        self.ready.set()
+        intake_stop = asyncio.Event()
+        async with httpx.AsyncClient(transport=self.transport) as client:
+            reader = intake.Intake(
+                intake.IntakeConfig(
+                    base_url=self.settings.ntfy.url,
+                    topics=self.settings.ntfy.topics,
+                    token=self.settings.ntfy.token,
+                    keepalive_timeout=self.settings.ntfy.keepalive_timeout,
+                ),
+                client,
+                sink=self.queue.put_nowait,
+                current_cursor=self._current_cursor,
+                on_rejected_cursor=self._drop_cursor,
+                new_generation=self.resume.connection_lost,
+                health=self.health,
+            )
+            tasks = [
+                asyncio.create_task(reader.run(intake_stop), name="intake"),
+                asyncio.create_task(self._writer(), name="writer"),
+                asyncio.create_task(self._ticker(), name="ticker"),
+            ]
+            relay_stop = asyncio.Event()
+            if self.settings.relay.url is not None:
+                self._relay_conn = db.connect(self.settings.state.database)
+                self.relay = relay.Relay(
+                    self._relay_conn,
+                    client,
+                    url=self.settings.relay.url,
+                    timeout=self.settings.relay.timeout,
+                    max_attempts=self.settings.relay.max_attempts,
+                    clock=self.clock,
+                    flush_audit=self._flush_audit,
+                    after_post=lambda: self.crash.hit("after_post"),
+                )
+                tasks.append(asyncio.create_task(self.relay.run(relay_stop), name="relay"))
+            stop_wait = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop_wait and task.exception() is not None:
+                    log.error(
+                        "daemon.task_failed", task=task.get_name(), error=repr(task.exception())
+                    )
+                    stop.set()
+            await self._drain(intake_stop, tasks[0])
+            relay_stop.set()
+            if self.relay is not None:
+                self.relay.wakeup.set()
+                # In-flight deliveries finish (bounded by the relay timeout) or stay leased,
+                # which the next start releases: never marked delivered without a 2xx.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.shield(tasks[3]), timeout=self.settings.relay.timeout + 1
+                    )
+            for task in tasks[1:]:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            stop_wait.cancel()
+        await self._flush_audit()
+        await self._db(self._write_health, final=True)
+        self._audit.close()
+        self.conn.close()
+        if self._relay_conn is not None:
+            self._relay_conn.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        log.info("daemon.stopped", recorded=self.counters.recorded)
+
+    async def _drain(self, intake_stop: asyncio.Event, reader: asyncio.Task[None]) -> None:
+        """Graceful stop: keep the stream open for one reorder window so the cursor can settle
+        on an id, make everything read durable, move the cursor, then close the stream."""
+        if self.resume.oldest_read_at is not None and not reader.done():
+            await asyncio.sleep(self.settings.ntfy.reorder_window)
+        await self._wait_queue_empty()
+        await self._settle_cursor()
+        intake_stop.set()
+        with contextlib.suppress(Exception):
+            await reader
+        await self._wait_queue_empty()
+
+    async def _wait_queue_empty(self) -> None:
+        await self.queue.join()
+
+    # -- cursor callbacks for intake -------------------------------------------------------------
+
+    async def _current_cursor(self) -> Cursor:
+        cursor = await self._db(load_cursor, self.conn)
+        assert cursor is not None
+        self._cursor = cursor
+        return cursor
+
+    async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
+        """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
+        detail = intake.describe_error_body(body)
+        notice = inbox.Notice(
+            "fallback_400",
+            f"ntfy rejected the saved cursor since={cursor.since!r} ({detail}); "
+            "replaying everything the server still holds. Nothing is lost; duplicates are absorbed.",
+            key=f"fallback_400:{cursor.value}",
+        )
+        await self._db(self._record_drop, notice)
+        self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
+        await self._flush_audit()
+
+    def _record_drop(self, notice: inbox.Notice) -> None:
+        now = self.clock()
+        with db.write_txn(self.conn):
+            self.conn.execute(
+                "UPDATE cursor SET kind = 'all', value = 'all', message_time = NULL,"
+                " updated_at = ? WHERE id = 1",
+                (now,),
+            )
+            inbox.record_notice(self.conn, notice, now)
+
+    # -- the writer: batch -> transaction -> audit -> resume point --------------------------------
+
+    async def _writer(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < MAX_BATCH and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            try:
+                await self._record(batch)
+            finally:
+                for _ in batch:
+                    self.queue.task_done()
+
+    async def _record(self, batch: list[intake.Received | intake.GapFound]) -> None:
+        frames: list[Message | Junk | inbox.Notice] = []
+        for item in batch:
+            if isinstance(item, intake.GapFound):
+                frames.append(self._gap_notice(item))
+            else:
+                frames.append(item.frame)
+        result = await self._db(
+            inbox.record_batch,
+            self.conn,
+            frames,
+            self.clock(),
+            policy=self.policy,
+            relay_enabled=self.settings.relay.url is not None,
+            feed_append=_feed_append,
+        )
+        self.crash.hit("after_inbox_commit")
+        self.counters.batches += 1
+        self.counters.recorded += result.recorded
+        self.counters.duplicates += result.duplicates
+        self.counters.conflicts += result.conflicts
+        self.counters.quarantined += result.quarantined
+        if result.recorded:
+            self.counters.last_event_wall = self.clock()
+            self._next_release = await self._db(outbox.next_release_at, self.conn)
+        if result.released and self.relay is not None:
+            self.relay.wakeup.set()
+        if not await self._flush_audit():
+            return  # latched: the cursor stays frozen for the life of the process
+        self.crash.hit("after_audit_write")
+        for candidate in result.candidates:
+            item = batch[candidate.index]
+            assert isinstance(item, intake.Received)
+            self.resume.durable(
+                candidate.event_id,
+                candidate.message_time,
+                cached=candidate.cached,
+                read_at=item.read_at,
+                generation=item.generation,
+            )
+
+    def _gap_notice(self, gap: intake.GapFound) -> inbox.Notice:
+        start = _utc(gap.window_start)
+        end = _utc(gap.window_end)
+        return inbox.Notice(
+            "gap",
+            f"Possible alert loss: ntfy no longer holds the last recorded message "
+            f"({gap.cursor.value}). Anything published between {start} and {end} that is not in "
+            "the audit log may be gone for good.",
+            key=f"gap:{gap.cursor.value}",
+            fields={"window_start": start, "window_end": end, "cursor": gap.cursor.value},
+        )
+
+    async def _flush_audit(self) -> bool:
+        if self.latched:
+            return False
+        try:
+            await self._db(audit.flush, self.conn, self._audit)
+        except AuditWriteError as exc:
+            await self._db(self._trip_latch_sync, str(exc))
+            return False
+        return True
+
+    def _trip_latch_sync(self, detail: str) -> None:
+        """Freeze the cursor for this process and queue exactly one owner notice."""
+        if self.latched:
+            return
+        self.latched = True
+        log.error("audit.latched", detail=detail)
+        notice = inbox.Notice(
+            "latch",
+            f"The audit log cannot be written ({detail}). Intake keeps recording, but the "
+            "cursor is frozen until a restart; free the disk or fix permissions, then restart.",
+            key=f"latch:{self.boot_id}",
+        )
+        with db.write_txn(self.conn):
+            inbox.record_notice(self.conn, notice, self.clock())
+
+    # -- the ticker: cursor, debounce releases, health ------------------------------------------
+
+    async def _ticker(self) -> None:
+        last_health = 0.0
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            await self._settle_cursor()
+            if self._next_release is not None and self._next_release <= self.clock():
+                await self._db(self._release_due)
+                if self.relay is not None:
+                    self.relay.wakeup.set()
+            now = time.monotonic()
+            if now - last_health >= HEALTH_EVERY:
+                last_health = now
+                await self._db(self._write_health)
+
+    async def _settle_cursor(self) -> None:
+        cursor = self.resume.settle(time.monotonic())
+        if cursor is None or self.latched:
+            return
+        await self._db(save_cursor, self.conn, cursor, self.clock())
+        self._cursor = cursor
+        self.counters.cursor_moves += 1
+
+    def _release_due(self) -> None:
+        """Debounce windows that closed with no new event: freeze and release their requests."""
+        with db.write_txn(self.conn):
+            outbox.release_due(
+                self.conn,
+                self.clock(),
+                relay_enabled=self.settings.relay.url is not None,
+                feed_append=_feed_append,
+            )
+        self._next_release = outbox.next_release_at(self.conn)
+
+    def health_snapshot(self) -> dict[str, Any]:
+        now_mono = time.monotonic()
+        frame_age = None
+        if self.health.last_frame_at is not None:
+            frame_age = round(now_mono - self.health.last_frame_at, 3)
+        return {
+            "pid": os.getpid(),
+            "boot_id": self.boot_id,
+            "updated_at": self.clock(),
+            "state": self.health.state,
+            "last_frame_wall": self.health.last_frame_wall,
+            "last_frame_age_s": frame_age,
+            "last_event_wall": self.counters.last_event_wall,
+            "connections": self.health.connections,
+            "attempts": self.health.attempts,
+            "watchdog_drops": self.health.watchdog_drops,
+            "failures": dict(self.health.failures),
+            "last_error": self.health.last_error,
+            "latch": self.latched,
+            "recorded": self.counters.recorded,
+            "duplicates": self.counters.duplicates,
+        }
+
+    def _write_health(self, *, final: bool = False) -> None:
+        snapshot = self.health_snapshot()
+        if final:
+            snapshot["state"] = "stopped"
+        with db.write_txn(self.conn):
+            self.conn.execute(
+                "INSERT INTO kv(name, value) VALUES (?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                (HEALTH_KEY, json.dumps(snapshot)),
+            )
+
+
+def _feed_append(
+    conn: sqlite3.Connection, key: str, payload: dict[str, Any], summary: str, now: float
+) -> None:
+    feed.append(
+        conn,
+        TRIAGE_CHANNEL,
+        payload,
+        delivery_key=key,
+        sender=FEED_SENDER,
+        summary=summary,
+        idempotency_key=key,
+        now=now,
+    )
+
+
+def _exclusive_lock(path: Path) -> int:
+    """One daemon per state directory: a second one would race the cursor and the audit log."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateLockedError(
+            f"another ntfy-intake daemon is using {path.parent} (lock {path.name})"
+        ) from None
+    return fd
+
+
+def _utc(ts: int) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

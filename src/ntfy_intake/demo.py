@@ -1,0 +1,172 @@
+"""`ntfy-intake demo`: the whole pipeline on loopback, in a temp dir, with no setup.
+
+A bundled ntfy-compatible server, the daemon, and the reference triage receiver run in this
+process; sample alerts are published; the demo prints what happened to each (its recorded
+outcome, and the delivery of its triage request) straight from the audit log, then exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ntfy_intake import audit, receiver, settings
+from ntfy_intake.daemon import Daemon
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.sanitize import one_line
+
+SAMPLES: list[dict[str, Any]] = [
+    {
+        "topic": "alerts",
+        "title": "Disk almost full",
+        "message": "nas: /dev/sda1 at 97%",
+        "priority": 4,
+        "tags": ["warning"],
+    },
+    {
+        "topic": "alerts",
+        "title": "Disk  almost FULL",
+        "message": "nas: /dev/sda1 at 98%",
+        "priority": 4,
+    },
+    {
+        "topic": "backups",
+        "title": "Backup stale",
+        "message": "restic: last snapshot 30 h ago",
+        "priority": 3,
+    },
+    {
+        "topic": "alerts",
+        "title": "UPS on battery",
+        "message": json.dumps({"incident": "ups/battery", "severity": 5, "status": "firing"}),
+        "priority": 5,
+    },
+    {
+        "topic": "alerts",
+        "title": "UPS on mains",
+        "message": json.dumps({"incident": "ups/battery", "severity": 2, "status": "resolved"}),
+        "priority": 2,
+    },
+    {
+        "topic": "alerts",
+        "title": "Disk almost full",
+        "message": "nas: \x1b[31m/dev/sda1\x1b[0m at 99%",
+        "priority": 5,
+    },
+]
+TIMEOUT = 30.0
+
+
+def run(*, extra_alerts: int = 0) -> int:
+    with tempfile.TemporaryDirectory(prefix="ntfy-intake-demo-") as tmp:
+        state = Path(tmp)
+        with (
+            NtfyEmulator(EmulatorConfig(keepalive_interval=5.0)).running() as emu,
+            receiver.running(state / "receiver.sqlite3") as triage,
+        ):
+            config = settings.load(
+                None,
+                {
+                    "NTFY_INTAKE_NTFY_URL": emu.url,
+                    "NTFY_INTAKE_NTFY_TOPICS": "alerts,backups",
+                    "NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL": "5s",
+                    "NTFY_INTAKE_NTFY_REORDER_WINDOW": "500ms",
+                    "NTFY_INTAKE_STATE_DIR": str(state / "state"),
+                    "NTFY_INTAKE_RELAY_URL": f"{triage.url}/triage",
+                    "NTFY_INTAKE_CADENCE_DEBOUNCE": "1s",
+                },
+            )
+            print(f"ntfy-compatible server  {emu.url}")
+            print(f"triage receiver         {triage.url}/triage")
+            print(f"state directory         {config.state.dir}")
+            alerts = SAMPLES + [
+                {
+                    "topic": "alerts",
+                    "title": f"Generated alert {n}",
+                    "message": f"synthetic #{n}",
+                    "priority": 3,
+                }
+                for n in range(extra_alerts)
+            ]
+            published = asyncio.run(_drive(config, emu, alerts))
+            report = _report(config.state.audit_dir, published)
+        print(report)
+    return 0
+
+
+async def _drive(
+    config: settings.Settings, emu: NtfyEmulator, alerts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    daemon = Daemon(config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    await _until(lambda: daemon.health.state == "live", "the daemon to connect")
+    published = []
+    for alert in alerts:
+        published.append(emu.publish(**alert))
+        await asyncio.sleep(0.05)
+    ids = {m["id"] for m in published}
+
+    def settled() -> bool:
+        records = list(audit.read_records(config.state.audit_dir))
+        events = {r["event_id"] for r in records if r["kind"] == "event"}
+        keys = {
+            r["delivery_key"] for r in records if r["kind"] == "event" and r.get("delivery_key")
+        }
+        delivered = {
+            r["delivery_key"]
+            for r in records
+            if r["kind"] == "delivery" and r["result"] == "delivered"
+        }
+        return ids <= events and keys <= delivered
+
+    await _until(settled, "every alert to be recorded and delivered")
+    stop.set()
+    await task
+    return published
+
+
+async def _until(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"demo: timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def _report(audit_dir: Path, published: list[Mapping[str, Any]]) -> str:
+    records = list(audit.read_records(audit_dir))
+    events = {r["event_id"]: r for r in records if r["kind"] == "event"}
+    deliveries: dict[str, str] = {}
+    for r in records:
+        if r["kind"] == "delivery":
+            deliveries[r["delivery_key"]] = f"{r['result']} (attempt {r['attempt']})"
+    lines = [
+        "",
+        "alert                             outcome            incident                  triage request",
+    ]
+    for message in published:
+        event = events.get(message["id"], {})
+        key = event.get("delivery_key")
+        delivery = f"{key} -> {deliveries.get(key, 'pending')}" if key else "-"
+        title = one_line(str(message.get("title", "")), 32)
+        lines.append(
+            f"{title:<33} {event.get('outcome', 'MISSING'):<18} {one_line(str(event.get('incident', '')), 25):<25} {delivery}"
+        )
+    counts: dict[str, int] = {}
+    for r in records:
+        if r["kind"] == "event":
+            counts[r["event_id"]] = counts.get(r["event_id"], 0) + 1
+    exact = all(counts.get(m["id"]) == 1 for m in published)
+    lines.append("")
+    lines.append(
+        f"{len(published)} alerts published, {len(events)} recorded, "
+        f"{sum(1 for r in records if r['kind'] == 'delivery' and r['result'] == 'delivered')} triage requests delivered; "
+        f"exactly one audit record per alert: {'yes' if exact else 'NO'}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""The triage outbox: rows written inside the inbox transaction, each with a stable delivery key.
+
+Row life: `collecting` (the debounce window: later events of the incident join it) ->
+`pending` (released: payload frozen, feed entry written, due for the relay) -> `leased` (a relay
+attempt is in flight; the lease expires if the daemon dies) -> `delivered` | `dead`. With the
+push relay off, released rows go to `skipped` (agents pull them from the feed instead).
+A payload is built once, at release, and never changes: a receiver sees one body per key.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ntfy_intake import audit, db
+from ntfy_intake.cadence import OpenRequest
+
+SCHEMA = "ntfy-intake.triage/1"
+UNTRUSTED_FIELDS = ["events[].title", "events[].message", "events[].tags"]
+
+# Called inside the release transaction with (conn, delivery_key, payload, summary, now).
+FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
+
+
+def open_request(conn: sqlite3.Connection, incident_key: str) -> OpenRequest | None:
+    row = conn.execute(
+        "SELECT delivery_key, due_at FROM outbox WHERE incident_key = ? AND state = 'collecting'",
+        (incident_key,),
+    ).fetchone()
+    return OpenRequest(row[0], row[1]) if row else None
+
+
+def create(
+    conn: sqlite3.Connection, key: str, incident_key: str, reason: str, due_at: float, now: float
+) -> None:
+    conn.execute(
+        "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+        " VALUES (?, ?, ?, 'collecting', ?, ?)",
+        (key, incident_key, reason, due_at, now),
+    )
+
+
+def attach(conn: sqlite3.Connection, key: str, event_id: str) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
+        (key, event_id),
+    )
+
+
+def next_release_at(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def release_due(
+    conn: sqlite3.Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
+) -> list[str]:
+    """Freeze the payload of every request whose window closed; call inside a write txn."""
+    keys = [
+        row[0]
+        for row in conn.execute(
+            "SELECT delivery_key FROM outbox WHERE state = 'collecting' AND due_at <= ?"
+            " ORDER BY due_at, delivery_key",
+            (now,),
+        )
+    ]
+    for key in keys:
+        payload, summary, version = build_payload(conn, key)
+        conn.execute(
+            "UPDATE outbox SET state = ?, payload = ?, incident_version = ? WHERE delivery_key = ?",
+            (
+                "pending" if relay_enabled else "skipped",
+                json.dumps(payload, separators=(",", ":"), ensure_ascii=True),
+                version,
+                key,
+            ),
+        )
+        if feed_append is not None:
+            feed_append(conn, key, payload, summary, now)
+    return keys
+
+
+def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], str, int]:
+    """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
+    row = conn.execute(
+        "SELECT o.reason, i.key, i.severity, i.status, i.version"
+        " FROM outbox o JOIN incidents i ON i.key = o.incident_key WHERE o.delivery_key = ?",
+        (key,),
+    ).fetchone()
+    reason, incident_key, severity, status, version = row
+    events = []
+    for (raw,) in conn.execute(
+        "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+        " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
+        (key,),
+    ):
+        frame = json.loads(raw)
+        events.append(
+            {
+                "id": frame["id"],
+                "topic": frame["topic"],
+                "time": frame["time"],
+                "title": frame.get("title"),
+                "message": frame.get("message", ""),
+                "priority": frame.get("priority", 3),
+                "tags": frame.get("tags", []),
+            }
+        )
+    payload = {
+        "schema": SCHEMA,
+        "delivery_key": key,
+        "reason": reason,
+        "incident": {
+            "key": incident_key,
+            "severity": severity,
+            "status": status,
+            "version": version,
+        },
+        "events": events,
+        "untrusted_fields": UNTRUSTED_FIELDS,
+    }
+    summary = f"{incident_key} sev {severity} {status} ({len(events)} event(s))"
+    return payload, summary, int(version)
+
+
+# -- the relay's side: claim, settle, redrive ------------------------------------------------------
+
+
+def claim_due(conn: sqlite3.Connection, now: float, *, limit: int, lease: float) -> list[Claim]:
+    """Lease up to `limit` due rows (pending, or leased by a claim whose lease ran out)."""
+    with db.write_txn(conn):
+        rows = conn.execute(
+            "UPDATE outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
+            " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
+            "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
+            "   ORDER BY due_at, created_at LIMIT ?)"
+            " RETURNING delivery_key, payload, attempts",
+            (now + lease, now, now, limit),
+        ).fetchall()
+    claims = [Claim(row[0], row[1], row[2]) for row in rows]
+    claims.sort(key=lambda claim: claim.delivery_key)
+    return claims
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    delivery_key: str
+    payload: str
+    attempt: int
+
+
+def release_leases(conn: sqlite3.Connection) -> int:
+    """At startup: the previous process is gone, so its in-flight attempts are retried now."""
+    with db.write_txn(conn):
+        return conn.execute(
+            "UPDATE outbox SET state = 'pending', lease_until = NULL WHERE state = 'leased'"
+        ).rowcount
+
+
+def next_due_at(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute(
+        "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
+        " FROM outbox WHERE state IN ('pending', 'leased')"
+    ).fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def mark_delivered(conn: sqlite3.Connection, key: str, response: str, now: float) -> bool:
+    """Only a leased row settles: a row redriven or already settled meanwhile is left alone."""
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
+            " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'",
+            (now, response, key),
+        ).rowcount
+        == 1
+    )
+
+
+def mark_retry(conn: sqlite3.Connection, key: str, due_at: float, error: str) -> bool:
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
+            " WHERE delivery_key = ? AND state = 'leased'",
+            (due_at, error, key),
+        ).rowcount
+        == 1
+    )
+
+
+def mark_dead(conn: sqlite3.Connection, key: str, error: str, now: float) -> bool:
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
+            " WHERE delivery_key = ? AND state = 'leased'",
+            (error, now, key),
+        ).rowcount
+        == 1
+    )
+
+
+def redrive(conn: sqlite3.Connection, keys: Sequence[str] | None, now: float) -> list[str]:
+    """Put dead rows back in the queue (all of them when `keys` is None), attempts reset."""
+    with db.write_txn(conn):
+        if keys is None:
+            selected = [
+                r[0] for r in conn.execute("SELECT delivery_key FROM outbox WHERE state = 'dead'")
+            ]
+        else:
+            selected = [
+                key
+                for key in keys
+                if conn.execute(
+                    "SELECT 1 FROM outbox WHERE delivery_key = ? AND state = 'dead'", (key,)
+                ).fetchone()
+            ]
+        for key in selected:
+            conn.execute(
+                "UPDATE outbox SET state = 'pending', attempts = 0, due_at = ?, settled_at = NULL"
+                " WHERE delivery_key = ?",
+                (now, key),
+            )
+            audit.stage(conn, "delivery", now, delivery_key=key, attempt=0, result="redriven")
+    return selected

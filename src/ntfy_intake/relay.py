@@ -1,0 +1,210 @@
+"""Push relay to the triage agent: claim due outbox rows, POST with no transaction open, settle.
+
+At-least-once with a stable key: every retry of a row carries the same `Idempotency-Key`, and a
+row is marked delivered only after the receiver answered 2xx. A crash after the POST and before
+the settle re-sends the same key, which a deduplicating receiver answers with its original reply.
+
+`classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+import structlog
+
+from ntfy_intake import audit, backoff, db, inbox, outbox
+
+log = structlog.get_logger("ntfy_intake.relay")
+
+RETRY_BASE = 2.0
+RETRY_CAP = 300.0
+CLAIM_BATCH = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: Literal["delivered", "retry", "permanent"]
+    detail: str
+    status: int | None = None
+    retry_after: float | None = None
+    notify_text: str | None = None
+
+
+def classify(
+    status: int | None, headers: httpx.Headers | None, body: bytes, error: str | None, now: float
+) -> Outcome:
+    """What an attempt's result means. `status` is None when no response arrived."""
+    if status is None:
+        return Outcome("retry", error or "no response")
+    if 200 <= status < 300:
+        return Outcome("delivered", f"HTTP {status}", status, notify_text=_notify_text(body))
+    retry_after = backoff.parse_retry_after(headers.get("Retry-After") if headers else None, now)
+    if status in (408, 429) or status >= 500:
+        return Outcome("retry", f"HTTP {status}", status, retry_after=retry_after)
+    return Outcome("permanent", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}", status)
+
+
+def _notify_text(body: bytes) -> str | None:
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    notify = parsed.get("notify")
+    if isinstance(notify, dict) and isinstance(notify.get("text"), str) and notify["text"].strip():
+        return str(notify["text"])
+    return None
+
+
+def retry_delay(attempt: int, retry_after: float | None, rng: Callable[[], float]) -> float:
+    return backoff.delay(
+        attempt - 1, base=RETRY_BASE, cap=RETRY_CAP, rng=rng, retry_after=retry_after
+    )
+
+
+@dataclass(slots=True)
+class RelayStats:
+    attempts: int = 0
+    delivered: int = 0
+    retries: int = 0
+    dead: int = 0
+
+
+class Relay:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        client: httpx.AsyncClient,
+        *,
+        url: str,
+        timeout: float,
+        max_attempts: int,
+        clock: Callable[[], float],
+        flush_audit: Callable[[], Awaitable[bool]],
+        after_post: Callable[[], None] = lambda: None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.conn = conn
+        self.client = client
+        self.url = url
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.flush_audit = flush_audit
+        self.after_post = after_post
+        self.rng = rng
+        self.wakeup = asyncio.Event()
+        self.stats = RelayStats()
+        self.lease = timeout * 2 + 5.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.to_thread(outbox.release_leases, self.conn)
+        while not stop.is_set():
+            delivered_any = await self.run_once()
+            if delivered_any:
+                continue
+            next_due = await asyncio.to_thread(outbox.next_due_at, self.conn)
+            wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+
+    async def run_once(self) -> bool:
+        claims = await asyncio.to_thread(
+            outbox.claim_due, self.conn, self.clock(), limit=CLAIM_BATCH, lease=self.lease
+        )
+        for claim in claims:
+            outcome = await self.attempt(claim)
+            self.after_post()
+            await asyncio.to_thread(self._settle, claim, outcome)
+        if claims:
+            await self.flush_audit()
+        return bool(claims)
+
+    async def attempt(self, claim: outbox.Claim) -> Outcome:
+        self.stats.attempts += 1
+        headers = {"Idempotency-Key": claim.delivery_key, "Content-Type": "application/json"}
+        try:
+            response = await self.client.post(
+                self.url, content=claim.payload.encode(), headers=headers, timeout=self.timeout
+            )
+        except httpx.TimeoutException as exc:
+            return classify(None, None, b"", f"timeout ({type(exc).__name__})", self.clock())
+        except httpx.HTTPError as exc:
+            return classify(None, None, b"", f"{type(exc).__name__}: {exc}", self.clock())
+        return classify(
+            response.status_code, response.headers, response.content, None, self.clock()
+        )
+
+    def _settle(self, claim: outbox.Claim, outcome: Outcome) -> None:
+        now = self.clock()
+        key = claim.delivery_key
+        with db.write_txn(self.conn):
+            if outcome.kind == "delivered":
+                settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
+                result = "delivered"
+                if settled and outcome.notify_text is not None:
+                    _queue_triage_message(self.conn, key, outcome.notify_text, now)
+            elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
+                due = now + retry_delay(claim.attempt, outcome.retry_after, self.rng)
+                settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
+                result = "retry"
+            else:
+                settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
+                result = "dead"
+                if settled:
+                    inbox.record_notice(
+                        self.conn,
+                        inbox.Notice(
+                            "dead_row",
+                            f"Triage request {key} could not be delivered ({outcome.detail}) "
+                            f"after {claim.attempt} attempt(s). `ntfy-intake redrive {key}` "
+                            "retries it.",
+                            key=f"dead_row:{key}:{claim.attempt}",
+                        ),
+                        now,
+                    )
+            if settled:
+                audit.stage(
+                    self.conn,
+                    "delivery",
+                    now,
+                    delivery_key=key,
+                    attempt=claim.attempt,
+                    result=result,
+                    status=outcome.status,
+                    detail=outcome.detail,
+                )
+        if not settled:
+            return
+        if result == "delivered":
+            self.stats.delivered += 1
+            log.info("relay.delivered", delivery_key=key, attempt=claim.attempt)
+        elif result == "retry":
+            self.stats.retries += 1
+            log.warning("relay.retry_scheduled", delivery_key=key, detail=outcome.detail)
+        else:
+            self.stats.dead += 1
+            log.error("relay.dead", delivery_key=key, detail=outcome.detail)
+
+
+def _queue_triage_message(conn: sqlite3.Connection, key: str, text: str, now: float) -> None:
+    """The agent's reply becomes an owner message (stable key: one per delivery key)."""
+    message_key = f"notify:{key}"
+    inserted = conn.execute(
+        "INSERT OR IGNORE INTO owner_outbox(key, kind, topic, text, state, due_at, created_at)"
+        " VALUES (?, 'triage', 'triage', ?, 'pending', ?, ?)",
+        (message_key, text, now, now),
+    ).rowcount
+    if inserted:
+        audit.stage(conn, "owner_message", now, key=message_key, result="queued")

@@ -1,0 +1,100 @@
+"""The daemon's tables, as an ordered list of named migrations (see db.migrate).
+
+Invariants live in the schema: one inbox row per ntfy id (PRIMARY KEY), outbox states are a
+closed set (CHECK), a quarantined frame is stored once however often it is replayed (UNIQUE hash).
+"""
+
+from __future__ import annotations
+
+from ntfy_intake.db import Migration
+
+CORE: list[Migration] = [
+    (
+        "001_core",
+        [
+            """CREATE TABLE inbox(
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                event_id TEXT NOT NULL UNIQUE,
+                topic TEXT NOT NULL,
+                time INTEGER NOT NULL,
+                expires INTEGER,
+                raw TEXT NOT NULL,
+                raw_sha256 TEXT NOT NULL,
+                incident_key TEXT NOT NULL,
+                severity INTEGER NOT NULL,
+                outcome TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                delivery_key TEXT,
+                received_at REAL NOT NULL)""",
+            "CREATE INDEX inbox_received ON inbox(received_at)",
+            """CREATE TABLE incidents(
+                key TEXT PRIMARY KEY,
+                severity INTEGER NOT NULL,
+                status TEXT NOT NULL CHECK (status IN ('firing', 'resolved')),
+                status_time INTEGER NOT NULL,
+                status_event TEXT NOT NULL,
+                first_seen INTEGER NOT NULL,
+                last_seen INTEGER NOT NULL,
+                events INTEGER NOT NULL,
+                version INTEGER NOT NULL,
+                requested_severity INTEGER)""",
+            """CREATE TABLE outbox(
+                delivery_key TEXT PRIMARY KEY,
+                incident_key TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (
+                    state IN ('collecting', 'pending', 'leased', 'delivered', 'dead', 'skipped')),
+                payload TEXT,
+                incident_version INTEGER,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                due_at REAL NOT NULL,
+                lease_until REAL,
+                last_error TEXT,
+                response TEXT,
+                created_at REAL NOT NULL,
+                settled_at REAL)""",
+            "CREATE INDEX outbox_due ON outbox(state, due_at)",
+            "CREATE INDEX outbox_incident ON outbox(incident_key, state)",
+            """CREATE TABLE outbox_events(
+                delivery_key TEXT NOT NULL REFERENCES outbox(delivery_key),
+                event_id TEXT NOT NULL,
+                PRIMARY KEY(delivery_key, event_id))""",
+            """CREATE TABLE quarantine(
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                raw_sha256 TEXT NOT NULL UNIQUE,
+                raw TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                event_id TEXT,
+                first_seen REAL NOT NULL,
+                last_seen REAL NOT NULL,
+                count INTEGER NOT NULL)""",
+            """CREATE TABLE owner_outbox(
+                key TEXT PRIMARY KEY,
+                kind TEXT NOT NULL CHECK (kind IN ('notice', 'triage')),
+                topic TEXT NOT NULL,
+                text TEXT NOT NULL,
+                state TEXT NOT NULL
+                    CHECK (state IN ('pending', 'leased', 'sent', 'suppressed', 'dead')),
+                attempts INTEGER NOT NULL DEFAULT 0,
+                due_at REAL NOT NULL,
+                lease_until REAL,
+                channel TEXT,
+                last_error TEXT,
+                created_at REAL NOT NULL,
+                settled_at REAL)""",
+            "CREATE INDEX owner_outbox_due ON owner_outbox(state, due_at)",
+            """CREATE TABLE audit_journal(
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                line TEXT NOT NULL)""",
+            """CREATE TABLE cursor(
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                kind TEXT NOT NULL CHECK (kind IN ('id', 'time', 'all')),
+                value TEXT NOT NULL,
+                message_time INTEGER,
+                updated_at REAL NOT NULL)""",
+            """CREATE TABLE kv(
+                name TEXT PRIMARY KEY,
+                value TEXT NOT NULL)""",
+        ],
+    ),
+]

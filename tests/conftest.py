@@ -1,0 +1,56 @@
+"""Shared fixtures: an empty environment, a migrated store, message factories."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake import db
+from ntfy_intake.daemon import migrations
+from ntfy_intake.frames import Message, decode_line
+
+TOPICS = frozenset({"alerts", "backups"})
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("NTFY_INTAKE_", "NOTIFY_SOCKET", "WATCHDOG_")):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    conn = db.connect(tmp_path / "intake.sqlite3")
+    db.migrate(conn, migrations())
+    yield conn
+    conn.close()
+
+
+def make_message(
+    event_id: str,
+    *,
+    time: int = 1_764_470_000,
+    topic: str = "alerts",
+    title: str | None = "Disk full",
+    message: str = "sda1 at 97%",
+    priority: int | None = None,
+    cached: bool = True,
+) -> Message:
+    obj: dict[str, object] = {"id": event_id, "time": time, "event": "message", "topic": topic}
+    if cached:
+        obj["expires"] = time + 43200
+    if title is not None:
+        obj["title"] = title
+    obj["message"] = message
+    if priority is not None:
+        obj["priority"] = priority
+    frame = decode_line(json.dumps(obj).encode(), TOPICS)
+    assert isinstance(frame, Message), frame
+    return frame

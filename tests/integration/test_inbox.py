@@ -1,0 +1,142 @@
+"""The inbox transaction against a real SQLite file: dedup, conflict, quarantine, rollback."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from ntfy_intake import audit, cadence, db, inbox
+from ntfy_intake.errors import InjectedFault
+from ntfy_intake.frames import Junk
+
+from ..conftest import make_message
+
+POLICY = cadence.Policy()
+NOW = 1_764_470_100.0
+
+TABLES = (
+    "inbox",
+    "incidents",
+    "outbox",
+    "outbox_events",
+    "quarantine",
+    "audit_journal",
+    "owner_outbox",
+    "feed_entries",
+)
+
+
+def counts(conn: sqlite3.Connection) -> dict[str, int]:
+    return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+
+def record(conn: sqlite3.Connection, frames, **kw):  # type: ignore[no-untyped-def]
+    return inbox.record_batch(conn, frames, NOW, policy=POLICY, relay_enabled=True, **kw)
+
+
+def test_identical_replay_is_a_duplicate_with_no_second_outcome(store: sqlite3.Connection) -> None:
+    first = record(store, [make_message("aaaaaaaaaaa1")])
+    again = record(store, [make_message("aaaaaaaaaaa1")])
+    assert (first.recorded, again.recorded, again.duplicates) == (1, 0, 1)
+    assert counts(store)["inbox"] == 1
+    assert (
+        store.execute(
+            'SELECT count(*) FROM audit_journal WHERE line LIKE \'%"kind":"event"%\''
+        ).fetchone()[0]
+        == 1
+    )
+    assert [c.event_id for c in again.candidates] == ["aaaaaaaaaaa1"]
+
+
+def test_same_id_different_body_is_a_conflict_in_quarantine(store: sqlite3.Connection) -> None:
+    record(store, [make_message("aaaaaaaaaaa1", message="one")])
+    result = record(store, [make_message("aaaaaaaaaaa1", message="two")])
+    assert (result.conflicts, result.candidates) == (1, [])
+    reason = store.execute("SELECT reason FROM quarantine").fetchone()[0]
+    assert reason.startswith("conflict")
+    assert store.execute("SELECT raw FROM inbox").fetchone()[0].find('"one"') > 0
+
+
+def test_duplicate_within_one_batch_is_recorded_once(store: sqlite3.Connection) -> None:
+    result = record(store, [make_message("aaaaaaaaaaa1"), make_message("aaaaaaaaaaa1")])
+    assert (result.recorded, result.duplicates) == (1, 1)
+
+
+def test_bad_frame_is_quarantined_once_however_often_replayed(store: sqlite3.Connection) -> None:
+    junk = Junk('{"event":"message","id":"x"}', "'id' is not 12 characters of [A-Za-z0-9]")
+    record(store, [junk])
+    record(store, [junk])
+    row = store.execute("SELECT count, reason FROM quarantine").fetchone()
+    assert tuple(row) == (2, junk.reason)
+    assert (
+        store.execute(
+            "SELECT count(*) FROM audit_journal WHERE line LIKE '%quarantine%'"
+        ).fetchone()[0]
+        == 1
+    )
+
+
+def test_fault_before_commit_leaves_every_table_untouched(store: sqlite3.Connection) -> None:
+    record(store, [make_message("aaaaaaaaaaa1")])
+    before = counts(store)
+    frames = [
+        make_message("bbbbbbbbbbb2", title="Other"),
+        make_message("aaaaaaaaaaa1", message="conflicting"),
+        Junk("junk", "not JSON"),
+        inbox.Notice("gap", "text", key="gap:x"),
+    ]
+    with pytest.raises(InjectedFault):
+        record(store, frames, before_commit=db.fail_before_commit)
+    assert counts(store) == before
+    incident = store.execute("SELECT events, version FROM incidents").fetchone()
+    assert tuple(incident) == (1, 1)
+
+
+def test_new_incident_requests_triage_and_repeat_is_suppressed(store: sqlite3.Connection) -> None:
+    result = record(store, [make_message("aaaaaaaaaaa1"), make_message("bbbbbbbbbbb2", priority=3)])
+    outcomes = [r[0] for r in store.execute("SELECT outcome FROM inbox ORDER BY seq")]
+    # The second event arrives while the first request is still collecting: it joins it.
+    assert outcomes == ["triage_requested", "joined"]
+    assert result.released == ["tri_aaaaaaaaaaa1"]
+    payload = store.execute("SELECT payload, state FROM outbox").fetchone()
+    assert payload[1] == "pending" and '"bbbbbbbbbbb2"' in payload[0]
+    third = record(store, [make_message("ccccccccccc3")])
+    assert third.released == []
+    assert (
+        store.execute(
+            "SELECT outcome, reason FROM inbox WHERE event_id = 'ccccccccccc3'"
+        ).fetchone()[1]
+        == "no_escalation"
+    )
+
+
+def test_escalation_opens_a_new_request(store: sqlite3.Connection) -> None:
+    record(store, [make_message("aaaaaaaaaaa1", priority=3)])
+    record(store, [make_message("bbbbbbbbbbb2", priority=5)])
+    reasons = [
+        r[0] for r in store.execute("SELECT reason FROM outbox ORDER BY created_at, delivery_key")
+    ]
+    assert sorted(reasons) == ["escalation", "new_incident"]
+
+
+def test_released_request_writes_its_feed_entry_in_the_same_transaction(
+    store: sqlite3.Connection,
+) -> None:
+    from ntfy_intake.daemon import _feed_append
+
+    record(store, [make_message("aaaaaaaaaaa1")], feed_append=_feed_append)
+    row = store.execute("SELECT channel, seq, delivery_key FROM feed_entries").fetchone()
+    assert tuple(row) == ("triage", 1, "tri_aaaaaaaaaaa1")
+
+
+def test_audit_records_carry_event_outcome_and_delivery_key(
+    store: sqlite3.Connection, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    record(store, [make_message("aaaaaaaaaaa1")])
+    with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
+        assert audit.flush(store, log) == 1
+    (line,) = list(audit.read_records(tmp_path / "audit"))
+    assert line["kind"] == "event" and line["event_id"] == "aaaaaaaaaaa1"
+    assert line["outcome"] == "triage_requested" and line["delivery_key"] == "tri_aaaaaaaaaaa1"
+    assert line["v"] == 1 and line["seq"] == 1 and line["incident"] == "alerts:disk full"

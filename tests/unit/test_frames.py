@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ntfy_intake.frames import Junk, Keepalive, Message, NdjsonDecoder, Open, decode_line
+
+TOPICS = frozenset({"alerts", "backups"})
+
+
+def line(**fields: object) -> bytes:
+    base: dict[str, object] = {
+        "id": "abcDEF123456",
+        "time": 1764470000,
+        "expires": 1764513200,
+        "event": "message",
+        "topic": "alerts",
+        "message": "disk full",
+    }
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not None}).encode()
+
+
+def test_partial_lines_are_joined_across_chunks() -> None:
+    decoder = NdjsonDecoder()
+    assert decoder.feed(b'{"event":"op') == []
+    assert decoder.feed(b'en","topic":"a"}\n{"x"') == [b'{"event":"open","topic":"a"}']
+    assert decoder.pending_bytes == 4
+
+
+def test_blank_lines_are_skipped() -> None:
+    assert NdjsonDecoder().feed(b"\n\n  \n{}\n") == [b"{}"]
+
+
+def test_over_long_line_becomes_junk_and_stream_continues() -> None:
+    decoder = NdjsonDecoder(max_line=10)
+    out = decoder.feed(b"x" * 25)
+    assert len(out) == 1 and isinstance(out[0], Junk)
+    assert decoder.feed(b"yyy\n{}\n") == [b"{}"]
+
+
+@given(st.binary(max_size=300), st.lists(st.integers(min_value=1, max_value=50), max_size=20))
+def test_any_chunking_yields_the_same_lines(data: bytes, cuts: list[int]) -> None:
+    whole = NdjsonDecoder().feed(data)
+    decoder = NdjsonDecoder()
+    pieces: list[bytes | Junk] = []
+    position = 0
+    for cut in cuts:
+        pieces += decoder.feed(data[position : position + cut])
+        position += cut
+    pieces += decoder.feed(data[position:])
+    assert pieces == whole
+
+
+def test_open_and_keepalive() -> None:
+    assert decode_line(b'{"id":"x","time":1,"event":"open","topic":"a,b"}', TOPICS) == Open("a,b")
+    assert isinstance(decode_line(b'{"event":"keepalive","topic":"a"}', TOPICS), Keepalive)
+
+
+def test_valid_message_is_decoded_with_canonical_body() -> None:
+    frame = decode_line(line(title="Disk", priority=4, tags=["warning"]), TOPICS)
+    assert isinstance(frame, Message)
+    assert (frame.id, frame.topic, frame.title, frame.priority, frame.tags) == (
+        "abcDEF123456",
+        "alerts",
+        "Disk",
+        4,
+        ("warning",),
+    )
+    assert frame.cached
+    reordered = json.dumps(
+        dict(reversed(list(json.loads(line(title="Disk", priority=4, tags=["warning"])).items())))
+    )
+    again = decode_line(reordered.encode(), TOPICS)
+    assert isinstance(again, Message) and again.raw_sha256 == frame.raw_sha256
+
+
+def test_message_without_expires_is_not_cacheable() -> None:
+    frame = decode_line(line(expires=None), TOPICS)
+    assert isinstance(frame, Message) and not frame.cached
+
+
+def test_default_priority_is_three() -> None:
+    frame = decode_line(line(), TOPICS)
+    assert isinstance(frame, Message) and frame.effective_priority == 3
+
+
+BAD = [
+    (b"not json", "not JSON"),
+    (b"[1,2]", "not a JSON object"),
+    (b'{"id":"abcDEF123456"}', "missing or non-string 'event'"),
+    (b'{"event":"poll_request","id":"abcDEF123456"}', "unsupported event type 'poll_request'"),
+    (line(id="short"), "'id' is not 12 characters"),
+    (line(time=True), "'time' is not a positive integer"),
+    (line(time="1764470000"), "'time' is not a positive integer"),
+    (line(expires=1.5), "'expires' is not a positive integer"),
+    (line(priority=True), "'priority' is not an integer from 1 to 5"),
+    (line(priority=9), "'priority' is not an integer from 1 to 5"),
+    (line(tags="a,b"), "'tags' is not a list of strings"),
+    (line(tags=[1]), "'tags' is not a list of strings"),
+    (line(title=5), "'title' is not a string"),
+    (line(message=None) + b"", None),
+    (line(topic="other"), "topic 'other' is not subscribed"),
+    (line(topic="bad topic"), "'topic' is not a valid topic name"),
+    (b"\xff\xfe", "not UTF-8"),
+]
+
+
+def test_bad_frames_become_junk_with_a_reason() -> None:
+    for raw, reason in BAD:
+        frame = decode_line(raw, TOPICS)
+        if reason is None:
+            assert isinstance(frame, Message), raw
+            continue
+        assert isinstance(frame, Junk), raw
+        assert frame.reason.startswith(reason), (raw, frame.reason)
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_raise(data: bytes) -> None:
+    decode_line(data, TOPICS)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["id", "time", "expires", "event", "topic", "title", "message", "priority", "tags"]
+        ),
+        json_values,
+    )
+)
+def test_arbitrary_objects_decode_to_a_frame_or_junk(obj: dict[str, object]) -> None:
+    frame = decode_line(json.dumps(obj).encode(), TOPICS)
+    assert isinstance(frame, Open | Keepalive | Message | Junk)
