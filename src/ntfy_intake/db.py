@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -41,10 +42,24 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     if not readonly:
-        conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(conn)
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switching a fresh file to WAL does not wait on the busy handler when another process is
+    doing the same at that moment: retry until the busy timeout instead of failing at once."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -82,12 +97,12 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[s
         " name TEXT PRIMARY KEY,"
         " applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
     )
-    applied = {row[0] for row in conn.execute("SELECT name FROM schema_migrations")}
     done: list[str] = []
     for name, statements in migrations:
-        if name in applied:
-            continue
+        # Checked inside the write transaction: two processes opening a fresh file race here.
         with write_txn(conn):
+            if conn.execute("SELECT 1 FROM schema_migrations WHERE name = ?", (name,)).fetchone():
+                continue
             for statement in statements:
                 conn.execute(statement)
             conn.execute("INSERT INTO schema_migrations(name) VALUES (?)", (name,))
