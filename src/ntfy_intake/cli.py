@@ -147,7 +147,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if conn is None:
         print("unhealthy: no state yet", file=sys.stderr)
         return 1
-    ok, why = status.healthy(status.collect(conn, settings, time.time()))  # type: ignore[arg-type]
+    ok, why = status.healthy(status.collect(conn, settings, time.time()))
     print(("healthy: " if ok else "unhealthy: ") + why)
     return 0 if ok else 1
 

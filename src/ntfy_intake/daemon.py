@@ -99,11 +99,16 @@ class Daemon:
         clock: Callable[[], float] = time.time,
         crash_points: CrashPoints | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        backoff_base: float = 1.0,
+        relay_retry_base: float = relay.RETRY_BASE,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.crash = crash_points or CrashPoints(None)
         self.transport = transport
+        # Test seams, not configuration: tests shorten the backoff schedules.
+        self.backoff_base = backoff_base
+        self.relay_retry_base = relay_retry_base
         self.boot_id = uuid.uuid4().hex[:12]
         self.health = intake.IntakeHealth()
         self.counters = Counters()
@@ -114,7 +119,6 @@ class Daemon:
         self.queue: asyncio.Queue[intake.Received | intake.GapFound] = asyncio.Queue()
         self._db_lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._relay_conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self.relay: relay.Relay | None = None
         self._next_release: float | None = None
@@ -129,7 +133,7 @@ class Daemon:
         assert self._conn is not None, "daemon not started"
         return self._conn
 
-    async def _db(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def _db(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         async with self._db_lock:
             return await asyncio.to_thread(fn, *args, **kwargs)
 
@@ -175,6 +179,7 @@ class Daemon:
                     topics=self.settings.ntfy.topics,
                     token=self.settings.ntfy.token,
                     keepalive_timeout=self.settings.ntfy.keepalive_timeout,
+                    backoff_base=self.backoff_base,
                 ),
                 client,
                 sink=self.queue.put_nowait,
@@ -190,16 +195,17 @@ class Daemon:
             ]
             relay_stop = asyncio.Event()
             if self.settings.relay.url is not None:
-                self._relay_conn = db.connect(self.settings.state.database)
                 self.relay = relay.Relay(
-                    self._relay_conn,
+                    self.conn,
                     client,
+                    run_db=self._db,
                     url=self.settings.relay.url,
                     timeout=self.settings.relay.timeout,
                     max_attempts=self.settings.relay.max_attempts,
                     clock=self.clock,
                     flush_audit=self._flush_audit,
                     after_post=lambda: self.crash.hit("after_post"),
+                    retry_base=self.relay_retry_base,
                 )
                 tasks.append(asyncio.create_task(self.relay.run(relay_stop), name="relay"))
             stop_wait = asyncio.create_task(stop.wait())
@@ -228,8 +234,6 @@ class Daemon:
         await self._db(self._write_health, final=True)
         self._audit.close()
         self.conn.close()
-        if self._relay_conn is not None:
-            self._relay_conn.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         log.info("daemon.stopped", recorded=self.counters.recorded)

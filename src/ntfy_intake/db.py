@@ -14,8 +14,9 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import ParamSpec, Protocol, TypeVar
 
 from ntfy_intake.errors import InjectedFault
 
@@ -85,6 +86,24 @@ def write_txn(
 def fail_before_commit() -> None:
     """A `before_commit` hook that always fails (for tests)."""
     raise InjectedFault()
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs a blocking database function off the event loop, serialized with every other user of
+    the same connection (the daemon: one lock, one worker thread at a time)."""
+
+    def __call__(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[T]: ...
+
+
+async def run_inline(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """A `Runner` for tests and tools with no concurrency: call directly."""
+    return fn(*args, **kwargs)
 
 
 Migration = tuple[str, Sequence[str]]

@@ -11,7 +11,7 @@ import asyncio
 import json
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +77,12 @@ def run(*, extra_alerts: int = 0) -> int:
                     "NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL": "5s",
                     "NTFY_INTAKE_NTFY_REORDER_WINDOW": "500ms",
                     "NTFY_INTAKE_STATE_DIR": str(state / "state"),
-                    "NTFY_INTAKE_RELAY_URL": f"{triage.url}/triage",
+                    "NTFY_INTAKE_RELAY_URL": triage.url,
                     "NTFY_INTAKE_CADENCE_DEBOUNCE": "1s",
                 },
             )
             print(f"ntfy-compatible server  {emu.url}")
-            print(f"triage receiver         {triage.url}/triage")
+            print(f"triage receiver         {triage.url}")
             print(f"state directory         {config.state.dir}")
             alerts = SAMPLES + [
                 {
@@ -139,7 +139,7 @@ async def _until(predicate: Any, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def _report(audit_dir: Path, published: list[Mapping[str, Any]]) -> str:
+def _report(audit_dir: Path, published: Sequence[Mapping[str, Any]]) -> str:
     records = list(audit.read_records(audit_dir))
     events = {r["event_id"]: r for r in records if r["kind"] == "event"}
     deliveries: dict[str, str] = {}

@@ -66,10 +66,14 @@ def _notify_text(body: bytes) -> str | None:
     return None
 
 
-def retry_delay(attempt: int, retry_after: float | None, rng: Callable[[], float]) -> float:
-    return backoff.delay(
-        attempt - 1, base=RETRY_BASE, cap=RETRY_CAP, rng=rng, retry_after=retry_after
-    )
+def retry_delay(
+    attempt: int,
+    retry_after: float | None,
+    rng: Callable[[], float],
+    *,
+    base: float = RETRY_BASE,
+) -> float:
+    return backoff.delay(attempt - 1, base=base, cap=RETRY_CAP, rng=rng, retry_after=retry_after)
 
 
 @dataclass(slots=True)
@@ -86,6 +90,7 @@ class Relay:
         conn: sqlite3.Connection,
         client: httpx.AsyncClient,
         *,
+        run_db: db.Runner,
         url: str,
         timeout: float,
         max_attempts: int,
@@ -93,8 +98,11 @@ class Relay:
         flush_audit: Callable[[], Awaitable[bool]],
         after_post: Callable[[], None] = lambda: None,
         rng: Callable[[], float] = random.random,
+        retry_base: float = RETRY_BASE,
     ) -> None:
         self.conn = conn
+        self.run_db = run_db
+        self.retry_base = retry_base
         self.client = client
         self.url = url
         self.timeout = timeout
@@ -108,25 +116,25 @@ class Relay:
         self.lease = timeout * 2 + 5.0
 
     async def run(self, stop: asyncio.Event) -> None:
-        await asyncio.to_thread(outbox.release_leases, self.conn)
+        await self.run_db(outbox.release_leases, self.conn)
         while not stop.is_set():
             delivered_any = await self.run_once()
             if delivered_any:
                 continue
-            next_due = await asyncio.to_thread(outbox.next_due_at, self.conn)
+            next_due = await self.run_db(outbox.next_due_at, self.conn)
             wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
             self.wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
 
     async def run_once(self) -> bool:
-        claims = await asyncio.to_thread(
+        claims = await self.run_db(
             outbox.claim_due, self.conn, self.clock(), limit=CLAIM_BATCH, lease=self.lease
         )
         for claim in claims:
             outcome = await self.attempt(claim)
             self.after_post()
-            await asyncio.to_thread(self._settle, claim, outcome)
+            await self.run_db(self._settle, claim, outcome)
         if claims:
             await self.flush_audit()
         return bool(claims)
@@ -156,7 +164,9 @@ class Relay:
                 if settled and outcome.notify_text is not None:
                     _queue_triage_message(self.conn, key, outcome.notify_text, now)
             elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
-                due = now + retry_delay(claim.attempt, outcome.retry_after, self.rng)
+                due = now + retry_delay(
+                    claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
+                )
                 settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
                 result = "retry"
             else:

@@ -1,0 +1,163 @@
+"""Test harness: the daemon in a background thread (in-process) or as a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ntfy_intake import audit, settings
+from ntfy_intake.daemon import Daemon
+
+TOPICS = "alerts,backups"
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def env_for(ntfy_url: str, state_dir: Path, **overrides: str) -> dict[str, str]:
+    env = {
+        "NTFY_INTAKE_NTFY_URL": ntfy_url,
+        "NTFY_INTAKE_NTFY_TOPICS": TOPICS,
+        "NTFY_INTAKE_STATE_DIR": str(state_dir),
+        "NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL": "1s",
+        "NTFY_INTAKE_NTFY_REORDER_WINDOW": "300ms",
+    }
+    env.update({f"NTFY_INTAKE_{k.upper()}": v for k, v in overrides.items()})
+    return env
+
+
+def settings_for(ntfy_url: str, state_dir: Path, **overrides: str) -> settings.Settings:
+    return settings.load(None, env_for(ntfy_url, state_dir, **overrides))
+
+
+class DaemonThread:
+    """The real daemon on its own event loop in a thread; `stop()` is a graceful SIGTERM."""
+
+    def __init__(self, config: settings.Settings, **daemon_kwargs: Any) -> None:
+        self.config = config
+        self.kwargs = {"backoff_base": 0.05, "relay_retry_base": 0.05, **daemon_kwargs}
+        self.daemon: Daemon | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self.error: BaseException | None = None
+
+    def start(self) -> DaemonThread:
+        self.daemon = Daemon(self.config, **self.kwargs)
+        self._started.clear()
+        self._thread = threading.Thread(target=self._main, name="daemon", daemon=True)
+        self._thread.start()
+        assert self._started.wait(10), "daemon did not start"
+        return self
+
+    def _main(self) -> None:
+        async def main() -> None:
+            assert self.daemon is not None
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._started.set()
+            await self.daemon.run(self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+            self._started.set()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "daemon did not stop"
+        self._thread = None
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> DaemonThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def daemon_process(
+    env: Mapping[str, str], *, extra_env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`ntfy-intake run` as a real subprocess; always killed by pid on the way out."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    full_env.update(env)
+    full_env.update(extra_env or {})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ntfy_intake", "run"],
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def audit_records(state_dir: Path) -> list[dict[str, Any]]:
+    return list(audit.read_records(state_dir / "audit"))
+
+
+def event_ids(state_dir: Path) -> list[str]:
+    return [r["event_id"] for r in audit_records(state_dir) if r["kind"] == "event"]
+
+
+def notices(state_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in audit_records(state_dir)
+        if r["kind"] == "notice" and (kind is None or r["notice"] == kind)
+    ]
+
+
+def query(state_dir: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(f"file:{state_dir / 'intake.sqlite3'}?mode=ro", uri=True, timeout=10)
+    try:
+        return [tuple(row) for row in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def cursor_row(state_dir: Path) -> tuple[str, str]:
+    (row,) = query(state_dir, "SELECT kind, value FROM cursor")
+    return row[0], row[1]
+
+
+def stream_sinces(subscribe_log: list[dict[str, Any]]) -> list[str | None]:
+    """The `since` of every streaming (non-poll) subscribe request, in order."""
+    return [e["params"].get("since") for e in subscribe_log if not e["params"].get("poll")]
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True)
