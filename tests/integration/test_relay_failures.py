@@ -1,0 +1,217 @@
+"""Relay failure modes: the daemon, the bundled ntfy server and the reference receiver on loopback.
+
+Each test is named after the failure it kills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ntfy_intake import audit, cadence, db, inbox, outbox, receiver, relay
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+
+from ..conftest import make_message
+from ..harness import (
+    DaemonThread,
+    cursor_row,
+    daemon_process,
+    env_for,
+    event_ids,
+    query,
+    settings_for,
+    wait_until,
+)
+
+
+@pytest.fixture
+def emu() -> Iterator[NtfyEmulator]:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
+        yield emulator
+
+
+def deliveries(state: Path, key: str) -> list[dict[str, object]]:
+    return [
+        r
+        for r in audit.read_records(state / "audit")
+        if r["kind"] == "delivery" and r["delivery_key"] == key
+    ]
+
+
+def only_key(state: Path) -> str:
+    ((key,),) = query(state, "SELECT delivery_key FROM outbox")
+    return str(key)
+
+
+def delivered(state: Path) -> bool:
+    return query(state, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == [(1,)]
+
+
+def test_receiver_that_commits_then_times_out_ends_with_one_receipt_and_retry_reuses_the_key(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "receiver.sqlite3") as triage:
+        triage.faults.commit_then_stall(2.0)
+        config = settings_for(
+            emu.url, state, relay_url=triage.url, relay_timeout="500ms", cadence_debounce="0s"
+        )
+        with DaemonThread(config):
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            wait_until(lambda: query(state, "SELECT count(*) FROM outbox") == [(1,)])
+            wait_until(lambda: delivered(state), timeout=20)
+        key = only_key(state)
+        (receipt,) = receiver.receipts(triage.db_path)
+        assert receipt.key == key and receipt.repeats >= 1
+        results = [d["result"] for d in deliveries(state, key)]
+        assert results[0] == "retry" and results[-1] == "delivered"
+
+
+def test_503_three_times_then_200_delivers(emu: NtfyEmulator, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "receiver.sqlite3") as triage:
+        triage.faults.fail_next(3, status=503)
+        config = settings_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
+        with DaemonThread(config):
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            wait_until(lambda: delivered(state), timeout=20)
+        key = only_key(state)
+        assert [(d["attempt"], d["result"]) for d in deliveries(state, key)] == [
+            (1, "retry"),
+            (2, "retry"),
+            (3, "retry"),
+            (4, "delivered"),
+        ]
+        (receipt,) = receiver.receipts(triage.db_path)
+        assert (receipt.key, receipt.repeats) == (key, 0)
+
+
+def _one_pending_row(conn) -> str:  # type: ignore[no-untyped-def]
+    inbox.record_batch(
+        conn, [make_message("aaaaaaaaaaa1")], 0.0, policy=cadence.Policy(), relay_enabled=True
+    )
+    ((key,),) = conn.execute("SELECT delivery_key FROM outbox WHERE state = 'pending'").fetchall()
+    return str(key)
+
+
+def test_429_retry_after_waits_at_least_that_long_with_an_injected_clock(store) -> None:  # type: ignore[no-untyped-def]
+    key = _one_pending_row(store)
+    now = {"t": 0.0}
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Idempotency-Key"])
+        if len(seen) == 1:
+            return httpx.Response(429, headers={"Retry-After": "30"})
+        return httpx.Response(200, json={"accepted": True})
+
+    async def flushed() -> bool:
+        return True
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                store,
+                client,
+                run_db=db.run_inline,
+                url="http://receiver.invalid/triage",
+                timeout=5,
+                max_attempts=8,
+                clock=lambda: now["t"],
+                flush_audit=flushed,
+                rng=lambda: 0.0,
+                retry_base=0.01,
+            )
+            assert await r.run_once()
+            now["t"] = 29.9
+            assert not await r.run_once()  # not due yet: Retry-After is a floor
+            now["t"] = 30.0
+            assert await r.run_once()
+
+    asyncio.run(scenario())
+    assert seen == [key, key]
+    assert tuple(store.execute("SELECT state, attempts FROM outbox").fetchone()) == ("delivered", 2)
+
+
+def test_permanent_400_makes_the_row_dead_at_once_and_redrive_delivers(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "receiver.sqlite3") as triage:
+        triage.faults.reject_next(400)
+        config = settings_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
+        with DaemonThread(config):
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            wait_until(lambda: query(state, "SELECT state, attempts FROM outbox") == [("dead", 1)])
+            key = only_key(state)
+            conn = db.connect(state / "intake.sqlite3")
+            try:
+                assert outbox.redrive(conn, None, 0.0) == [key]
+            finally:
+                conn.close()
+            wait_until(lambda: delivered(state), timeout=20)
+        assert [d["result"] for d in deliveries(state, key)] == ["dead", "redriven", "delivered"]
+        assert query(state, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'dead_row:%'") == [
+            (1,)
+        ]
+
+
+def test_webhook_outage_never_stalls_intake(emu: NtfyEmulator, tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port with nobody listening
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    state = tmp_path / "state"
+    config = settings_for(
+        emu.url, state, relay_url=f"http://127.0.0.1:{dead_port}/triage", cadence_debounce="0s"
+    )
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        ids = [emu.publish("alerts", f"alert {n}", title=f"incident {n}")["id"] for n in range(20)]
+        wait_until(lambda: set(ids) <= set(event_ids(state)))
+        wait_until(
+            lambda: cursor_row(state) == ("id", ids[-1]), what="cursor moved past every event"
+        )
+        wait_until(lambda: query(state, "SELECT min(attempts) FROM outbox")[0][0] >= 1)
+    assert query(state, "SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')") == [
+        (20,)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "restart_receiver", [False, True], ids=["same-receiver", "receiver-restarted"]
+)
+def test_kill9_after_post_before_settle_redelivers_the_same_key_with_one_receipt(
+    emu: NtfyEmulator, tmp_path: Path, restart_receiver: bool
+) -> None:
+    state = tmp_path / "state"
+    receipts_db = tmp_path / "receiver.sqlite3"
+    with contextlib.ExitStack() as stack:
+        triage = stack.enter_context(receiver.running(receipts_db))
+        env = env_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
+        with daemon_process(env, extra_env={"NTFY_INTAKE_TEST_CRASH_AT": "after_post"}) as proc:
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            assert proc.wait(timeout=20) == -signal.SIGKILL  # killed itself right after the POST
+        assert query(state, "SELECT state FROM outbox") == [("leased",)]
+        assert len(receiver.receipts(receipts_db)) == 1  # the receiver did commit the effect
+        if restart_receiver:
+            stack.close()
+            triage = stack.enter_context(receiver.running(receipts_db))
+            env = env_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
+        with daemon_process(env):
+            wait_until(lambda: delivered(state), timeout=20)
+        (receipt,) = receiver.receipts(receipts_db)
+        key = only_key(state)
+        assert receipt.key == key and receipt.repeats == 1
+        assert [d["result"] for d in deliveries(state, key)] == ["delivered"]
