@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,6 @@ TOPICS = frozenset({"alerts", "backups"})
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
     for name in list(os.environ):
         if name.startswith(("NTFY_INTAKE_", "NOTIFY_SOCKET", "WATCHDOG_")):
             monkeypatch.delenv(name, raising=False)

@@ -32,12 +32,13 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 import structlog
 
-from ntfy_intake import audit, cadence, db, feed, inbox, intake, outbox, relay, schema
+from ntfy_intake import audit, cadence, db, feed, inbox, intake, outbox, relay, schema, watchdog
 from ntfy_intake.cursor import Cursor, ResumePoint
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StateLockedError
 from ntfy_intake.frames import Junk, Message
+from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 
 log = structlog.get_logger("ntfy_intake.daemon")
@@ -101,6 +102,8 @@ class Daemon:
         transport: httpx.AsyncBaseTransport | None = None,
         backoff_base: float = 1.0,
         relay_retry_base: float = relay.RETRY_BASE,
+        notifier: Notifier | None = None,
+        watchdog_interval: float | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -125,6 +128,18 @@ class Daemon:
         self._audit = audit.AuditLog(settings.state.audit_dir, clock)
         self._cursor: Cursor | None = None
         self.ready = asyncio.Event()
+        self.notifier = notifier or Notifier(None)
+        self.watchdog_interval = watchdog_interval
+        self.heartbeat_at = time.monotonic()  # the ticker's last pass: proves the loop turns
+        self.liveness = watchdog.LivenessTracker(
+            started_at=time.monotonic(),
+            keepalive_timeout=settings.ntfy.keepalive_timeout,
+            dead_after=settings.ntfy.dead_after,
+            recover_after=settings.ntfy.keepalive_interval,
+        )
+        self._seen_frame_at: float | None = None
+        self._wedged = False  # test hook: the ticker stops turning (a stuck task)
+        self.watchdog_pings = 0
 
     # -- database access: one lock, one worker thread at a time ------------------------------
 
@@ -170,6 +185,9 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         if self._conn is None:
             await asyncio.to_thread(self.recover)
+        # READY once local recovery is done, not when ntfy answers: an ntfy outage must never
+        # become a restart loop.
+        self.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         intake_stop = asyncio.Event()
         async with httpx.AsyncClient(transport=self.transport) as client:
@@ -192,6 +210,7 @@ class Daemon:
                 asyncio.create_task(reader.run(intake_stop), name="intake"),
                 asyncio.create_task(self._writer(), name="writer"),
                 asyncio.create_task(self._ticker(), name="ticker"),
+                asyncio.create_task(self._systemd(), name="systemd"),
             ]
             relay_stop = asyncio.Event()
             if self.settings.relay.url is not None:
@@ -216,6 +235,7 @@ class Daemon:
                         "daemon.task_failed", task=task.get_name(), error=repr(task.exception())
                     )
                     stop.set()
+            self.notifier.stopping("draining")
             await self._drain(intake_stop, tasks[0])
             relay_stop.set()
             if self.relay is not None:
@@ -224,7 +244,7 @@ class Daemon:
                 # which the next start releases: never marked delivered without a 2xx.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        asyncio.shield(tasks[3]), timeout=self.settings.relay.timeout + 1
+                        asyncio.shield(tasks[4]), timeout=self.settings.relay.timeout + 1
                     )
             for task in tasks[1:]:
                 task.cancel()
@@ -381,7 +401,11 @@ class Daemon:
         last_health = 0.0
         while True:
             await asyncio.sleep(TICK_SECONDS)
+            if self._wedged:
+                await asyncio.Event().wait()  # test hook: a task stuck forever
+            self.heartbeat_at = time.monotonic()
             await self._settle_cursor()
+            await self._observe_liveness()
             if self._next_release is not None and self._next_release <= self.clock():
                 await self._db(self._release_due)
                 if self.relay is not None:
@@ -398,6 +422,88 @@ class Daemon:
         await self._db(save_cursor, self.conn, cursor, self.clock())
         self._cursor = cursor
         self.counters.cursor_moves += 1
+
+    async def _observe_liveness(self) -> None:
+        """Dead longer than dead_after: one owner notice; back to live: one more."""
+        frame_at = self.health.last_frame_at
+        transition = None
+        if frame_at is not None and frame_at != self._seen_frame_at:
+            self._seen_frame_at = frame_at
+            transition = self.liveness.frame(frame_at)
+        transition = self.liveness.observe(time.monotonic()) or transition
+        if transition is None:
+            return
+        episode = f"{self.boot_id}:{self.health.attempts}"
+        if transition is watchdog.Transition.BECAME_DEAD:
+            notice = inbox.Notice(
+                "intake_dead",
+                f"No frame from ntfy for over {self.settings.ntfy.dead_after:g}s "
+                f"(last error: {self.health.last_error or 'none'}). Alerts published now are "
+                "held by ntfy's cache and will be recorded when the connection returns.",
+                key=f"intake_dead:{episode}",
+            )
+        else:
+            notice = inbox.Notice(
+                "intake_recovered",
+                "ntfy is reachable again; intake is live and replaying what it missed.",
+                key=f"intake_recovered:{episode}",
+            )
+        log.warning("intake.liveness", transition=str(transition))
+        await self._db(self._record_notice, notice)
+        await self._flush_audit()
+
+    def _record_notice(self, notice: inbox.Notice) -> None:
+        with db.write_txn(self.conn):
+            inbox.record_notice(self.conn, notice, self.clock())
+
+    async def _systemd(self) -> None:
+        """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary."""
+        interval = self.watchdog_interval
+        period = interval if interval is not None else 5.0
+        while True:
+            await asyncio.sleep(period)
+            decision = watchdog.should_ping(
+                self._progress(),
+                time.monotonic(),
+                keepalive_timeout=self.settings.ntfy.keepalive_timeout,
+                slack=max(1.0, period),
+                heartbeat_timeout=max(2 * period, 2.0),
+            )
+            if interval is not None and decision.ping and self.notifier.watchdog():
+                self.watchdog_pings += 1
+            elif interval is not None and not decision.ping:
+                log.error("systemd.watchdog_withheld", reason=decision.reason)
+            self.notifier.status(self._status_line(decision.reason))
+
+    def _progress(self) -> watchdog.Progress:
+        health = self.health
+        due: float | None = None
+        if health.state == "backoff":
+            due = health.next_attempt_due
+        elif health.state in ("connecting", "starting") and health.last_attempt_at is not None:
+            # A probe and a connect may each take the connect timeout, then `open` may take up
+            # to a keepalive timeout to arrive.
+            due = health.last_attempt_at + 2 * 10.0 + self.settings.ntfy.keepalive_timeout
+        elif health.state == "starting":
+            due = self.liveness.started_at + 30.0
+        return watchdog.Progress(
+            heartbeat_at=self.heartbeat_at,
+            last_frame_at=health.last_frame_at,
+            next_attempt_due=due,
+            last_attempt_at=health.last_attempt_at,
+        )
+
+    def _status_line(self, reason: str) -> str:
+        state = self.liveness.state(time.monotonic())
+        latch = ", AUDIT LATCHED" if self.latched else ""
+        return (
+            f"intake {state}{latch}; {self.counters.recorded} recorded this run; "
+            f"cursor {self._cursor.since if self._cursor else '-'}; {reason}"
+        )
+
+    def wedge_for_test(self) -> None:
+        """Test hook: make the ticker hang forever, as a stuck task would."""
+        self._wedged = True
 
     def _release_due(self) -> None:
         """Debounce windows that closed with no new event: freeze and release their requests."""
@@ -416,6 +522,7 @@ class Daemon:
         if self.health.last_frame_at is not None:
             frame_age = round(now_mono - self.health.last_frame_at, 3)
         return {
+            "liveness": str(self.liveness.state(now_mono)),
             "pid": os.getpid(),
             "boot_id": self.boot_id,
             "updated_at": self.clock(),

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from ntfy_intake import audit, cadence, db, inbox
+from ntfy_intake.daemon import _feed_append
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.frames import Junk
 
@@ -123,8 +124,6 @@ def test_escalation_opens_a_new_request(store: sqlite3.Connection) -> None:
 def test_released_request_writes_its_feed_entry_in_the_same_transaction(
     store: sqlite3.Connection,
 ) -> None:
-    from ntfy_intake.daemon import _feed_append
-
     record(store, [make_message("aaaaaaaaaaa1")], feed_append=_feed_append)
     row = store.execute("SELECT channel, seq, delivery_key FROM feed_entries").fetchone()
     assert tuple(row) == ("triage", 1, "tri_aaaaaaaaaaa1")

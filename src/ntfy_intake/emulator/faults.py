@@ -1,0 +1,198 @@
+"""Fault injection: the failures and races of a real ntfy server, on demand.
+
+Every method is thread-safe (the hub's lock) and takes effect for the next request or message.
+Invariants owned here:
+- an injected subscribe failure answers before anything else the server checks, with an
+  ntfy-style error body; `fail_subscribes` counts every subscribe request (streams and polls),
+  `force_400` only those whose `since` is a cursor (the probe `since=all` passes untouched);
+- `swap_next_live` holds the first of the next two published messages back from live delivery
+  only; both are cached at once, in publish order;
+- `silence` turns streams into zombies: they write nothing (not even headers) until they close.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from ntfy_intake.emulator import wire
+from ntfy_intake.emulator.wire import Event, NtfyError
+
+if TYPE_CHECKING:
+    from ntfy_intake.emulator.hub import Hub, Stream
+
+_KNOWN_ERRORS = {
+    400: wire.BAD_REQUEST,
+    401: wire.UNAUTHORIZED,
+    403: wire.FORBIDDEN,
+    404: wire.NOT_FOUND,
+    429: wire.TOO_MANY_REQUESTS,
+    500: wire.INTERNAL_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class InjectedFailure:
+    """What an injected subscribe failure answers with."""
+
+    error: NtfyError
+    retry_after: int | None
+    name: str
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A live delivery the hub should schedule `delay` seconds from now."""
+
+    delay: float
+    event: Event
+    targets: tuple[Stream, ...]
+
+
+def injected_error(status: int) -> NtfyError:
+    """ntfy's own error for statuses it uses, else `<status>01` with the reason phrase."""
+    if status in _KNOWN_ERRORS:
+        return _KNOWN_ERRORS[status]
+    return NtfyError(status * 100 + 1, status, HTTPStatus(status).phrase.lower())
+
+
+class Faults:
+    """The fault switches of one emulator (see docs/emulator.md for each one)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+        self._silenced = False
+        self._forced_400 = 0
+        self._failures = 0
+        self._failure_status = 503
+        self._failure_retry_after: int | None = None
+        self._swap_delay: float | None = None
+        self._held: tuple[Event, tuple[Stream, ...]] | None = None
+        self._duplicate = False
+
+    # -- the switches ---------------------------------------------------------------------------
+    def silence(self, on: bool = True) -> None:
+        """New and open streams send nothing at all (no headers, open, keepalive or message)."""
+        with self._hub.lock:
+            self._silenced = on
+            if on:
+                self._hub.zombify_streams()
+
+    def drop_connections(self, *, graceful: bool = False) -> int:
+        """Abort every open subscriber connection now (or end it cleanly); returns how many."""
+        return self._hub.drop_streams(graceful=graceful)
+
+    def force_400(self, n: int = 1) -> None:
+        """The next n subscribe requests that carry a cursor (a `since` that is not empty, `all`,
+        `none` or `latest`) get 400 with the exact `invalid since parameter` body: the only
+        requests a real server could answer so."""
+        with self._hub.lock:
+            self._forced_400 = n
+
+    def evict(self, ids: Iterable[str] | None = None) -> list[str]:
+        """Remove these ids (all when None) from the cache, as pruning would; returns them."""
+        return self._hub.evict(ids)
+
+    def fail_subscribes(self, n: int, status: int = 503, retry_after: float | None = None) -> None:
+        """The next n subscribe requests fail with `status` (Retry-After sent when given)."""
+        error = injected_error(status)  # validates the status before anything changes
+        with self._hub.lock:
+            self._failures = n
+            self._failure_status = error.http
+            self._failure_retry_after = None if retry_after is None else math.ceil(retry_after)
+
+    def swap_next_live(self, delay: float = 0.2) -> None:
+        """The next two live messages arrive swapped: the 2nd at once, the 1st `delay` s later."""
+        with self._hub.lock:
+            self._swap_delay = delay
+
+    def duplicate_at_subscribe(self) -> None:
+        """The next stream whose replay is not empty gets its newest message twice: once right
+        after `open` (as if delivered live) and again in the replay."""
+        with self._hub.lock:
+            self._duplicate = True
+
+    def clear(self) -> None:
+        """Every switch off; a held-back message is delivered now."""
+        self.silence(False)
+        with self._hub.lock:
+            self._forced_400 = self._failures = 0
+            self._failure_retry_after = None
+            self._swap_delay = None
+            self._duplicate = False
+            held, self._held = self._held, None
+        if held is not None:
+            self._hub.schedule([Delivery(0.0, *held)])
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._hub.lock:
+            return {
+                "silenced": self._silenced,
+                "force_400": self._forced_400,
+                "fail_subscribes": {
+                    "n": self._failures,
+                    "status": self._failure_status,
+                    "retry_after": self._failure_retry_after,
+                },
+                "swap_next_live": self._swap_delay,
+                "holding": None if self._held is None else self._held[0].id,
+                "duplicate_at_subscribe": self._duplicate,
+            }
+
+    def apply(self, spec: Mapping[str, Any]) -> None:
+        """The admin endpoint's JSON form, e.g. {"fail_subscribes": {"n": 3, "status": 503}}."""
+        actions: dict[str, Callable[[Any], object]] = {
+            "clear": lambda v: self.clear() if v else None,
+            "silence": lambda v: self.silence(bool(v)),
+            "drop_connections": lambda v: (
+                self.drop_connections(graceful=v == "graceful") if v else None
+            ),
+            "force_400": lambda v: self.force_400(int(v)),
+            "evict": lambda v: self.evict(None if v == "all" else [str(i) for i in v]),
+            "fail_subscribes": lambda v: self.fail_subscribes(**v),
+            "swap_next_live": lambda v: self.swap_next_live(0.2 if v is True else float(v)),
+            "duplicate_at_subscribe": lambda v: self.duplicate_at_subscribe() if v else None,
+        }
+        unknown = set(spec) - set(actions)
+        if unknown:
+            raise ValueError(f"unknown faults: {sorted(unknown)}")
+        for key, value in spec.items():
+            actions[key](value)
+
+    # -- used by the hub and the HTTP layer (the lock is re-entrant) -----------------------------
+    def take_subscribe_failure(self, *, carries_cursor: bool) -> InjectedFailure | None:
+        with self._hub.lock:
+            if self._failures > 0:
+                self._failures -= 1
+                error = injected_error(self._failure_status)
+                return InjectedFailure(error, self._failure_retry_after, "fail_subscribes")
+            if self._forced_400 > 0 and carries_cursor:
+                self._forced_400 -= 1
+                return InjectedFailure(wire.SINCE_INVALID, None, "force_400")
+            return None
+
+    def take_duplicate(self) -> bool:
+        with self._hub.lock:
+            taken, self._duplicate = self._duplicate, False
+            return taken
+
+    def is_silenced(self) -> bool:
+        with self._hub.lock:
+            return self._silenced
+
+    def route_live(self, event: Event, targets: tuple[Stream, ...]) -> list[Delivery]:
+        """Live deliveries for one published event, with the swap fault applied."""
+        with self._hub.lock:
+            if self._swap_delay is None:
+                return [Delivery(0.0, event, targets)]
+            if self._held is None:
+                self._held = (event, targets)
+                return []
+            first, first_targets = self._held
+            delay = self._swap_delay
+            self._held = None
+            self._swap_delay = None
+            return [Delivery(0.0, event, targets), Delivery(delay, first, first_targets)]
