@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     p = add("check", _cmd_check, "exit 0 when healthy, 1 when not (container health check)")
     config_arg(p)
 
+    p = add("redrive", _cmd_redrive, "put dead triage requests back in the relay queue")
+    config_arg(p)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--all", action="store_true", help="every dead row")
+    group.add_argument("keys", nargs="*", default=[], metavar="KEY", help="delivery keys")
+
     p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -99,10 +105,16 @@ def _load_settings(args: argparse.Namespace) -> Settings:
 def _cmd_run(args: argparse.Namespace) -> int:
     from ntfy_intake import logs  # noqa: PLC0415
     from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
+    from ntfy_intake.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
 
     settings = _load_settings(args)
     logs.configure()
-    daemon = Daemon(settings, crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")))
+    daemon = Daemon(
+        settings,
+        crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")),
+        notifier=Notifier.from_environ(os.environ),
+        watchdog_interval=watchdog_interval(os.environ, os.getpid()),
+    )
     return asyncio.run(_serve_daemon(daemon))
 
 
@@ -150,6 +162,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
     ok, why = status.healthy(status.collect(conn, settings, time.time()))
     print(("healthy: " if ok else "unhealthy: ") + why)
     return 0 if ok else 1
+
+
+def _cmd_redrive(args: argparse.Namespace) -> int:
+    from ntfy_intake import db, outbox  # noqa: PLC0415
+
+    settings = _load_settings(args)
+    if not settings.state.database.exists():
+        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        return 1
+    conn = db.connect(settings.state.database)
+    try:
+        redriven = outbox.redrive(conn, None if args.all else list(args.keys), time.time())
+    finally:
+        conn.close()
+    missing = [] if args.all else sorted(set(args.keys) - set(redriven))
+    print(f"redriven {len(redriven)} dead row(s)")
+    for key in missing:
+        print(f"not dead or unknown: {key}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 def _duration_arg(name: str, text: str) -> float:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, receiver, settings
+from ntfy_intake import audit, logs, receiver, settings
 from ntfy_intake.daemon import Daemon
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sanitize import one_line
@@ -63,6 +64,7 @@ TIMEOUT = 30.0
 
 
 def run(*, extra_alerts: int = 0) -> int:
+    logs.configure(level=logging.WARNING)  # the table below is the output; warnings still show
     with tempfile.TemporaryDirectory(prefix="ntfy-intake-demo-") as tmp:
         state = Path(tmp)
         with (
