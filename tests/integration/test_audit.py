@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
@@ -82,17 +81,15 @@ def test_outcomes_that_missed_the_log_are_written_at_startup(
     assert recover(store, tmp_path) == 0
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_unwritable_directory_raises_audit_write_error(
-    store: sqlite3.Connection, tmp_path: Path
-) -> None:
+def test_unusable_audit_directory_raises_audit_write_error(store: sqlite3.Connection, tmp_path: Path) -> None:
+    """Failure mode: the audit path is not a writable directory (works as root, unlike chmod)."""
     directory = tmp_path / "audit"
-    directory.mkdir()
-    directory.chmod(0o500)
+    directory.write_text("a file where the audit directory should be")
     record(store, "aaaaaaaaaaa1")
     with pytest.raises(AuditWriteError):
         flush(store, directory)
     assert audit.flushed_seq(store) == 0
+    assert store.execute("SELECT count(*) FROM audit_journal").fetchone()[0] == 1
 
 
 def test_full_disk_raises_audit_write_error_and_keeps_journal(
