@@ -467,7 +467,7 @@ class Daemon:
                 time.monotonic(),
                 keepalive_timeout=self.settings.ntfy.keepalive_timeout,
                 slack=max(1.0, period),
-                heartbeat_timeout=max(2 * period, 2.0),
+                heartbeat_timeout=max(2 * period, 1.0),
             )
             if interval is not None and decision.ping and self.notifier.watchdog():
                 self.watchdog_pings += 1

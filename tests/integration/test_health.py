@@ -1,0 +1,175 @@
+"""Silence is never mistaken for health: status/check, the keepalive watchdog, systemd pings."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.sdnotify import Notifier
+
+from ..harness import DaemonThread, env_for, notices, settings_for, wait_until
+
+
+@pytest.fixture
+def emu() -> Iterator[NtfyEmulator]:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=0.5)).running() as emulator:
+        yield emulator
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ntfy_intake", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def fast_env(emu: NtfyEmulator, state: Path) -> dict[str, str]:
+    env = env_for(
+        emu.url,
+        state,
+        ntfy_keepalive_interval="1s",
+        ntfy_keepalive_timeout="1500ms",
+        ntfy_dead_after="3s",
+    )
+    return {"PATH": "/usr/bin:/bin", **env}
+
+
+def test_check_tells_healthy_quiet_from_dead_quiet_and_recovers(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    env = fast_env(emu, tmp_path)
+    config = settings_for(
+        emu.url,
+        tmp_path,
+        ntfy_keepalive_interval="1s",
+        ntfy_keepalive_timeout="1500ms",
+        ntfy_dead_after="3s",
+    )
+    with DaemonThread(config) as running:
+        emu.wait_for_subscribers(1)
+        assert running.daemon is not None
+        wait_until(
+            lambda: cli(env, "check").returncode == 0, timeout=10, what="healthy-quiet check"
+        )
+        quiet = json.loads(cli(env, "status", "--json").stdout)
+        assert quiet["intake"]["state"] == "live" and quiet["inbox"]["events"] == 0
+        emu.faults.silence(True)
+        wait_until(lambda: cli(env, "check").returncode == 1, timeout=10, what="dead-quiet check")
+        dead = json.loads(cli(env, "status", "--json").stdout)
+        assert dead["intake"]["state"] in ("reconnecting", "dead")
+        wait_until(lambda: notices(tmp_path, "intake_dead"), timeout=10, what="intake_dead notice")
+        emu.faults.silence(False)
+        emu.faults.drop_connections()
+        wait_until(lambda: cli(env, "check").returncode == 0, timeout=15, what="recovery")
+        wait_until(lambda: notices(tmp_path, "intake_recovered"), timeout=10)
+    assert len(notices(tmp_path, "intake_dead")) == 1
+    assert len(notices(tmp_path, "intake_recovered")) == 1
+
+
+def test_check_fails_when_the_daemon_is_not_running(emu: NtfyEmulator, tmp_path: Path) -> None:
+    env = fast_env(emu, tmp_path)
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+    result = cli(env, "check")
+    assert result.returncode == 1 and "not running" in result.stdout
+
+
+def test_silenced_stream_is_reconnected_within_keepalive_timeout_plus_one_backoff_step(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    config = settings_for(
+        emu.url, tmp_path, ntfy_keepalive_interval="1s", ntfy_keepalive_timeout="1500ms"
+    )
+    with DaemonThread(config, backoff_base=1.0) as running:
+        emu.wait_for_subscribers(1)
+        assert running.daemon is not None
+        wait_until(lambda: running.daemon.health.connections == 1)
+        connects = running.daemon.health.connections
+        emu.faults.silence(True)
+        silenced_at = time.monotonic()
+        emu.faults.silence(False)  # only the open stream stays silent; the next one is healthy
+        wait_until(lambda: running.daemon.health.connections > connects, timeout=10)
+        elapsed = time.monotonic() - silenced_at
+    # keepalive_timeout (1.5 s) + first backoff step (at most base = 1 s) + connect slack
+    assert elapsed < 1.5 + 1.0 + 1.0, elapsed
+    assert running.daemon.health.watchdog_drops == 1
+
+
+class NotifySocket:
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.messages: list[str] = []
+
+    def drain(self) -> list[str]:
+        while True:
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                return self.messages
+
+    def count(self, field: str) -> int:
+        return sum(1 for m in self.drain() if field in m.split("\n"))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
+    sock = NotifySocket(tmp_path / "notify.sock")
+    yield sock
+    sock.close()
+
+
+def test_watchdog_pings_stop_when_the_loop_is_wedged(
+    emu: NtfyEmulator, tmp_path: Path, notify_socket: NotifySocket
+) -> None:
+    config = settings_for(emu.url, tmp_path / "state")
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    with DaemonThread(config, notifier=notifier, watchdog_interval=0.2) as running:
+        emu.wait_for_subscribers(1)
+        wait_until(lambda: notify_socket.count("WATCHDOG=1") >= 3, timeout=10)
+        assert notify_socket.messages[0].startswith("READY=1")
+        assert running.daemon is not None
+        running.daemon.wedge_for_test()
+        time.sleep(1.5)  # the heartbeat goes stale (> max(2 intervals, 1 s))
+        before = notify_socket.count("WATCHDOG=1")
+        time.sleep(1.0)
+        assert notify_socket.count("WATCHDOG=1") == before, "pings continued while wedged"
+        running.daemon._wedged = False  # let the test shut down; the stuck ticker is cancelled
+    assert any("STOPPING=1" in m for m in notify_socket.drain())
+
+
+def test_watchdog_pings_continue_during_a_remote_outage(
+    tmp_path: Path, notify_socket: NotifySocket
+) -> None:
+    with socket.socket() as probe:  # an ntfy URL where nothing listens: a remote outage
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = settings_for(f"http://127.0.0.1:{port}", tmp_path / "state")
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    with DaemonThread(
+        config, notifier=notifier, watchdog_interval=0.2, backoff_base=0.5
+    ) as running:
+        assert running.daemon is not None
+        wait_until(lambda: running.daemon.health.attempts >= 3, timeout=10)
+        first = notify_socket.count("WATCHDOG=1")
+        time.sleep(1.0)
+        assert notify_socket.count("WATCHDOG=1") >= first + 3
+        assert running.daemon.health.state in ("backoff", "connecting")
+    assert notify_socket.messages[0].startswith("READY=1")
