@@ -129,8 +129,8 @@ class Intake:
             generation = self.new_generation()
             was_live = False
             try:
-                evicted = await self._probe(cursor) if cursor.kind == "id" else False
-                await self._stream(cursor, evicted, generation, stop)
+                if not await _unless_stopped(self._attempt(cursor, generation, stop), stop):
+                    break  # stopped mid-attempt (connecting, or waiting for headers)
                 self._count("stream_ended")
             except _RejectedCursor:
                 failures = 0
@@ -168,6 +168,10 @@ class Intake:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
         self.health.state = "stopped"
 
+    async def _attempt(self, cursor: Cursor, generation: int, stop: asyncio.Event) -> None:
+        evicted = await self._probe(cursor) if cursor.kind == "id" else False
+        await self._stream(cursor, evicted, generation, stop)
+
     def _count(self, kind: str) -> None:
         self.health.failures[kind] = self.health.failures.get(kind, 0) + 1
 
@@ -199,7 +203,12 @@ class Intake:
     async def _stream(
         self, cursor: Cursor, evicted: bool, generation: int, stop: asyncio.Event
     ) -> None:
-        timeout = httpx.Timeout(self.config.connect_timeout, read=None)
+        # The read timeout also bounds the wait for response headers: a server that accepts the
+        # connection and then says nothing must not hang us. It is set a little above the
+        # keepalive timeout so that, once streaming, the frame watchdog below fires first.
+        timeout = httpx.Timeout(
+            self.config.connect_timeout, read=self.config.keepalive_timeout + 1.0
+        )
         async with self.client.stream(
             "GET",
             self.stream_url,
@@ -301,6 +310,23 @@ class Intake:
 
 class _RejectedCursor(Exception):
     pass
+
+
+async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `work` until it ends (True) or `stop` is set first (False, work cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        task.result()  # re-raise what the attempt raised
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return False
 
 
 def describe_error_body(body: str) -> str:
