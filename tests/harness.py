@@ -39,6 +39,7 @@ def env_for(ntfy_url: str, state_dir: Path, **overrides: str) -> dict[str, str]:
         "NTFY_INTAKE_STATE_DIR": str(state_dir),
         "NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL": "1s",
         "NTFY_INTAKE_NTFY_REORDER_WINDOW": "300ms",
+        "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
     }
     env.update({f"NTFY_INTAKE_{k.upper()}": v for k, v in overrides.items()})
     return env

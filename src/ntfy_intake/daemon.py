@@ -32,7 +32,20 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 import structlog
 
-from ntfy_intake import audit, cadence, db, feed, inbox, intake, outbox, relay, schema, watchdog
+from ntfy_intake import (
+    audit,
+    cadence,
+    db,
+    feed,
+    http_api,
+    inbox,
+    intake,
+    outbox,
+    owner,
+    relay,
+    schema,
+    watchdog,
+)
 from ntfy_intake.cursor import Cursor, ResumePoint
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
@@ -55,7 +68,11 @@ T = TypeVar("T")
 
 
 def migrations() -> list[db.Migration]:
-    return [*schema.CORE, *((name, list(sql)) for name, sql in feed.FEED_MIGRATIONS)]
+    return [
+        *schema.CORE,
+        *((name, list(sql)) for name, sql in feed.FEED_MIGRATIONS),
+        *((name, list(sql)) for name, sql in owner.OWNER_MIGRATIONS),
+    ]
 
 
 class CrashPoints:
@@ -102,6 +119,7 @@ class Daemon:
         transport: httpx.AsyncBaseTransport | None = None,
         backoff_base: float = 1.0,
         relay_retry_base: float = relay.RETRY_BASE,
+        owner_retry_base: float = 2.0,
         notifier: Notifier | None = None,
         watchdog_interval: float | None = None,
     ) -> None:
@@ -112,6 +130,7 @@ class Daemon:
         # Test seams, not configuration: tests shorten the backoff schedules.
         self.backoff_base = backoff_base
         self.relay_retry_base = relay_retry_base
+        self.owner_retry_base = owner_retry_base
         self.boot_id = uuid.uuid4().hex[:12]
         self.health = intake.IntakeHealth()
         self.counters = Counters()
@@ -124,6 +143,7 @@ class Daemon:
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self.relay: relay.Relay | None = None
+        self.owner: owner.OwnerSender | None = None
         self._next_release: float | None = None
         self._audit = audit.AuditLog(settings.state.audit_dir, clock)
         self._cursor: Cursor | None = None
@@ -140,6 +160,9 @@ class Daemon:
         self._seen_frame_at: float | None = None
         self._wedged = False  # test hook: the ticker stops turning (a stuck task)
         self.watchdog_pings = 0
+        self.http_port: int | None = None
+        self.http_error: str | None = None
+        self._cached_counts: dict[str, Any] = {}
 
     # -- database access: one lock, one worker thread at a time ------------------------------
 
@@ -227,6 +250,21 @@ class Daemon:
                     retry_base=self.relay_retry_base,
                 )
                 tasks.append(asyncio.create_task(self.relay.run(relay_stop), name="relay"))
+            self.owner = owner.OwnerSender(
+                self.conn,
+                client,
+                run_db=self._db,
+                owner=self.settings.owner,
+                ntfy_url=self.settings.ntfy.url,
+                ntfy_token=self.settings.ntfy.token,
+                clock=self.clock,
+                flush_audit=self._flush_audit,
+                retry_base=self.owner_retry_base,
+                after_send=lambda: self.crash.hit("after_owner_send"),
+            )
+            tasks.append(asyncio.create_task(self.owner.run(relay_stop), name="owner"))
+            http_stop = asyncio.Event()
+            tasks.append(asyncio.create_task(self._serve_http(http_stop), name="http"))
             stop_wait = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -238,16 +276,21 @@ class Daemon:
             self.notifier.stopping("draining")
             await self._drain(intake_stop, tasks[0])
             relay_stop.set()
-            if self.relay is not None:
-                self.relay.wakeup.set()
-                # In-flight deliveries finish (bounded by the relay timeout) or stay leased,
-                # which the next start releases: never marked delivered without a 2xx.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        asyncio.shield(tasks[4]), timeout=self.settings.relay.timeout + 1
-                    )
+            senders = [t for t in tasks if t.get_name() in ("relay", "owner")]
+            for sender in (self.relay, self.owner):
+                if sender is not None:
+                    sender.wakeup.set()
+            # In-flight deliveries finish (bounded by the relay timeout) or stay leased, which
+            # the next start releases: never marked delivered without a 2xx.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.shield(t) for t in senders), return_exceptions=True),
+                    timeout=self.settings.relay.timeout + 1,
+                )
+            http_stop.set()
             for task in tasks[1:]:
-                task.cancel()
+                if task.get_name() != "http":
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             stop_wait.cancel()
         await self._flush_audit()
@@ -373,6 +416,8 @@ class Daemon:
     async def _flush_audit(self) -> bool:
         if self.latched:
             return False
+        if self.owner is not None:
+            self.owner.wakeup.set()  # a flush follows every write that may queue an owner row
         try:
             await self._db(audit.flush, self.conn, self._audit)
         except AuditWriteError as exc:
@@ -501,6 +546,75 @@ class Daemon:
             f"cursor {self._cursor.since if self._cursor else '-'}; {reason}"
         )
 
+    # -- the loopback HTTP surface: feed, notify, health, metrics -------------------------------
+
+    async def _serve_http(self, stop: asyncio.Event) -> None:
+        app = http_api.create_app(
+            db_path=self.settings.state.database,
+            token=self.settings.http.token,
+            notify=self._notify,
+            health=self._http_health,
+            metrics_snapshot=self.metrics_snapshot,
+        )
+        try:
+            await http_api.serve(
+                app, self.settings.http.host, self.settings.http.port, stop, self._http_bound
+            )
+        except OSError as exc:
+            # Intake matters more than the HTTP surface: keep recording, say why loudly.
+            log.error("http.bind_failed", listen=self.settings.http.listen, detail=str(exc))
+            self.http_error = str(exc)
+
+    def _http_bound(self, port: int) -> None:
+        self.http_port = port
+        log.info("http.listening", host=self.settings.http.host, port=port)
+
+    def _http_health(self) -> tuple[bool, dict[str, Any]]:
+        state = str(self.liveness.state(time.monotonic()))
+        if self.latched:
+            return False, {"reason": "audit latch is set: restart advised", "intake": state}
+        if state != "live":
+            return False, {"reason": f"intake is {state}", "intake": state}
+        return True, {"intake": state}
+
+    async def _notify(self, text: str, idempotency_key: str) -> tuple[int, dict[str, Any]]:
+        """`POST /v1/notify`: an agent's later reply, through the owner outbox (stable key)."""
+        key = f"agent:{idempotency_key}"
+        result = await self._db(self._queue_agent_message, key, text)
+        await self._flush_audit()
+        return 202 if result != "duplicate" else 200, {"key": key, "result": result}
+
+    def _queue_agent_message(self, key: str, text: str) -> str:
+        with db.write_txn(self.conn):
+            return relay.queue_triage_message(self.conn, key, text, self.clock())
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        health = self.health
+        relay_stats = self.relay.stats if self.relay is not None else None
+        owner_stats = self.owner.stats if self.owner is not None else None
+        return {
+            "intake_state": str(self.liveness.state(now)),
+            "last_frame_age_s": None
+            if health.last_frame_at is None
+            else now - health.last_frame_at,
+            "connections_total": health.connections,
+            "reconnects_total": max(0, health.attempts - 1),
+            "watchdog_drops_total": health.watchdog_drops,
+            "events_recorded_total": self.counters.recorded,
+            "duplicates_total": self.counters.duplicates,
+            "conflicts_total": self.counters.conflicts,
+            "quarantined_total": self.counters.quarantined,
+            "cursor_moves_total": self.counters.cursor_moves,
+            "audit_latch": self.latched,
+            "relay_delivered_total": relay_stats.delivered if relay_stats else 0,
+            "relay_attempts_total": relay_stats.attempts if relay_stats else 0,
+            "owner_sent_total": (owner_stats.sent_signal + owner_stats.sent_ntfy)
+            if owner_stats
+            else 0,
+            **self._cached_counts,
+        }
+
     def wedge_for_test(self) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would."""
         self._wedged = True
@@ -536,11 +650,34 @@ class Daemon:
             "failures": dict(self.health.failures),
             "last_error": self.health.last_error,
             "latch": self.latched,
+            "http_port": self.http_port,
+            "http_error": self.http_error,
             "recorded": self.counters.recorded,
             "duplicates": self.counters.duplicates,
         }
 
     def _write_health(self, *, final: bool = False) -> None:
+        def count(sql: str) -> int:
+            return int(self.conn.execute(sql).fetchone()[0])
+
+        self._cached_counts = {
+            "relay_pending": count(
+                "SELECT count(*) FROM outbox WHERE state IN ('collecting', 'pending', 'leased')"
+            ),
+            "relay_dead": count("SELECT count(*) FROM outbox WHERE state = 'dead'"),
+            "owner_pending": count(
+                "SELECT count(*) FROM owner_outbox WHERE state IN ('pending', 'leased')"
+            ),
+            "owner_suppressed_total": count(
+                "SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"
+            ),
+            "feed_head": {
+                row[0]: row[1]
+                for row in self.conn.execute(
+                    "SELECT channel, max(seq) FROM feed_entries GROUP BY channel"
+                )
+            },
+        }
         snapshot = self.health_snapshot()
         if final:
             snapshot["state"] = "stopped"

@@ -81,6 +81,7 @@ def run(*, extra_alerts: int = 0) -> int:
                     "NTFY_INTAKE_STATE_DIR": str(state / "state"),
                     "NTFY_INTAKE_RELAY_URL": triage.url,
                     "NTFY_INTAKE_CADENCE_DEBOUNCE": "1s",
+                    "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
                 },
             )
             print(f"ntfy-compatible server  {emu.url}")

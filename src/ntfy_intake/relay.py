@@ -162,7 +162,7 @@ class Relay:
                 settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
                 result = "delivered"
                 if settled and outcome.notify_text is not None:
-                    _queue_triage_message(self.conn, key, outcome.notify_text, now)
+                    queue_triage_message(self.conn, f"notify:{key}", outcome.notify_text, now)
             elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
                 due = now + retry_delay(
                     claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
@@ -208,13 +208,14 @@ class Relay:
             log.error("relay.dead", delivery_key=key, detail=outcome.detail)
 
 
-def _queue_triage_message(conn: sqlite3.Connection, key: str, text: str, now: float) -> None:
-    """The agent's reply becomes an owner message (stable key: one per delivery key)."""
-    message_key = f"notify:{key}"
+def queue_triage_message(conn: sqlite3.Connection, key: str, text: str, now: float) -> str:
+    """An agent's reply becomes an owner message under a stable key; returns the result."""
     inserted = conn.execute(
         "INSERT OR IGNORE INTO owner_outbox(key, kind, topic, text, state, due_at, created_at)"
         " VALUES (?, 'triage', 'triage', ?, 'pending', ?, ?)",
-        (message_key, text, now, now),
+        (key, text, now, now),
     ).rowcount
-    if inserted:
-        audit.stage(conn, "owner_message", now, key=message_key, result="queued")
+    if not inserted:
+        return "duplicate"
+    audit.stage(conn, "owner_message", now, key=key, message_kind="triage", result="queued")
+    return "queued"
