@@ -80,6 +80,28 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--all", action="store_true", help="every dead row")
     group.add_argument("keys", nargs="*", default=[], metavar="KEY", help="delivery keys")
 
+    p = add("feed", _cmd_feed, "agent feed: catch up, ack and wait (JSON on stdout)")
+    feed_sub = p.add_subparsers(dest="feed_command", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("catch-up", "print every unacked entry as a JSON array (joins at head on first use)"),
+        ("ack", "move the handle's cursor forward after handling; prints the cursor"),
+        ("wait", "peek-only doorbell: print a wake line when there is something to handle"),
+    ):
+        action = feed_sub.add_parser(name, help=help_text, description=help_text)
+        config_arg(action)
+        action.add_argument(
+            "--state-dir", type=Path, default=None, help="state directory (instead of --config)"
+        )
+        action.add_argument("--handle", required=True, help="a stable role name, e.g. triage")
+        if name == "ack":
+            action.add_argument("--channel", required=True)
+            action.add_argument("--seq", required=True, type=int)
+        else:
+            action.add_argument("--channel", default=None)
+            action.add_argument("--at", choices=("head", "start"), default="head")
+        if name == "wait":
+            action.add_argument("--timeout", type=float, default=30.0, help="seconds")
+
     p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -181,6 +203,20 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
     for key in missing:
         print(f"not dead or unknown: {key}", file=sys.stderr)
     return 1 if missing else 0
+
+
+def _cmd_feed(args: argparse.Namespace) -> int:
+    from ntfy_intake import feed_cli  # noqa: PLC0415
+
+    if args.state_dir is not None:
+        db_path = args.state_dir / "intake.sqlite3"
+    else:
+        db_path = _load_settings(args).state.database
+    if args.feed_command == "catch-up":
+        return feed_cli.catch_up(db_path, args.handle, channel=args.channel, at=args.at)
+    if args.feed_command == "ack":
+        return feed_cli.ack(db_path, args.handle, args.channel, args.seq)
+    return feed_cli.wait(db_path, args.handle, args.timeout, channel=args.channel, at=args.at)
 
 
 def _duration_arg(name: str, text: str) -> float:
