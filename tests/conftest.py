@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import db
+from ntfy_intake import cadence, db
 from ntfy_intake.daemon import migrations
 from ntfy_intake.frames import Message, decode_line
+from ntfy_intake.owner_queue import OwnerQueue
 
 TOPICS = frozenset({"alerts", "backups"})
 
@@ -53,3 +54,10 @@ def make_message(
     frame = decode_line(json.dumps(obj).encode(), TOPICS)
     assert isinstance(frame, Message), frame
     return frame
+
+
+def owner_queue(**policy: object) -> OwnerQueue:
+    """A fresh cadence state; tests default to no debounce so requests release at once."""
+    settings = {"debounce": 0.0, **policy}
+    chosen = cadence.Policy(**settings)  # type: ignore[arg-type]
+    return OwnerQueue(chosen, cadence.CadenceState.empty(chosen))

@@ -221,9 +221,11 @@ def _parse(raw: bytes) -> Mapping[str, Any] | None:
 
 
 def log_files(directory: Path) -> list[Path]:
+    """The audit files, oldest first. Only regular files: anything else (a device, a FIFO) under
+    an audit name is not a log this process wrote, and reading it could block forever."""
     if not directory.exists():
         return []
-    return sorted(directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}"))
+    return sorted(p for p in directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
 
 
 def read_records(directory: Path, *, since_day: str | None = None) -> Iterator[dict[str, Any]]:

@@ -42,6 +42,7 @@ from ntfy_intake import (
     intake,
     outbox,
     owner,
+    rehydrate,
     relay,
     schema,
     watchdog,
@@ -51,6 +52,7 @@ from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StateLockedError
 from ntfy_intake.frames import Junk, Message
+from ntfy_intake.owner_queue import Notice, OwnerQueue
 from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 
@@ -137,7 +139,14 @@ class Daemon:
         self.resume = ResumePoint(settings.ntfy.reorder_window)
         self.latched = False
         self.failed = False  # a task died: exit non-zero so systemd restarts us
-        self.policy = cadence.Policy(debounce=settings.cadence.debounce)
+        self.policy = cadence.Policy(
+            debounce=settings.cadence.debounce,
+            cooldown=settings.cadence.cooldown,
+            daily_cap=settings.cadence.daily_cap,
+            timezone=settings.cadence.timezone,
+        )
+        # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
+        self.owner_queue = OwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
         self.queue: asyncio.Queue[intake.Received | intake.GapFound] = asyncio.Queue()
         self._db_lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
@@ -183,6 +192,7 @@ class Daemon:
         self._lock_fd = _exclusive_lock(self.settings.state.dir / "daemon.lock")
         self._conn = db.connect(self.settings.state.database)
         db.migrate(self._conn, migrations())
+        self._rehydrate_cadence()
         try:
             written = audit.recover(self._conn, self._audit)
             if written:
@@ -196,6 +206,28 @@ class Daemon:
             log.info("intake.first_start", since=cursor.since)
         self._cursor = cursor
         self._next_release = outbox.next_release_at(self._conn)
+
+    def _rehydrate_cadence(self) -> None:
+        """Cadence state from the audit log (only the files the longest window needs), plus the
+        records that reached SQLite but not yet the log: together, every recorded outcome."""
+        started = time.monotonic()
+        loaded = rehydrate.load(self.settings.state.audit_dir, self.policy, self.clock())
+        state = loaded.state
+        mark = audit.flushed_seq(self.conn)
+        pending = 0
+        for (line,) in self.conn.execute(
+            "SELECT line FROM audit_journal WHERE seq > ? ORDER BY seq", (mark,)
+        ):
+            state.apply(json.loads(line))
+            pending += 1
+        self.owner_queue.state = state
+        log.info(
+            "cadence.rehydrated",
+            files=loaded.files,
+            records=loaded.records,
+            unflushed=pending,
+            ms=round((time.monotonic() - started) * 1000, 1),
+        )
 
     def _first_cursor(self) -> Cursor:
         first = self.settings.ntfy.first_start
@@ -241,6 +273,7 @@ class Daemon:
                     self.conn,
                     client,
                     run_db=self._db,
+                    owner_queue=self.owner_queue,
                     url=self.settings.relay.url,
                     timeout=self.settings.relay.timeout,
                     max_attempts=self.settings.relay.max_attempts,
@@ -327,7 +360,7 @@ class Daemon:
     async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
         """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
         detail = intake.describe_error_body(body)
-        notice = inbox.Notice(
+        notice = Notice(
             "fallback_400",
             f"ntfy rejected the saved cursor since={cursor.since!r} ({detail}); "
             "replaying everything the server still holds. Nothing is lost; duplicates are absorbed.",
@@ -337,7 +370,7 @@ class Daemon:
         self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
         await self._flush_audit()
 
-    def _record_drop(self, notice: inbox.Notice) -> None:
+    def _record_drop(self, notice: Notice) -> None:
         now = self.clock()
         with db.write_txn(self.conn):
             self.conn.execute(
@@ -345,7 +378,8 @@ class Daemon:
                 " updated_at = ? WHERE id = 1",
                 (now,),
             )
-            inbox.record_notice(self.conn, notice, now)
+            records = self.owner_queue.notice(self.conn, notice, now)
+        self.owner_queue.commit(records)
 
     # -- the writer: batch -> transaction -> audit -> resume point --------------------------------
 
@@ -361,7 +395,7 @@ class Daemon:
                     self.queue.task_done()
 
     async def _record(self, batch: list[intake.Received | intake.GapFound]) -> None:
-        frames: list[Message | Junk | inbox.Notice] = []
+        frames: list[Message | Junk | Notice] = []
         for item in batch:
             if isinstance(item, intake.GapFound):
                 frames.append(self._gap_notice(item))
@@ -372,10 +406,11 @@ class Daemon:
             self.conn,
             frames,
             self.clock(),
-            policy=self.policy,
+            queue=self.owner_queue,
             relay_enabled=self.settings.relay.url is not None,
             feed_append=_feed_append,
         )
+        self.owner_queue.commit(result.records)
         self.crash.hit("after_inbox_commit")
         self.counters.batches += 1
         self.counters.recorded += result.recorded
@@ -401,10 +436,10 @@ class Daemon:
                 generation=item.generation,
             )
 
-    def _gap_notice(self, gap: intake.GapFound) -> inbox.Notice:
+    def _gap_notice(self, gap: intake.GapFound) -> Notice:
         start = _utc(gap.window_start)
         end = _utc(gap.window_end)
-        return inbox.Notice(
+        return Notice(
             "gap",
             f"Possible alert loss: ntfy no longer holds the last recorded message "
             f"({gap.cursor.value}). Anything published between {start} and {end} that is not in "
@@ -431,14 +466,13 @@ class Daemon:
             return
         self.latched = True
         log.error("audit.latched", detail=detail)
-        notice = inbox.Notice(
+        notice = Notice(
             "latch",
             f"The audit log cannot be written ({detail}). Intake keeps recording, but the "
             "cursor is frozen until a restart; free the disk or fix permissions, then restart.",
             key=f"latch:{self.boot_id}",
         )
-        with db.write_txn(self.conn):
-            inbox.record_notice(self.conn, notice, self.clock())
+        self._record_notice(notice)
 
     # -- the ticker: cursor, debounce releases, health ------------------------------------------
 
@@ -480,7 +514,7 @@ class Daemon:
             return
         episode = f"{self.boot_id}:{self.health.attempts}"
         if transition is watchdog.Transition.BECAME_DEAD:
-            notice = inbox.Notice(
+            notice = Notice(
                 "intake_dead",
                 f"No frame from ntfy for over {self.settings.ntfy.dead_after:g}s "
                 f"(last error: {self.health.last_error or 'none'}). Alerts published now are "
@@ -488,7 +522,7 @@ class Daemon:
                 key=f"intake_dead:{episode}",
             )
         else:
-            notice = inbox.Notice(
+            notice = Notice(
                 "intake_recovered",
                 "ntfy is reachable again; intake is live and replaying what it missed.",
                 key=f"intake_recovered:{episode}",
@@ -497,9 +531,10 @@ class Daemon:
         await self._db(self._record_notice, notice)
         await self._flush_audit()
 
-    def _record_notice(self, notice: inbox.Notice) -> None:
+    def _record_notice(self, notice: Notice) -> None:
         with db.write_txn(self.conn):
-            inbox.record_notice(self.conn, notice, self.clock())
+            records = self.owner_queue.notice(self.conn, notice, self.clock())
+        self.owner_queue.commit(records)
 
     async def _systemd(self) -> None:
         """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary."""
@@ -586,7 +621,9 @@ class Daemon:
 
     def _queue_agent_message(self, key: str, text: str) -> str:
         with db.write_txn(self.conn):
-            return relay.queue_triage_message(self.conn, key, text, self.clock())
+            result, records = self.owner_queue.triage_message(self.conn, key, text, self.clock())
+        self.owner_queue.commit(records)
+        return result
 
     def metrics_snapshot(self) -> dict[str, Any]:
         now = time.monotonic()

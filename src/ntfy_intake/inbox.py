@@ -4,6 +4,9 @@ Per message: inbox row (PK = ntfy id; identical body = duplicate, different body
 which goes to the quarantine), incident merge, cadence decision, outbox row, feed entry on release,
 and the audit journal record. Junk frames go to the quarantine with their reason (stored once per
 distinct raw line however often ntfy replays it). Any exception rolls every table back.
+
+Cadence decisions are made on a fork of the live cadence state; the caller folds the returned
+records into the live state only after COMMIT (`OwnerQueue.commit`), so a rollback changes nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ntfy_intake import audit, cadence, db, incidents, outbox
 from ntfy_intake.frames import Junk, Message
+from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +38,7 @@ class BatchResult:
     conflicts: int = 0
     quarantined: int = 0
     released: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """An operational notice for the owner, recorded in the same pipeline as events."""
-
-    notice: str
-    text: str
-    key: str
-    fields: dict[str, str] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)  # cadence records to fold after COMMIT
 
 
 def record_batch(
@@ -51,20 +46,24 @@ def record_batch(
     frames: Sequence[Message | Junk | Notice],
     now: float,
     *,
-    policy: cadence.Policy,
+    queue: OwnerQueue,
     relay_enabled: bool,
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
 ) -> BatchResult:
     result = BatchResult()
+    work = queue.state.fork()  # decisions see earlier events of this batch; live state untouched
     with db.write_txn(conn, before_commit=before_commit):
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
-                _record_message(conn, index, frame, now, policy, result)
+                _record_message(conn, index, frame, now, queue.policy, work, result)
             elif isinstance(frame, Junk):
                 _quarantine(conn, frame, frame.reason, now, result)
             else:
-                record_notice(conn, frame, now)
+                records = queue.notice(conn, frame, now, state=work)
+                for record in records:
+                    work.apply(record)
+                result.records.extend(records)
         result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
@@ -77,6 +76,7 @@ def _record_message(
     message: Message,
     now: float,
     policy: cadence.Policy,
+    work: cadence.CadenceState,
     result: BatchResult,
 ) -> None:
     existing = conn.execute(
@@ -95,28 +95,25 @@ def _record_message(
     signal = incidents.signal_of(message)
     before = _load_incident(conn, signal.key)
     after = incidents.merge(before, signal, message)
-    requested = conn.execute(
-        "SELECT requested_severity FROM incidents WHERE key = ?", (signal.key,)
-    ).fetchone()
-    decision = cadence.decide(
-        policy,
-        before,
-        after,
-        requested[0] if requested else None,
-        outbox.open_request(conn, signal.key),
-        message.id,
-        now,
-    )
-    requested_severity = requested[0] if requested else None
+    view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
+    decision = work.decide_event(policy, view, message.id, now)
+    if decision.outcome == "joined" and not _still_collecting(conn, decision.delivery_key):
+        # Only a wall clock stepping backwards can close a window early; never join a request
+        # whose payload is already frozen: open a fresh one instead.
+        decision = cadence.Decision(
+            "triage_requested",
+            "window_closed",
+            cadence.delivery_key_for(message.id),
+            now + policy.debounce,
+        )
     if decision.outcome == "triage_requested":
         assert decision.delivery_key is not None and decision.due_at is not None
         outbox.create(
             conn, decision.delivery_key, signal.key, decision.reason, decision.due_at, now
         )
-        requested_severity = max(requested_severity or 0, after.severity)
     if decision.delivery_key is not None:
         outbox.attach(conn, decision.delivery_key, message.id)
-    _save_incident(conn, after, requested_severity)
+    _save_incident(conn, after)
     conn.execute(
         "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key,"
         " severity, outcome, reason, delivery_key, received_at)"
@@ -136,20 +133,12 @@ def _record_message(
             now,
         ),
     )
-    audit.stage(
-        conn,
-        "event",
-        now,
-        event_id=message.id,
-        topic=message.topic,
-        time=message.time,
-        incident=signal.key,
-        severity=signal.severity,
-        status=signal.status,
-        outcome=decision.outcome,
-        reason=decision.reason,
-        delivery_key=decision.delivery_key,
+    record = cadence.event_record(
+        decision, view, message.id, now, topic=message.topic, time=message.time
     )
+    audit.stage(conn, "event", now, **{k: v for k, v in record.items() if k not in ("ts", "kind")})
+    work.apply(record)
+    result.records.append(record)
     result.recorded += 1
     result.candidates.append(Candidate(index, message.id, message.time, message.cached))
 
@@ -174,17 +163,19 @@ def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentStat
     )
 
 
-def _save_incident(
-    conn: sqlite3.Connection, state: incidents.IncidentState, requested_severity: int | None
-) -> None:
+def _still_collecting(conn: sqlite3.Connection, key: str | None) -> bool:
+    row = conn.execute("SELECT state FROM outbox WHERE delivery_key = ?", (key,)).fetchone()
+    return row is not None and row[0] == "collecting"
+
+
+def _save_incident(conn: sqlite3.Connection, state: incidents.IncidentState) -> None:
     conn.execute(
         "INSERT INTO incidents(key, severity, status, status_time, status_event, first_seen,"
-        " last_seen, events, version, requested_severity) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity, status = excluded.status,"
         " status_time = excluded.status_time, status_event = excluded.status_event,"
         " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
-        " events = excluded.events, version = excluded.version,"
-        " requested_severity = excluded.requested_severity",
+        " events = excluded.events, version = excluded.version",
         (
             state.key,
             state.severity,
@@ -195,7 +186,6 @@ def _save_incident(
             state.last_seen,
             state.events,
             state.version,
-            requested_severity,
         ),
     )
 
@@ -217,23 +207,3 @@ def _quarantine(
             conn, "quarantine", now, event_id=junk.event_id, reason=reason, sha256=junk.raw_sha256
         )
         result.quarantined += 1
-
-
-def record_notice(conn: sqlite3.Connection, notice: Notice, now: float) -> bool:
-    """Queue an owner notice (stable key) and its audit record; False if the key already exists."""
-    inserted = conn.execute(
-        "INSERT OR IGNORE INTO owner_outbox(key, kind, topic, text, state, due_at, created_at)"
-        " VALUES (?, 'notice', ?, ?, 'pending', ?, ?)",
-        (notice.key, notice.notice, notice.text, now, now),
-    ).rowcount
-    if inserted:
-        audit.stage(
-            conn,
-            "notice",
-            now,
-            notice=notice.notice,
-            key=notice.key,
-            text=notice.text,
-            **notice.fields,
-        )
-    return bool(inserted)

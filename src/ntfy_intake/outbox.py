@@ -16,21 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ntfy_intake import audit, db
-from ntfy_intake.cadence import OpenRequest
 
 SCHEMA = "ntfy-intake.triage/1"
 UNTRUSTED_FIELDS = ["events[].title", "events[].message", "events[].tags"]
 
 # Called inside the release transaction with (conn, delivery_key, payload, summary, now).
 FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
-
-
-def open_request(conn: sqlite3.Connection, incident_key: str) -> OpenRequest | None:
-    row = conn.execute(
-        "SELECT delivery_key, due_at FROM outbox WHERE incident_key = ? AND state = 'collecting'",
-        (incident_key,),
-    ).fetchone()
-    return OpenRequest(row[0], row[1]) if row else None
 
 
 def create(

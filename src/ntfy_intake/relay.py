@@ -21,7 +21,8 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, db, inbox, outbox
+from ntfy_intake import audit, backoff, db, outbox
+from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
 
@@ -91,6 +92,7 @@ class Relay:
         client: httpx.AsyncClient,
         *,
         run_db: db.Runner,
+        owner_queue: OwnerQueue,
         url: str,
         timeout: float,
         max_attempts: int,
@@ -102,6 +104,7 @@ class Relay:
     ) -> None:
         self.conn = conn
         self.run_db = run_db
+        self.owner_queue = owner_queue
         self.retry_base = retry_base
         self.client = client
         self.url = url
@@ -157,12 +160,16 @@ class Relay:
     def _settle(self, claim: outbox.Claim, outcome: Outcome) -> None:
         now = self.clock()
         key = claim.delivery_key
+        records: list[Record] = []
         with db.write_txn(self.conn):
             if outcome.kind == "delivered":
                 settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
                 result = "delivered"
                 if settled and outcome.notify_text is not None:
-                    queue_triage_message(self.conn, f"notify:{key}", outcome.notify_text, now)
+                    # The agent's reply: one owner message per delivery key, under the cap.
+                    _, records = self.owner_queue.triage_message(
+                        self.conn, f"notify:{key}", outcome.notify_text, now
+                    )
             elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
                 due = now + retry_delay(
                     claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
@@ -173,9 +180,9 @@ class Relay:
                 settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
                 result = "dead"
                 if settled:
-                    inbox.record_notice(
+                    records = self.owner_queue.notice(
                         self.conn,
-                        inbox.Notice(
+                        Notice(
                             "dead_row",
                             f"Triage request {key} could not be delivered ({outcome.detail}) "
                             f"after {claim.attempt} attempt(s). `ntfy-intake redrive {key}` "
@@ -195,6 +202,7 @@ class Relay:
                     status=outcome.status,
                     detail=outcome.detail,
                 )
+        self.owner_queue.commit(records)
         if not settled:
             return
         if result == "delivered":
@@ -206,16 +214,3 @@ class Relay:
         else:
             self.stats.dead += 1
             log.error("relay.dead", delivery_key=key, detail=outcome.detail)
-
-
-def queue_triage_message(conn: sqlite3.Connection, key: str, text: str, now: float) -> str:
-    """An agent's reply becomes an owner message under a stable key; returns the result."""
-    inserted = conn.execute(
-        "INSERT OR IGNORE INTO owner_outbox(key, kind, topic, text, state, due_at, created_at)"
-        " VALUES (?, 'triage', 'triage', ?, 'pending', ?, ?)",
-        (key, text, now, now),
-    ).rowcount
-    if not inserted:
-        return "duplicate"
-    audit.stage(conn, "owner_message", now, key=key, message_kind="triage", result="queued")
-    return "queued"

@@ -36,8 +36,7 @@ CORE: list[Migration] = [
                 first_seen INTEGER NOT NULL,
                 last_seen INTEGER NOT NULL,
                 events INTEGER NOT NULL,
-                version INTEGER NOT NULL,
-                requested_severity INTEGER)""",
+                version INTEGER NOT NULL)""",
             """CREATE TABLE outbox(
                 delivery_key TEXT PRIMARY KEY,
                 incident_key TEXT NOT NULL,

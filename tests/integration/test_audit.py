@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import audit, cadence, inbox
+from ntfy_intake import audit, inbox
 from ntfy_intake.errors import AuditWriteError
 
-from ..conftest import make_message
+from ..conftest import make_message, owner_queue
 
 NOW = 1_764_470_100.0
 
@@ -20,7 +20,7 @@ def record(conn: sqlite3.Connection, *ids: str) -> None:
         conn,
         [make_message(i, title=i) for i in ids],
         NOW,
-        policy=cadence.Policy(),
+        queue=owner_queue(),
         relay_enabled=True,
     )
 
@@ -81,7 +81,9 @@ def test_outcomes_that_missed_the_log_are_written_at_startup(
     assert recover(store, tmp_path) == 0
 
 
-def test_unusable_audit_directory_raises_audit_write_error(store: sqlite3.Connection, tmp_path: Path) -> None:
+def test_unusable_audit_directory_raises_audit_write_error(
+    store: sqlite3.Connection, tmp_path: Path
+) -> None:
     """Failure mode: the audit path is not a writable directory (works as root, unlike chmod)."""
     directory = tmp_path / "audit"
     directory.write_text("a file where the audit directory should be")

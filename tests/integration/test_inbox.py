@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
 
-from ntfy_intake import audit, cadence, db, inbox
+from ntfy_intake import audit, db, inbox, outbox
 from ntfy_intake.daemon import _feed_append
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.frames import Junk
+from ntfy_intake.owner_queue import Notice, OwnerQueue
 
-from ..conftest import make_message
+from ..conftest import make_message, owner_queue
 
-POLICY = cadence.Policy()
 NOW = 1_764_470_100.0
 
 TABLES = (
@@ -28,12 +29,25 @@ TABLES = (
 )
 
 
+def outbox_release(conn: sqlite3.Connection, now: float) -> list[str]:
+    with db.write_txn(conn):
+        return outbox.release_due(conn, now, relay_enabled=True, feed_append=None)
+
+
 def counts(conn: sqlite3.Connection) -> dict[str, int]:
     return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
-def record(conn: sqlite3.Connection, frames, **kw):  # type: ignore[no-untyped-def]
-    return inbox.record_batch(conn, frames, NOW, policy=POLICY, relay_enabled=True, **kw)
+def record(conn: sqlite3.Connection, frames, queue=None, **kw):  # type: ignore[no-untyped-def]
+    queue = queue or _queues.setdefault(conn, owner_queue())
+    result = inbox.record_batch(conn, frames, NOW, queue=queue, relay_enabled=True, **kw)
+    queue.commit(result.records)
+    return result
+
+
+# One cadence state per store (keyed by the connection itself, which this keeps alive, so a
+# later test's connection can never inherit it).
+_queues: dict[sqlite3.Connection, OwnerQueue] = {}
 
 
 def test_identical_replay_is_a_duplicate_with_no_second_outcome(store: sqlite3.Connection) -> None:
@@ -85,7 +99,7 @@ def test_fault_before_commit_leaves_every_table_untouched(store: sqlite3.Connect
         make_message("bbbbbbbbbbb2", title="Other"),
         make_message("aaaaaaaaaaa1", message="conflicting"),
         Junk("junk", "not JSON"),
-        inbox.Notice("gap", "text", key="gap:x"),
+        Notice("gap", "text", key="gap:x"),
     ]
     with pytest.raises(InjectedFault):
         record(store, frames, before_commit=db.fail_before_commit)
@@ -94,22 +108,31 @@ def test_fault_before_commit_leaves_every_table_untouched(store: sqlite3.Connect
     assert tuple(incident) == (1, 1)
 
 
-def test_new_incident_requests_triage_and_repeat_is_suppressed(store: sqlite3.Connection) -> None:
-    result = record(store, [make_message("aaaaaaaaaaa1"), make_message("bbbbbbbbbbb2", priority=3)])
-    outcomes = [r[0] for r in store.execute("SELECT outcome FROM inbox ORDER BY seq")]
-    # The second event arrives while the first request is still collecting: it joins it.
-    assert outcomes == ["triage_requested", "joined"]
-    assert result.released == ["tri_aaaaaaaaaaa1"]
-    payload = store.execute("SELECT payload, state FROM outbox").fetchone()
-    assert payload[1] == "pending" and '"bbbbbbbbbbb2"' in payload[0]
-    third = record(store, [make_message("ccccccccccc3")])
-    assert third.released == []
-    assert (
-        store.execute(
-            "SELECT outcome, reason FROM inbox WHERE event_id = 'ccccccccccc3'"
-        ).fetchone()[1]
-        == "no_escalation"
+def test_burst_joins_one_request_while_its_debounce_window_is_open(
+    store: sqlite3.Connection,
+) -> None:
+    queue = owner_queue(debounce=60.0)
+    result = record(
+        store, [make_message("aaaaaaaaaaa1"), make_message("bbbbbbbbbbb2", priority=4)], queue=queue
     )
+    outcomes = [tuple(r) for r in store.execute("SELECT outcome, reason FROM inbox ORDER BY seq")]
+    assert outcomes == [("triage_requested", "new_incident"), ("joined", "debounce")]
+    assert result.released == []  # still collecting until the window closes
+    released = outbox_release(store, NOW + 60.0)
+    assert released == ["tri_aaaaaaaaaaa1"]
+    payload = json.loads(store.execute("SELECT payload FROM outbox").fetchone()[0])
+    assert [e["id"] for e in payload["events"]] == ["aaaaaaaaaaa1", "bbbbbbbbbbb2"]
+    assert payload["incident"]["severity"] == 4  # the request carries what joined it
+
+
+def test_repeat_within_cooldown_is_suppressed_and_audited(store: sqlite3.Connection) -> None:
+    result = record(store, [make_message("aaaaaaaaaaa1")])
+    assert result.released == ["tri_aaaaaaaaaaa1"]
+    record(store, [make_message("bbbbbbbbbbb2")])
+    row = store.execute(
+        "SELECT outcome, reason, delivery_key FROM inbox WHERE event_id = 'bbbbbbbbbbb2'"
+    ).fetchone()
+    assert tuple(row) == ("suppressed", "cooldown", None)
 
 
 def test_escalation_opens_a_new_request(store: sqlite3.Connection) -> None:

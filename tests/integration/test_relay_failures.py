@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import audit, cadence, db, inbox, outbox, receiver, relay
+from ntfy_intake import audit, db, inbox, outbox, receiver, relay
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
-from ..conftest import make_message
+from ..conftest import make_message, owner_queue
 from ..harness import (
     DaemonThread,
     cursor_row,
@@ -97,7 +97,7 @@ def test_503_three_times_then_200_delivers(emu: NtfyEmulator, tmp_path: Path) ->
 
 def _one_pending_row(conn) -> str:  # type: ignore[no-untyped-def]
     inbox.record_batch(
-        conn, [make_message("aaaaaaaaaaa1")], 0.0, policy=cadence.Policy(), relay_enabled=True
+        conn, [make_message("aaaaaaaaaaa1")], 0.0, queue=owner_queue(), relay_enabled=True
     )
     ((key,),) = conn.execute("SELECT delivery_key FROM outbox WHERE state = 'pending'").fetchall()
     return str(key)
@@ -123,6 +123,7 @@ def test_429_retry_after_waits_at_least_that_long_with_an_injected_clock(store) 
                 store,
                 client,
                 run_db=db.run_inline,
+                owner_queue=owner_queue(),
                 url="http://receiver.invalid/triage",
                 timeout=5,
                 max_attempts=8,

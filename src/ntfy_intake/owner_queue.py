@@ -1,0 +1,134 @@
+"""Queueing owner messages and notices through the cadence state: the daily cap and rate limits.
+
+Every owner message (a triage agent's reply, or an operational notice) enters the owner outbox
+here, under a stable key, inside the caller's write transaction, together with the
+`owner_message` audit record of its cadence decision (queued, or suppressed with a reason). The
+same records, folded, are the cadence state: nothing else counts messages, so a restart rebuilds
+exactly the day's count from the audit log and the cap holds across any number of redeploys.
+
+Callers apply the returned records with `commit()` only after their transaction committed, so a
+rolled-back transaction leaves the live state untouched.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ntfy_intake import audit, cadence
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """An operational notice for the owner (fallback_400, gap, latch, dead_row, intake_dead...)."""
+
+    notice: str
+    text: str
+    key: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+Record = dict[str, Any]
+
+
+class OwnerQueue:
+    def __init__(self, policy: cadence.Policy, state: cadence.CadenceState) -> None:
+        self.policy = policy
+        self.state = state
+
+    def commit(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Fold records whose transaction committed into the live state."""
+        for record in records:
+            self.state.apply(record)
+
+    def notice(
+        self,
+        conn: sqlite3.Connection,
+        notice: Notice,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> list[Record]:
+        """Queue (or rate-limit) a notice; a repeated key is a no-op. Call inside a write txn."""
+        if _exists(conn, notice.key):
+            return []
+        decision = (state or self.state).decide_notice(self.policy, notice.notice, now)
+        _insert(conn, notice.key, "notice", notice.notice, notice.text, decision, now)
+        audit.stage(
+            conn,
+            "notice",
+            now,
+            notice=notice.notice,
+            key=notice.key,
+            text=notice.text,
+            **notice.fields,
+        )
+        record = cadence.owner_record(
+            notice.key,
+            now,
+            message_kind="notice",
+            notice=notice.notice,
+            result=decision.result,
+            reason=decision.reason,
+        )
+        _stage(conn, record, now)
+        return [record]
+
+    def triage_message(
+        self,
+        conn: sqlite3.Connection,
+        key: str,
+        text: str,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> tuple[str, list[Record]]:
+        """Queue a triage reply under the daily cap: ('queued' | 'suppressed' | 'duplicate', records)."""
+        if _exists(conn, key):
+            return "duplicate", []
+        decision = (state or self.state).decide_owner_message(self.policy, now)
+        _insert(conn, key, "triage", "triage", text, decision, now)
+        record = cadence.owner_record(
+            key, now, message_kind="triage", result=decision.result, reason=decision.reason
+        )
+        _stage(conn, record, now)
+        return decision.result, [record]
+
+
+def _exists(conn: sqlite3.Connection, key: str) -> bool:
+    return conn.execute("SELECT 1 FROM owner_outbox WHERE key = ?", (key,)).fetchone() is not None
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    key: str,
+    kind: str,
+    topic: str,
+    text: str,
+    decision: cadence.OwnerDecision,
+    now: float,
+) -> None:
+    # A suppressed message is kept (and audited) so the owner can see what the cap held back.
+    conn.execute(
+        "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at, created_at, last_error,"
+        " settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            key,
+            kind,
+            topic,
+            text,
+            "pending" if decision.allowed else "suppressed",
+            now,
+            now,
+            decision.reason,
+            None if decision.allowed else now,
+        ),
+    )
+
+
+def _stage(conn: sqlite3.Connection, record: Record, now: float) -> None:
+    audit.stage(
+        conn, record["kind"], now, **{k: v for k, v in record.items() if k not in ("ts", "kind")}
+    )
