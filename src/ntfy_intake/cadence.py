@@ -463,4 +463,3 @@ def _with_extra(
         raise ValueError(f"extra fields would overwrite the record's own: {', '.join(clash)}")
     record.update(extra)
     return {k: v for k, v in record.items() if v is not None}
-

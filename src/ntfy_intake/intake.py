@@ -244,6 +244,7 @@ class Intake:
         frame_deadline = loop.time() + self.config.keepalive_timeout
         gap_deadline: float | None = None
         stop_task = asyncio.ensure_future(stop.wait())
+        next_chunk: asyncio.Future[bytes] | None = None
         try:
             while True:
                 deadline = (
@@ -296,6 +297,11 @@ class Intake:
                     self.sink(Received(frame, time.monotonic(), generation))
         finally:
             stop_task.cancel()
+            if next_chunk is not None:
+                # Cancelled mid-read (stop, or the attempt was abandoned): never leave a read
+                # pending whose error nobody would collect.
+                next_chunk.cancel()
+                next_chunk.add_done_callback(_consume)
 
     def _report_gap(self, cursor: Cursor, oldest_held: int) -> None:
         start = cursor.message_time or 0
@@ -310,6 +316,11 @@ class Intake:
 
 class _RejectedCursor(Exception):
     pass
+
+
+def _consume(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
