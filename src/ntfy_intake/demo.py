@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, logs, receiver, settings
+from ntfy_intake import audit, logs, receiver, settings, signal_standin
 from ntfy_intake.daemon import Daemon
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sanitize import one_line
@@ -40,6 +40,13 @@ SAMPLES: list[dict[str, Any]] = [
         "title": "Backup stale",
         "message": "restic: last snapshot 30 h ago",
         "priority": 3,
+    },
+    {
+        "topic": "alerts",
+        "title": "NAS unreachable",
+        "message": "ping nas.lan: 100% packet loss",
+        "priority": 5,
+        "tags": ["rotating_light"],
     },
     {
         "topic": "alerts",
@@ -70,6 +77,7 @@ def run(*, extra_alerts: int = 0) -> int:
         with (
             NtfyEmulator(EmulatorConfig(keepalive_interval=5.0)).running() as emu,
             receiver.running(state / "receiver.sqlite3") as triage,
+            signal_standin.running() as signal,
         ):
             config = settings.load(
                 None,
@@ -82,10 +90,16 @@ def run(*, extra_alerts: int = 0) -> int:
                     "NTFY_INTAKE_RELAY_URL": triage.url,
                     "NTFY_INTAKE_CADENCE_DEBOUNCE": "1s",
                     "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
+                    # A cap of one owner message a day, so the demo shows one capped.
+                    "NTFY_INTAKE_CADENCE_DAILY_CAP": "1",
+                    "NTFY_INTAKE_OWNER_SIGNAL_URL": signal.url,
+                    "NTFY_INTAKE_OWNER_SIGNAL_NUMBER": "+31600000000",
+                    "NTFY_INTAKE_OWNER_RECIPIENTS": "+31600000001",
                 },
             )
             print(f"ntfy-compatible server  {emu.url}")
             print(f"triage receiver         {triage.url}")
+            print(f"Signal stand-in         {signal.url}/v2/send (daily cap: 1)")
             print(f"state directory         {config.state.dir}")
             alerts = SAMPLES + [
                 {
@@ -96,14 +110,18 @@ def run(*, extra_alerts: int = 0) -> int:
                 }
                 for n in range(extra_alerts)
             ]
-            published = asyncio.run(_drive(config, emu, alerts))
+            published = asyncio.run(_drive(config, emu, alerts, signal))
             report = _report(config.state.audit_dir, published)
+            report += "\n\n" + _owner_report(config.state.audit_dir, signal)
         print(report)
     return 0
 
 
 async def _drive(
-    config: settings.Settings, emu: NtfyEmulator, alerts: list[dict[str, Any]]
+    config: settings.Settings,
+    emu: NtfyEmulator,
+    alerts: list[dict[str, Any]],
+    signal: signal_standin.SignalHandle,
 ) -> list[dict[str, Any]]:
     daemon = Daemon(config)
     stop = asyncio.Event()
@@ -126,9 +144,19 @@ async def _drive(
             for r in records
             if r["kind"] == "delivery" and r["result"] == "delivered"
         }
-        return ids <= events and keys <= delivered
+        owner = [
+            r for r in records if r["kind"] == "owner_message" and r.get("message_kind") == "triage"
+        ]
+        queued = {r["key"] for r in owner if r["result"] == "queued"}
+        done = {r["key"] for r in owner if r["result"] in ("sent", "dead")}
+        return (
+            ids <= events
+            and keys <= delivered
+            and queued <= done
+            and len(signal.messages()) >= len(queued)
+        )
 
-    await _until(settled, "every alert to be recorded and delivered")
+    await _until(settled, "every alert to be recorded, delivered and reported")
     stop.set()
     await task
     return published
@@ -172,4 +200,19 @@ def _report(audit_dir: Path, published: Sequence[Mapping[str, Any]]) -> str:
         f"{sum(1 for r in records if r['kind'] == 'delivery' and r['result'] == 'delivered')} triage requests delivered; "
         f"exactly one audit record per alert: {'yes' if exact else 'NO'}"
     )
+    return "\n".join(lines)
+
+
+def _owner_report(audit_dir: Path, signal: signal_standin.SignalHandle) -> str:
+    records = [r for r in audit.read_records(audit_dir) if r["kind"] == "owner_message"]
+    lines = ["owner messages (the triage agent's replies, through the daily cap)"]
+    for r in records:
+        if r.get("message_kind") != "triage" or r["result"] not in ("queued", "suppressed"):
+            continue
+        verdict = (
+            "queued -> Signal" if r["result"] == "queued" else f"SUPPRESSED ({r.get('reason')})"
+        )
+        lines.append(f"  {r['key']:<28} {verdict}")
+    for message in signal.messages():
+        lines.append(f"  Signal received: {one_line(message.message, 90)}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ntfy_intake import signal_standin
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import (
@@ -198,25 +199,37 @@ def test_full_audit_disk_latches_cursor_with_one_notice_and_restart_recovers(
     day = dt.datetime.now(dt.UTC)
     for offset in (0, 1):
         name = (day + dt.timedelta(days=offset)).strftime("audit-%Y-%m-%d.jsonl")
-        (audit_dir / name).symlink_to("/dev/full")
-    config = settings_for(emu.url, tmp_path)
-    with DaemonThread(config) as running:
-        emu.wait_for_subscribers(1)
-        before = cursor_row(tmp_path)
-        ids = publish(emu, 4)
-        wait_until(
-            lambda: query(tmp_path, "SELECT count(*) FROM inbox") == [(4,)],
-            what="recorded in SQLite",
+        (audit_dir / name).symlink_to("/dev/full")  # every audit write fails with ENOSPC
+    with signal_standin.running() as sig:
+        config = settings_for(
+            emu.url,
+            tmp_path,
+            owner_signal_url=sig.url,
+            owner_signal_number="+31600000000",
+            owner_recipients="+31600000001",
         )
-        more = publish(emu, 2, "more")
-        wait_until(lambda: query(tmp_path, "SELECT count(*) FROM inbox") == [(6,)])
-        assert running.daemon is not None and running.daemon.latched
-        assert cursor_row(tmp_path) == before  # frozen
-    assert query(tmp_path, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'latch:%'") == [(1,)]
-    for link in audit_dir.iterdir():
-        link.unlink()  # the disk is freed
-    with DaemonThread(config):
-        wait_until(lambda: set(ids + more) <= set(event_ids(tmp_path)))
-        wait_until(lambda: cursor_row(tmp_path)[0] == "id")
+        with DaemonThread(config) as running:
+            emu.wait_for_subscribers(1)
+            before = cursor_row(tmp_path)
+            ids = publish(emu, 4)
+            wait_until(
+                lambda: query(tmp_path, "SELECT count(*) FROM inbox") == [(4,)],
+                what="recorded in SQLite",
+            )
+            more = publish(emu, 2, "more")
+            wait_until(lambda: query(tmp_path, "SELECT count(*) FROM inbox") == [(6,)])
+            assert running.daemon is not None and running.daemon.latched
+            assert cursor_row(tmp_path) == before  # frozen
+            wait_until(lambda: len(sig.messages()) >= 1, what="the latch notice on Signal")
+        assert query(tmp_path, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'latch:%'") == [
+            (1,)
+        ]
+        for link in audit_dir.iterdir():
+            link.unlink()  # the disk is freed
+        with DaemonThread(config):
+            wait_until(lambda: set(ids + more) <= set(event_ids(tmp_path)))
+            wait_until(lambda: cursor_row(tmp_path)[0] == "id")
+        sent = [m.message for m in sig.messages()]
+    assert len(sent) == 1 and "audit log cannot be written" in sent[0], sent
     assert_exactly_once(tmp_path, ids + more)
     assert len(notices(tmp_path, "latch")) == 1
