@@ -104,7 +104,10 @@ class DaemonThread:
 
 @contextmanager
 def daemon_process(
-    env: Mapping[str, str], *, extra_env: Mapping[str, str] | None = None
+    env: Mapping[str, str],
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    stdout: Any = subprocess.DEVNULL,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`ntfy-intake run` as a real subprocess; always killed by pid on the way out."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
@@ -113,7 +116,7 @@ def daemon_process(
     proc = subprocess.Popen(
         [sys.executable, "-m", "ntfy_intake", "run"],
         env=full_env,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=subprocess.PIPE,
     )
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 Poll = Callable[..., list[dict[str, Any]]]
 SINCE_400 = (
@@ -196,3 +196,17 @@ def test_clear_releases_a_held_message(emu: NtfyEmulator, open_stream: Any) -> N
         "holding": None,
         "duplicate_at_subscribe": False,
     }
+
+
+def test_inject_raw_writes_bytes_verbatim_to_open_streams_only() -> None:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=30.0)).running() as emu:
+        with (
+            httpx.Client(timeout=5) as client,
+            client.stream("GET", f"{emu.url}/alerts/json") as response,
+        ):
+            lines = response.iter_lines()
+            assert '"event":"open"' in next(lines)
+            assert emu.faults.inject_raw(b'not json\n{"event":"message","id":true}\n') == 1
+            assert next(lines) == "not json"
+            assert next(lines) == '{"event":"message","id":true}'
+        assert emu.messages() == []  # nothing injected is cached

@@ -85,6 +85,12 @@ class Faults:
         """Abort every open subscriber connection now (or end it cleanly); returns how many."""
         return self._hub.drop_streams(graceful=graceful)
 
+    def inject_raw(self, data: bytes) -> int:
+        """Write these bytes verbatim into every open stream: junk lines, partial lines, frames
+        of wrong types, as a broken server or proxy could send. Not cached; returns how many
+        streams got them."""
+        return self._hub.inject_raw(data)
+
     def force_400(self, n: int = 1) -> None:
         """The next n subscribe requests that carry a cursor (a `since` that is not empty, `all`,
         `none` or `latest`) get 400 with the exact `invalid since parameter` body: the only
@@ -155,6 +161,7 @@ class Faults:
             "fail_subscribes": lambda v: self.fail_subscribes(**v),
             "swap_next_live": lambda v: self.swap_next_live(0.2 if v is True else float(v)),
             "duplicate_at_subscribe": lambda v: self.duplicate_at_subscribe() if v else None,
+            "inject_raw": lambda v: self.inject_raw(str(v).encode("utf-8", "surrogateescape")),
         }
         unknown = set(spec) - set(actions)
         if unknown:

@@ -188,6 +188,18 @@ class Hub:
         """Server stop: every open connection is cut."""
         self.drop_streams()
 
+    def inject_raw(self, data: bytes) -> int:
+        """Write `data` as-is to every open stream (not polls); returns how many got it."""
+        with self.lock:
+            streams = [stream for stream in self._streams if not stream.poll and not stream.closed]
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return 0
+        for stream in streams:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stream.queue.put_nowait, data)
+        return len(streams)
+
     def zombify_streams(self) -> None:
         with self.lock:
             for stream in self._streams:

@@ -1,0 +1,237 @@
+"""Bad input, generated: the decoder, the inbox and the whole daemon against arbitrary frames.
+
+Whatever ntfy (or a broken proxy in front of it) sends, the daemon never crashes, every line is
+accounted for (recorded as an event, a duplicate, or quarantined with its reason), and no raw
+control character reaches a log line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ntfy_intake import inbox, logs
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.frames import Junk, Message, decode_line
+
+from .conftest import TOPICS, owner_queue
+from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+nasty_text = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\x1b[31mred\x1b[0m",
+            "\x1b]0;title\x07",
+            "a\nb\rc",
+            "\u202eevil",
+            "\x00\x01\x9b",
+            "x" * 5000,
+        ]
+    ),
+)
+ids = st.one_of(
+    st.text(ALNUM, min_size=12, max_size=12), st.text(max_size=14), st.integers(), st.none()
+)
+ints = st.one_of(
+    st.integers(-5, 2_000_000_000),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.none(),
+)
+envelopes = st.builds(
+    lambda incident, severity, status: json.dumps(
+        {"incident": incident, "severity": severity, "status": status}
+    ),
+    st.one_of(nasty_text, st.integers()),
+    st.one_of(st.integers(-3, 9), st.booleans(), st.text(max_size=3)),
+    st.sampled_from(["firing", "resolved", "pwned", 3]),
+)
+
+
+@st.composite
+def frames(draw: Any) -> dict[str, Any]:
+    frame: dict[str, Any] = {
+        "id": draw(ids),
+        "time": draw(ints),
+        "event": draw(
+            st.sampled_from(
+                [
+                    "message",
+                    "message",
+                    "message",
+                    "open",
+                    "keepalive",
+                    "poll_request",
+                    "message_delete",
+                    "bogus",
+                    7,
+                ]
+            )
+        ),
+        "topic": draw(st.sampled_from(["alerts", "backups", "other", "bad topic", "", 5])),
+    }
+    if draw(st.booleans()):
+        frame["expires"] = draw(ints)
+    if draw(st.booleans()):
+        frame["title"] = draw(st.one_of(nasty_text, st.integers()))
+    frame["message"] = draw(st.one_of(nasty_text, envelopes, st.integers()))
+    if draw(st.booleans()):
+        frame["priority"] = draw(st.one_of(st.integers(-1, 7), st.booleans(), st.text(max_size=2)))
+    if draw(st.booleans()):
+        frame["tags"] = draw(
+            st.one_of(
+                st.lists(nasty_text, max_size=3), nasty_text, st.lists(st.integers(), max_size=2)
+            )
+        )
+    return {k: v for k, v in frame.items() if v is not None}
+
+
+raw_lines = st.one_of(
+    frames().map(lambda f: json.dumps(f).encode()),
+    st.binary(max_size=60).filter(lambda b: b"\n" not in b),
+    st.sampled_from(
+        [b"{", b"[]", b"null", b'{"event":"message"}', b"\xff\xfe", b'"just a string"']
+    ),
+)
+
+
+def accounted(conn: sqlite3.Connection, line: bytes) -> bool:
+    """The line was recorded (an inbox row with its id) or quarantined (its hash or its id)."""
+    if not line.strip():
+        return True  # blank lines are NDJSON padding: skipped by design
+    frame = decode_line(line, TOPICS)
+    if isinstance(frame, Message):
+        return (
+            conn.execute("SELECT 1 FROM inbox WHERE event_id = ?", (frame.id,)).fetchone()
+            is not None
+        )
+    if frame.__class__.__name__ in ("Open", "Keepalive"):
+        return True
+    assert isinstance(frame, Junk)
+    row = conn.execute(
+        "SELECT reason FROM quarantine WHERE raw_sha256 = ?", (frame.raw_sha256,)
+    ).fetchone()
+    return row is not None and bool(row[0])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(raw_lines, min_size=1, max_size=20))
+def test_inbox_records_or_quarantines_every_line_and_never_raises(
+    store: sqlite3.Connection, lines: list[bytes]
+) -> None:
+    queue = owner_queue()
+    decoded = [decode_line(line, TOPICS) for line in lines]
+    batch = [f for f in decoded if isinstance(f, Message | Junk)]
+    result = inbox.record_batch(store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True)
+    queue.commit(result.records)
+    for line in lines:
+        assert accounted(store, line), line
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=8), st.one_of(nasty_text, st.integers(), st.none()), max_size=5
+    )
+)
+def test_log_lines_never_carry_raw_control_characters(fields: dict[str, Any]) -> None:
+    event = dict(fields)
+    cleaned = logs._sanitize(None, "info", event)
+    for value in cleaned.values():
+        if isinstance(value, str):
+            assert not CONTROL.search(value.replace("\n", "")), value
+
+
+@pytest.fixture(scope="module")
+def live_daemon(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[NtfyEmulator, Path, DaemonThread]]:
+    state = tmp_path_factory.mktemp("fuzz-state")
+    with (
+        NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
+        DaemonThread(settings_for(emu.url, state)) as running,
+    ):
+        emu.wait_for_subscribers(1)
+        wait_until(lambda: running.daemon is not None and running.daemon.health.state == "live")
+        yield emu, state, running
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(raw_lines, min_size=1, max_size=15))
+def test_daemon_survives_arbitrary_frames_and_accounts_for_every_line(
+    live_daemon: tuple[NtfyEmulator, Path, DaemonThread], lines: list[bytes]
+) -> None:
+    emu, state, running = live_daemon
+    marker = emu.publish(
+        "alerts",
+        "end of this example",
+        title="marker " + hashlib.sha256(b"".join(lines)).hexdigest()[:8],
+    )
+    assert emu.faults.inject_raw(b"".join(line + b"\n" for line in lines)) == 1
+    emu.publish("alerts", "after the junk", title="after")  # the stream still flows after the junk
+    conn = sqlite3.connect(f"file:{state / 'intake.sqlite3'}?mode=ro", uri=True)
+    try:
+        wait_until(
+            lambda: (
+                query(state, "SELECT count(*) FROM inbox WHERE event_id = ?", marker["id"])
+                == [(1,)]
+            )
+        )
+        wait_until(
+            lambda: all(accounted(conn, line) for line in lines),
+            timeout=10,
+            what="every line accounted for",
+        )
+    finally:
+        conn.close()
+    assert running.daemon is not None and not running.daemon.failed
+    assert running.daemon.health.state == "live", running.daemon.health
+
+
+@pytest.mark.slow
+def test_no_raw_control_character_reaches_the_daemon_log(tmp_path: Path) -> None:
+    nasty = [
+        b'{"id":"abcdefghij12","time":1,"event":"message","topic":"alerts\\u001b[2J","message":"x"}',
+        b'{"event":"\\u001b]0;pwned\\u0007","id":"abcdefghij13"}',
+        b"\x1b[31mraw escape\x1b[0m",
+        b'{"id":"abcdefghij14","time":1,"expires":2,"event":"message","topic":"alerts","title":"\\u009b\\u0000","message":"\\u001b[5m"}',
+    ]
+    log_path = tmp_path / "daemon.log"
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu:
+        env = env_for(emu.url, tmp_path / "state")
+        with log_path.open("wb") as log_file, daemon_process(env, stdout=log_file) as proc:
+            emu.wait_for_subscribers(1, timeout=15)
+            emu.faults.inject_raw(b"\n".join(nasty) + b"\n")
+            wait_until(
+                lambda: query(tmp_path / "state", "SELECT count(*) FROM quarantine")[0][0] >= 3,
+                timeout=15,
+            )
+            emu.faults.drop_connections()  # make it log a reconnect, too
+            wait_until(lambda: emu.subscriber_count() >= 1, timeout=15)
+            proc.terminate()
+            assert proc.wait(timeout=20) == 0
+    text = log_path.read_bytes().decode("utf-8")
+    assert "intake.connected" in text
+    assert not CONTROL.search(text.replace("\n", "")), "raw control character in the daemon log"
+    assert subprocess.run(["true"], check=False).returncode == 0
