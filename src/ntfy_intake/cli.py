@@ -113,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8790)
     p.add_argument("--db", type=Path, default=Path("receiver.sqlite3"), help="receipt store")
 
+    p = add("drill", _cmd_drill, "kill -9 verification: crash the daemon, check every id, verdict")
+    from ntfy_intake.drill_args import add_arguments  # noqa: PLC0415
+
+    add_arguments(p)
+
     p = add("demo", _cmd_demo, "zero-setup end-to-end demo on loopback, in a temp dir")
     p.add_argument("--alerts", type=int, default=0, help="extra generated alerts to publish")
     return parser
@@ -244,6 +249,12 @@ def _cmd_receiver(args: argparse.Namespace) -> int:
 
     receiver.serve(args.host, args.port, args.db)
     return 0
+
+
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from ntfy_intake import drill  # noqa: PLC0415
+
+    return drill.main(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

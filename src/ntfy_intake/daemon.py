@@ -169,6 +169,7 @@ class Daemon:
         self._seen_frame_at: float | None = None
         self._wedged = False  # test hook: the ticker stops turning (a stuck task)
         self.watchdog_pings = 0
+        self.dead_mans_pings = 0
         self.http_port: int | None = None
         self.http_error: str | None = None
         self._cached_counts: dict[str, Any] = {}
@@ -298,6 +299,10 @@ class Daemon:
             tasks.append(asyncio.create_task(self.owner.run(relay_stop), name="owner"))
             http_stop = asyncio.Event()
             tasks.append(asyncio.create_task(self._serve_http(http_stop), name="http"))
+            if self.settings.health.ping_url is not None:
+                tasks.append(
+                    asyncio.create_task(self._dead_mans_switch(client), name="dead_mans_switch")
+                )
             stop_wait = asyncio.create_task(stop.wait())
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -651,6 +656,28 @@ class Daemon:
             else 0,
             **self._cached_counts,
         }
+
+    async def _dead_mans_switch(self, client: httpx.AsyncClient) -> None:
+        """Ping `health.ping_url` only while healthy: silence there means something is wrong here
+        (or the Pi is gone), which no message from this process could ever report."""
+        url = self.settings.health.ping_url
+        assert url is not None
+        interval = self.settings.health.ping_interval
+        while True:
+            healthy, details = self._http_health()
+            wedged = time.monotonic() - self.heartbeat_at > max(2.0, 4 * TICK_SECONDS)
+            if healthy and not wedged:
+                try:
+                    response = await client.get(url, timeout=min(10.0, interval))
+                    if response.status_code < 300:
+                        self.dead_mans_pings += 1
+                    else:
+                        log.warning("health.ping_failed", status=response.status_code)
+                except httpx.HTTPError as exc:
+                    log.warning("health.ping_failed", detail=type(exc).__name__)
+            else:
+                log.info("health.ping_withheld", reason=details.get("reason", "wedged"))
+            await asyncio.sleep(interval)
 
     def wedge_for_test(self) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would."""

@@ -34,6 +34,7 @@ __all__ = [
     "CONFIG_ENV",
     "CadenceSettings",
     "FirstStart",
+    "HealthSettings",
     "HttpSettings",
     "NtfySettings",
     "OwnerSettings",
@@ -84,9 +85,12 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("owner", "fallback_topic"): "str",
     ("http", "listen"): "str",
     ("http", "token"): "str",
+    ("health", "ping_url"): "str",
+    ("health", "ping_interval"): "duration",
 }
 ALL_KEYS: tuple[tuple[str, str], ...] = tuple(_KINDS)
-SECRET_KEYS = frozenset({("ntfy", "token"), ("http", "token")})
+# A dead-man's-switch URL (healthchecks.io style) carries its check's secret in the path.
+SECRET_KEYS = frozenset({("ntfy", "token"), ("http", "token"), ("health", "ping_url")})
 _URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
 _SECTIONS: dict[str, tuple[str, ...]] = {}
 for _section, _key in ALL_KEYS:
@@ -179,6 +183,12 @@ class HttpSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HealthSettings:
+    ping_url: str | None = dataclasses.field(repr=False)  # dead-man's switch, pinged while healthy
+    ping_interval: float
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     ntfy: NtfySettings
     state: StateSettings
@@ -186,6 +196,7 @@ class Settings:
     cadence: CadenceSettings
     owner: OwnerSettings
     http: HttpSettings
+    health: HealthSettings
 
     def redacted(self) -> dict[str, object]:
         """Every key, JSON-able, for `status` and logs: secrets as "***" (None when unset), URL
@@ -263,6 +274,7 @@ def load(path: Path | None, environ: Mapping[str, str]) -> Settings:
         cadence=_cadence(reader),
         owner=_owner(reader, ntfy),
         http=_http(reader),
+        health=_health(reader),
     )
 
 
@@ -666,6 +678,13 @@ def _http(r: _Reader) -> HttpSettings:
     except ValueError as exc:
         r.fail("http", "listen", f"{exc}, got {r.show('http', 'listen', listen)}")
     return HttpSettings(listen=listen, token=_token(r, "http"))
+
+
+def _health(r: _Reader) -> HealthSettings:
+    return HealthSettings(
+        ping_url=_url(r, "health", "ping_url", query=True),
+        ping_interval=_duration(r, "health", "ping_interval", 60.0, 1.0),
+    )
 
 
 def _token(r: _Reader, section: str) -> str | None:

@@ -11,7 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
+from ntfy_intake import _serve
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sdnotify import Notifier
 
@@ -173,3 +178,35 @@ def test_watchdog_pings_continue_during_a_remote_outage(
         assert notify_socket.count("WATCHDOG=1") >= first + 3
         assert running.daemon.health.state in ("backoff", "connecting")
     assert notify_socket.messages[0].startswith("READY=1")
+
+
+def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_path: Path) -> None:
+    pings: list[float] = []
+
+    async def ping(request: Request) -> Response:
+        pings.append(time.monotonic())
+        return PlainTextResponse("OK")
+
+    app = Starlette(routes=[Route("/ping/{check}", ping)])
+    with _serve.serving(app) as base:
+        config = settings_for(
+            emu.url,
+            tmp_path,
+            ntfy_keepalive_interval="1s",
+            ntfy_keepalive_timeout="1500ms",
+            health_ping_url=f"{base}/ping/check-uuid",
+            health_ping_interval="1s",
+        )
+        with DaemonThread(config) as running:
+            emu.wait_for_subscribers(1)
+            wait_until(lambda: len(pings) >= 2, timeout=10, what="pings while healthy")
+            emu.faults.silence(True)
+            assert running.daemon is not None
+            wait_until(lambda: running.daemon._http_health()[0] is False, timeout=10)
+            time.sleep(1.2)  # one ping interval for a ping already in flight to land
+            count = len(pings)
+            time.sleep(2.5)
+            assert len(pings) == count, "pinged while intake was dead"
+            emu.faults.silence(False)
+            emu.faults.drop_connections()
+            wait_until(lambda: len(pings) > count, timeout=15, what="pings after recovery")

@@ -163,6 +163,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("owner", "fallback_topic"): "owner-fallback",
         ("http", "listen"): "[::1]:9999",
         ("http", "token"): "feed-token",
+        ("health", "ping_url"): "https://hc-ping.example/abc-123",
+        ("health", "ping_interval"): "2m",
     }
     assert set(values) == set(ALL_KEYS)
     s = load(None, {env_name(*key): value for key, value in values.items()})
@@ -188,6 +190,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             "owner-fallback",
         ),
         http=settings.HttpSettings("[::1]:9999", "feed-token"),
+        health=settings.HealthSettings("https://hc-ping.example/abc-123", 120),
     )
     assert (s.http.host, s.http.port) == ("::1", 9999)
 

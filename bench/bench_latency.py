@@ -1,0 +1,329 @@
+"""Live latency and relay throughput, daemon as a real subprocess.
+
+Live latency (publish -> durably recorded -> received by the triage receiver), one event at a time:
+- t0: just before `emu.publish(...)` (the in-thread emulator hands it to the open stream);
+- recorded: this process sees the event's audit line (written after flush + fsync, so the SQLite
+  commit is durable too), polling the file every 0.5 ms;
+- received: the in-thread reference receiver's `decide` hook runs for the request (inside the
+  receiver's own transaction, before its commit).
+Every event opens a new incident, so each one is a triage request (debounce 0). All three times
+come from time.monotonic() in this process. Reference, same disk: the floor of "durably
+recorded", one SQLite INSERT transaction (WAL, synchronous=FULL) plus one appended, fsynced line.
+
+Relay throughput: N distinct incidents wait on the emulator, the daemon starts with
+`first_start = all`, debounce 0, and relays N triage requests to the reference receiver running as
+its own process (`ntfy-intake receiver`). Deliveries/s is N over the span of the receipts'
+`received_at`. Reference: a plain httpx loop in this process POSTing N requests of the same shape
+(fresh keys) to the same receiver, one after the other.
+
+Run alone: uv run python bench/bench_latency.py [--events 500] [--requests 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from _common import (
+    AuditCounter,
+    Row,
+    daemon,
+    daemon_env,
+    free_port,
+    met,
+    ms,
+    percentile,
+    ratio,
+    wait_for,
+)
+from ntfy_intake import receiver
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+
+WARMUP = 20
+STEP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Latency:
+    recorded: list[float]
+    received: list[float]
+    floor: list[float]
+
+
+def durable_floor(directory: Path, n: int) -> list[float]:
+    """One INSERT transaction (WAL, FULL) + one fsynced line: the least 'durably recorded' costs."""
+    path = directory / "floor.sqlite3"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE inbox (event_id TEXT PRIMARY KEY, raw TEXT NOT NULL)")
+    fd = os.open(directory / "floor.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    line = b'{"kind":"event","event_id":"%d","outcome":"triage_requested"}\n'
+    times = []
+    try:
+        for i in range(n):
+            began = time.monotonic()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO inbox VALUES (?, ?)", (str(i), "x" * 300))
+            conn.execute("COMMIT")
+            os.write(fd, line % i)
+            os.fsync(fd)
+            times.append(time.monotonic() - began)
+    finally:
+        os.close(fd)
+        conn.close()
+    return times
+
+
+def live_latency(workdir: Path, n: int) -> Latency:
+    received_at: dict[str, float] = {}
+    arrived = threading.Condition()
+
+    def decide(body: dict[str, object]) -> dict[str, object] | None:
+        now = time.monotonic()
+        events = body.get("events")
+        with arrived:
+            for event in events if isinstance(events, list) else []:
+                received_at[str(event["id"])] = now
+            arrived.notify_all()
+        return None
+
+    state = workdir / "latency"
+    recorded: list[float] = []
+    received: list[float] = []
+    with contextlib.ExitStack() as stack:
+        emu = stack.enter_context(
+            NtfyEmulator(EmulatorConfig(keepalive_interval=1.0, manager_interval=None)).running()
+        )
+        handle = stack.enter_context(
+            receiver.running(workdir / "rx-latency.sqlite3", decide=decide)
+        )
+        env = daemon_env(emu.url, state, relay_url=handle.url, cadence_debounce="0s")
+        stack.enter_context(daemon(env, workdir / "latency.log"))
+        emu.wait_for_subscribers(1, timeout=30)
+        counter = AuditCounter(state / "audit")
+        for i in range(WARMUP + n):
+            began = time.monotonic()
+            event_id = emu.publish("alerts", f"probe #{i}", title=f"latency probe {i}")["id"]
+            deadline = began + STEP_TIMEOUT_S
+            while event_id not in counter.ids:
+                counter.poll()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"event {event_id} not recorded")
+                time.sleep(0.0005)
+            seen = time.monotonic()
+            with arrived:
+                if not arrived.wait_for(
+                    lambda event_id=event_id: event_id in received_at, STEP_TIMEOUT_S
+                ):
+                    raise TimeoutError(f"event {event_id} not received")
+                got = received_at[event_id]
+            if i >= WARMUP:
+                recorded.append(seen - began)
+                received.append(got - began)
+    return Latency(recorded, received, durable_floor(workdir, n))
+
+
+def latency_rows(result: Latency) -> list[Row]:
+    rec50, rec99 = percentile(result.recorded, 50), percentile(result.recorded, 99)
+    rx50, rx99 = percentile(result.received, 50), percentile(result.received, 99)
+    fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
+    n = len(result.recorded)
+    return [
+        Row(
+            f"live: publish -> received by receiver, p50 (n={n})",
+            ms(rx50),
+            f"durable-write floor p50 {ms(fl50)}",
+            ratio(rx50, fl50),
+            "< 10 ms",
+            met(rx50 < 0.010),
+        ),
+        Row(
+            f"live: publish -> received by receiver, p99 (n={n})",
+            ms(rx99),
+            f"durable-write floor p99 {ms(fl99)}",
+            ratio(rx99, fl99),
+            "< 50 ms",
+            met(rx99 < 0.050),
+        ),
+        Row(
+            "live: publish -> durably recorded, p50 / p99",
+            f"{ms(rec50)} / {ms(rec99)}",
+            f"floor {ms(fl50)} / {ms(fl99)}",
+            ratio(rec50, fl50),
+        ),
+    ]
+
+
+# -- relay throughput -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def receiver_process(db_path: Path, log: Path) -> Iterator[str]:
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ntfy_intake",
+                "receiver",
+                "--port",
+                str(port),
+                "--db",
+                str(db_path),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+                return False
+
+            wait_for(up, 30, "the receiver", interval=0.05)
+            yield f"{base}/triage"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def receipts_span(db_path: Path, prefix: str) -> tuple[int, float]:
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=5)
+    try:
+        count, first, last = conn.execute(
+            "SELECT count(*), min(received_at), max(received_at) FROM receipts"
+            " WHERE delivery_key LIKE ?",
+            (prefix + "%",),
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(count), (last - first) if count else 0.0
+
+
+def receipt_count(db_path: Path) -> int:
+    if not db_path.exists():
+        return 0
+    try:
+        return receipts_span(db_path, "")[0]
+    except sqlite3.Error:
+        return 0
+
+
+def body(key: str, i: int) -> dict[str, object]:
+    return {
+        "schema": receiver.SCHEMA,
+        "delivery_key": key,
+        "reason": "new_incident",
+        "incident": {"key": f"alerts:relay {i}", "severity": 3, "status": "firing", "version": 1},
+        "events": [
+            {
+                "id": f"plain{i:07d}",
+                "topic": "alerts",
+                "time": 1_764_470_000 + i,
+                "title": f"relay {i}",
+                "message": f"relay throughput #{i}",
+                "priority": 3,
+                "tags": [],
+            }
+        ],
+        "untrusted_fields": ["events[].title", "events[].message", "events[].tags"],
+    }
+
+
+@dataclass
+class Throughput:
+    requests: int
+    daemon_s: float
+    plain_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.daemon_s
+
+    @property
+    def plain_rate(self) -> float:
+        return self.requests / self.plain_s
+
+
+def relay_throughput(workdir: Path, n: int) -> Throughput:
+    rx_db = workdir / "rx-relay.sqlite3"
+    state = workdir / "relay"
+    with (
+        NtfyEmulator(
+            EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
+        ).running() as emu,
+        receiver_process(rx_db, workdir / "receiver.log") as url,
+    ):
+        for i in range(n):
+            emu.publish("alerts", f"relay throughput #{i}", title=f"relay {i}")
+        env = daemon_env(
+            emu.url, state, relay_url=url, cadence_debounce="0s", ntfy_first_start="all"
+        )
+        with daemon(env, workdir / "relay.log") as proc:
+            deadline = time.monotonic() + 600
+
+            def all_in() -> bool:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("daemon exited or relay did not finish in 600 s")
+                return receipt_count(rx_db) >= n
+
+            wait_for(all_in, 600, "every triage request receipted", interval=0.05)
+        count, daemon_span = receipts_span(rx_db, "")
+        assert count == n, count
+        with httpx.Client(timeout=10) as client:
+            began = time.perf_counter()
+            for i in range(n):
+                key = f"plain_{i:07d}"
+                response = client.post(url, json=body(key, i), headers={"Idempotency-Key": key})
+                response.raise_for_status()
+            plain_s = time.perf_counter() - began
+    return Throughput(n, daemon_span, plain_s)
+
+
+def throughput_rows(result: Throughput) -> list[Row]:
+    return [
+        Row(
+            f"relay throughput, {result.requests:,} triage requests",
+            f"{result.rate:,.0f} deliveries/s",
+            f"plain httpx POST loop {result.plain_rate:,.0f}/s",
+            ratio(result.rate, result.plain_rate),
+        )
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=500)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-latency-", dir=args.dir) as tmp:
+        for row in latency_rows(live_latency(Path(tmp), args.events)):
+            print(row)
+        for row in throughput_rows(relay_throughput(Path(tmp), args.requests)):
+            print(row)
+
+
+if __name__ == "__main__":
+    main()

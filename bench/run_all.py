@@ -1,0 +1,152 @@
+"""Run every benchmark and print one table (markdown) plus the machine it ran on.
+
+    uv run python bench/run_all.py            # the full set (about two minutes)
+    uv run python bench/run_all.py --quick    # smaller counts, to check the benches themselves
+    uv run python bench/run_all.py --dir /var/lib/ntfy-intake-bench   # measure that disk
+
+Each figure is measured next to its reference in the same run and reported as a ratio. Targets
+are checked here and printed, never asserted in tests. Results live in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_feed
+import bench_latency
+import bench_replay
+from _common import Row, daemon, daemon_env, machine, proc_status, ratio, render
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+
+HERE = Path(__file__).resolve().parent
+IDLE_SETTLE_S = 3.0
+
+
+def idle_rss(workdir: Path) -> dict[str, int]:
+    """An idle daemon (empty topics, live stream): VmRSS and VmHWM after it settled."""
+    with NtfyEmulator(
+        EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
+    ).running() as emu:
+        env = daemon_env(emu.url, workdir / "idle")
+        with daemon(env, workdir / "idle.log") as proc:
+            emu.wait_for_subscribers(1, timeout=30)
+            time.sleep(IDLE_SETTLE_S)
+            return proc_status(proc.pid)
+
+
+def rss_rows(replay: bench_replay.Replay, idle: dict[str, int]) -> list[Row]:
+    peak = replay.peak_rss_kib / 1024
+    idle_rss_mib = idle.get("VmRSS", 0) / 1024
+    return [
+        Row(
+            f"daemon peak RSS during the {replay.events:,} replay (VmHWM)",
+            f"{peak:.1f} MiB",
+            f"idle daemon VmRSS {idle_rss_mib:.1f} MiB",
+            ratio(peak, idle_rss_mib),
+        ),
+        Row(
+            "daemon RSS idle (VmRSS / VmHWM)",
+            f"{idle_rss_mib:.1f} / {idle.get('VmHWM', 0) / 1024:.1f} MiB",
+        ),
+    ]
+
+
+def startup_rows(quick: bool) -> tuple[list[Row], str]:
+    """bench_startup.py (written by another helper) when present; its output is kept verbatim."""
+    script = HERE / "bench_startup.py"
+    if not script.exists():
+        return [Row("startup with 1x / 10x audit history", "TODO: bench/bench_startup.py")], ""
+    args = ["--days", "10", "--per-day", "300", "--repeat", "3"] if quick else []
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        return [Row("startup with 1x / 10x audit history", "bench_startup.py failed")], (
+            done.stdout + done.stderr
+        )
+    text = done.stdout
+    loads = {}
+    for label in ("1x history", "10x history"):
+        line = next((ln for ln in text.splitlines() if ln.startswith(label)), "")
+        numbers = line[len(label) :].split()
+        if len(numbers) >= 2:
+            loads[label] = (numbers[-2], numbers[-1])  # load ms, full fold ms
+    growth = re.search(r"10x history / 1x: load ([\d.]+)x", text)
+    if len(loads) == 2:
+        one, ten = loads["1x history"], loads["10x history"]
+        row = Row(
+            "startup rehydration, 1x -> 10x audit history",
+            f"{one[0]} -> {ten[0]} ms",
+            f"fold every file: {one[1]} -> {ten[1]} ms",
+            f"{growth.group(1)}x growth" if growth else "",
+            "flat",
+        )
+        return [row], text
+    return [Row("startup with 1x / 10x audit history", "see bench_startup.py output")], text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (checks the benches)")
+    parser.add_argument("--dir", type=Path, default=None, help="work dir on the disk to measure")
+    args = parser.parse_args()
+    big, small = (2_000, 500) if args.quick else (10_000, 3_000)
+    events, requests, rounds = (100, 300, 100) if args.quick else (500, 2_000, 500)
+
+    rows: list[Row] = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ntfy-intake-bench-", dir=args.dir) as tmp:
+        work = Path(tmp)
+        info = machine(work)
+
+        def step(what: str) -> None:
+            print(f"bench: {what} ...", file=sys.stderr, flush=True)
+
+        step(f"backlog replay {big:,}")
+        replay_big = bench_replay.replay(big, work)
+        rows += bench_replay.rows(replay_big)
+        step(f"backlog replay {small:,}")
+        rows += bench_replay.rows(bench_replay.replay(small, work))
+        step("fsync counts (strace)")
+        rows += bench_replay.fsync_rows(small, bench_replay.fsync_counts(small, work))
+        step("live latency")
+        rows += bench_latency.latency_rows(bench_latency.live_latency(work, events))
+        step("relay throughput")
+        rows += bench_latency.throughput_rows(bench_latency.relay_throughput(work, requests))
+        step("feed ring")
+        rows += bench_feed.rows(bench_feed.ring_latency(work, rounds))
+        step("idle RSS")
+        rows += rss_rows(replay_big, idle_rss(work))
+        step("startup")
+        startup, startup_text = startup_rows(args.quick)
+        rows += startup
+
+    print("## Machine")
+    for key, value in info.items():
+        print(f"- {key}: {value}")
+    print()
+    print(f"## Results ({time.strftime('%Y-%m-%d')}, {time.monotonic() - began:.0f} s)")
+    print()
+    print(render(rows))
+    if startup_text:
+        print()
+        print("bench_startup.py:")
+        print()
+        print("```")
+        print(startup_text.rstrip())
+        print("```")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

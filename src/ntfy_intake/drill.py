@@ -1,0 +1,931 @@
+"""`ntfy-intake drill`: kill -9 the real daemon again and again, then prove nothing was lost or doubled.
+
+The daemon runs as a real subprocess (`python -m ntfy_intake run`, configured through the
+environment, its own temporary state directory) against the bundled ntfy-compatible emulator (or
+a real ntfy server and test topic), with the reference triage receiver as `relay.url`. A publisher
+thread sends a steady stream plus bursts while the drill works through a seeded plan:
+
+- `kill -9` by pid at random moments (some before the restart has even caught up);
+- restarts with `NTFY_INTAKE_TEST_CRASH_AT=<point>:<nth>`, so the daemon SIGKILLs itself at each
+  named crash point (after the inbox commit, after the audit write, after a relay POST);
+- SIGTERM restarts (each must exit 0 after its graceful drain);
+- emulator faults: a forced 400 on the cursor (full replay), eviction of cached messages that are
+  already recorded, a stream silenced for longer than the keepalive timeout, swapped live order,
+  a message delivered twice at subscribe;
+- a receiver outage (stopped, then back on the same port) and injected 503s.
+
+Recovery time is measured from each restart to the moment every event published before it, and
+the first one published after it, have audit lines (backlog done, live again). At the end publishing stops, the daemon catches up (bounded), is stopped with SIGTERM,
+and every published id is checked against the audit log, the inbox and the receiver's receipts
+(drill_report.py). Exit 0 only on PASS. See docs/drill.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal, TextIO
+
+import httpx
+
+from ntfy_intake import _serve, audit, receiver
+from ntfy_intake.drill_args import add_arguments
+from ntfy_intake.drill_report import Tally, check, render
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+
+CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
+CRASH_ENV = "NTFY_INTAKE_TEST_CRASH_AT"
+EMULATOR_TOPICS = ("alerts", "backups")
+
+# Daemon timing for the emulator (its keepalive is 1 s). The silence lasts a little longer than
+# the keepalive timeout, so the watchdog must drop the zombie stream and reconnect.
+KEEPALIVE_INTERVAL = 1.0
+KEEPALIVE_TIMEOUT = 1.5
+SILENCE_S = KEEPALIVE_TIMEOUT + 0.3
+REORDER_WINDOW = "300ms"
+DEBOUNCE = "300ms"
+RELAY_TIMEOUT = "2s"
+RELAY_MAX_ATTEMPTS = "100"  # an outage must never turn a row dead during a drill
+
+POLL_S = 0.01
+STALL_BOUND_S = 30.0  # a restart that has not caught up by then is a stall (FAIL)
+CRASH_BOUND_S = 15.0  # how long a crash point may take to be reached
+STOP_BOUND_S = 20.0  # SIGTERM to exit
+FINAL_BOUND_S = 60.0  # catch-up after publishing stopped
+RELAY_BOUND_S = 90.0  # every triage request receipted (the relay backs off from 2 s upward)
+EVICT_AGE_S = 3.0  # only ids published this long ago (and already recorded) are evicted
+
+ALERT_TITLES = (
+    "disk full on nas",
+    "backup stale: photos",
+    "gatus: jellyfin down",
+    "cpu temperature high",
+    "zfs scrub found errors",
+    "certificate expires soon",
+    "ups on battery",
+    "smart warning on sda",
+)
+
+
+# -- what was published ---------------------------------------------------------------------------
+
+
+class Ledger:
+    """Every id the drill published, in publish order, with when (monotonic) and where."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: list[str] = []
+        self._at: list[float] = []
+        self.by_topic: Counter[str] = Counter()
+        self.errors = 0
+
+    def add(self, event_id: str, topic: str) -> None:
+        with self._lock:
+            self._ids.append(event_id)
+            self._at.append(time.monotonic())
+            self.by_topic[topic] += 1
+
+    def error(self) -> None:
+        with self._lock:
+            self.errors += 1
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+    def ids(self, n: int | None = None) -> list[str]:
+        with self._lock:
+            return list(self._ids if n is None else self._ids[:n])
+
+    def published_before(self, cutoff: float) -> list[str]:
+        with self._lock:
+            return [i for i, at in zip(self._ids, self._at, strict=True) if at < cutoff]
+
+
+Send = Callable[[str, str, str, int], str]  # (topic, title, message, priority) -> event id
+
+
+@dataclass(frozen=True)
+class Pace:
+    interval: tuple[float, float]  # seconds between steady messages
+    burst: tuple[int, int]  # messages per burst
+    burst_every: tuple[float, float]  # seconds between bursts
+
+
+EMULATOR_PACE = Pace((0.02, 0.05), (10, 40), (1.0, 3.0))
+# A real server rate-limits visitors (ntfy: burst 60, then one request per 5 s) unless the
+# publishing host is exempt; see docs/drill.md.
+SERVER_PACE = Pace((0.2, 0.5), (3, 8), (5.0, 10.0))
+
+
+def make_alert(rng: random.Random, n: int, topics: Sequence[str]) -> tuple[str, str, str, int]:
+    """A mix that exercises the cadence: new incidents (triage requests), repeats of a few known
+    ones (suppressed, joined or escalated) and JSON envelopes that fire and resolve."""
+    topic = rng.choice(topics)
+    roll = rng.random()
+    if roll < 0.25:
+        return topic, f"drill incident {n}", f"unique incident #{n}", rng.randint(1, 5)
+    if roll < 0.85:
+        title = rng.choice(ALERT_TITLES)
+        return topic, title, f"{title} (#{n})", rng.choice((2, 3, 3, 3, 4, 5))
+    envelope = {
+        "incident": f"drill-svc-{rng.randint(1, 4)}",
+        "severity": rng.randint(1, 5),
+        "status": rng.choice(("firing", "firing", "resolved")),
+        "n": n,
+    }
+    return topic, "", json.dumps(envelope), 3
+
+
+class Publisher:
+    """A steady stream plus bursts, from a background thread, until stopped."""
+
+    def __init__(
+        self, send: Send, topics: Sequence[str], rng: random.Random, ledger: Ledger, pace: Pace
+    ) -> None:
+        self.send = send
+        self.topics = tuple(topics)
+        self.rng = rng
+        self.ledger = ledger
+        self.pace = pace
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="drill-publisher", daemon=True)
+        self._n = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        rng, pace = self.rng, self.pace
+        next_burst = time.monotonic() + rng.uniform(*pace.burst_every)
+        while not self._stop.is_set():
+            if time.monotonic() >= next_burst:
+                for _ in range(rng.randint(*pace.burst)):
+                    self._one()
+                next_burst = time.monotonic() + rng.uniform(*pace.burst_every)
+            self._one()
+            self._stop.wait(rng.uniform(*pace.interval))
+
+    def _one(self) -> None:
+        if self._stop.is_set():
+            return
+        self._n += 1
+        topic, title, message, priority = make_alert(self.rng, self._n, self.topics)
+        try:
+            event_id = self.send(topic, title, message, priority)
+        except Exception:  # noqa: BLE001 - counted and shown; the drill goes on
+            self.ledger.error()
+            return
+        self.ledger.add(event_id, topic)
+
+
+def emulator_sender(emu: NtfyEmulator) -> Send:
+    def send(topic: str, title: str, message: str, priority: int) -> str:
+        return str(emu.publish(topic, message, title=title, priority=priority)["id"])
+
+    return send
+
+
+def server_sender(client: httpx.Client, url: str, token: str | None, stop: threading.Event) -> Send:
+    """Publish over HTTP to a real server; 429 waits (Retry-After or 5 s) and tries again."""
+
+    def send(topic: str, title: str, message: str, priority: int) -> str:
+        headers = {"Priority": str(priority)}
+        if title:
+            headers["Title"] = title
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        for _ in range(6):
+            response = client.post(f"{url}/{topic}", content=message.encode(), headers=headers)
+            if response.status_code == 429:
+                retry = response.headers.get("Retry-After", "")
+                stop.wait(float(retry) if retry.isdigit() else 5.0)
+                continue
+            response.raise_for_status()
+            return str(response.json()["id"])
+        raise RuntimeError("rate limited: exempt the publishing host on the server")
+
+    return send
+
+
+# -- what was recorded -----------------------------------------------------------------------------
+
+
+class AuditTail:
+    """Follows the audit log as it grows: outcome lines per event id, triage delivery keys.
+
+    Only complete lines are consumed, so a torn tail (which the daemon truncates on restart) is
+    never counted; the offset always sits on a line boundary the truncation cannot cross.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.counts: Counter[str] = Counter()
+        self.keys: set[str] = set()
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> int:
+        """Read what was appended since the last poll; returns the number of new event lines."""
+        added = 0
+        for path in audit.log_files(self.directory):
+            offset = self._offsets.get(path, 0)
+            try:
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            for raw in data[:end].split(b"\n"):
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("kind") == "event":
+                    self.counts[str(record.get("event_id"))] += 1
+                    added += 1
+                    if record.get("delivery_key"):
+                        self.keys.add(str(record["delivery_key"]))
+            self._offsets[path] = offset + end + 1
+        return added
+
+
+def _read_row(state_dir: Path, sql: str) -> tuple[object, ...] | None:
+    path = state_dir / "intake.sqlite3"
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute(sql).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else tuple(row)
+
+
+def read_cursor(state_dir: Path) -> tuple[str, str] | None:
+    row = _read_row(state_dir, "SELECT kind, value FROM cursor WHERE id = 1")
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
+def health_pid(state_dir: Path) -> int | None:
+    """The pid in the daemon's health row: its event loop (and SIGTERM handler) is running."""
+    row = _read_row(state_dir, "SELECT value FROM kv WHERE name = 'health'")
+    try:
+        pid = json.loads(str(row[0]))["pid"] if row else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+# -- the processes and servers the drill drives ----------------------------------------------------
+
+
+class DaemonProcess:
+    """`python -m ntfy_intake run` as a subprocess; every exit path kills it by pid."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+        self.env = {**base, **env}
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._log: IO[bytes] | None = None
+
+    def start(self, crash_at: str | None = None) -> float:
+        assert not self.alive(), "a daemon is already running"
+        self.starts += 1
+        env = dict(self.env)
+        if crash_at:
+            env[CRASH_ENV] = crash_at
+        if self._log is None:
+            self._log = self.log_path.open("ab")
+        banner = f"--- drill: start #{self.starts} crash_at={crash_at or '-'} ---\n"
+        self._log.write(banner.encode())
+        self._log.flush()
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ntfy_intake", "run"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        return started
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def kill9(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(10)
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None if it is still running after `timeout`."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def terminate(self, timeout: float) -> int | None:
+        """SIGTERM and wait; None (and a kill -9) if it did not exit in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.returncode()
+        os.kill(self.proc.pid, signal.SIGTERM)
+        code = self.wait_exit(timeout)
+        if code is None:
+            self.kill9()
+        return code
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill9()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class ReceiverServer:
+    """The reference triage receiver in a thread, stoppable and restartable on the same port."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self.faults = receiver.ReceiverFaults()
+        self.port = 0
+        self.url = ""
+        self._stack: contextlib.ExitStack | None = None
+
+    def start(self) -> None:
+        app = receiver.create_app(self.db_path, faults=self.faults)
+        stack = contextlib.ExitStack()
+        base = stack.enter_context(
+            _serve.serving(app, port=self.port, on_stop=app.state.stopping.set)
+        )
+        self._stack = stack
+        self.port = int(base.rsplit(":", 1)[1])
+        self.url = f"{base}/triage"
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+
+# -- the plan --------------------------------------------------------------------------------------
+
+End = Literal["kill", "crash", "term"]
+
+
+@dataclass
+class Phase:
+    """One daemon lifetime: start (maybe armed with a crash point), run, end."""
+
+    end: End
+    crash_at: str | None = None
+    early: float | None = None  # a random kill this many seconds after start, caught up or not
+    before: list[str] = field(default_factory=list)  # faults armed before the start
+    during: list[str] = field(default_factory=list)  # faults while it runs
+
+    def describe(self) -> str:
+        if self.end == "crash":
+            return f"crash at {self.crash_at}"
+        if self.end == "kill":
+            return "kill -9" + (f" {self.early:.2f} s after start" if self.early else "")
+        return "SIGTERM"
+
+
+BEFORE_FAULTS = ("force_400", "duplicate_at_subscribe")
+EMULATOR_DURING = ("evict", "silence", "swap_next_live")
+RECEIVER_DURING = ("receiver_down", "receiver_503")
+
+
+def build_plan(kills: int, rng: random.Random, *, emulator: bool) -> list[Phase]:
+    """Seeded: which lifetimes end how, and which faults land where."""
+    n_crash = min(kills, max(len(CRASH_POINTS), kills // 3))
+    n_random = kills - n_crash
+    phases = [
+        Phase("crash", crash_at=f"{CRASH_POINTS[i % len(CRASH_POINTS)]}:{rng.randint(1, 4)}")
+        for i in range(n_crash)
+    ]
+    phases += [
+        Phase("kill", early=rng.uniform(0.05, 0.8) if i % 3 == 2 else None) for i in range(n_random)
+    ]
+    phases += [Phase("term") for _ in range(max(1, round(kills / 5)))]
+    rng.shuffle(phases)
+    # The first lifetime is the first start: nothing to recover, no cursor, no crash point.
+    phases.insert(0, Phase("kill" if n_random else "term"))
+    if n_random:
+        # That first kill is one of the requested random kills.
+        del phases[next(i for i, p in enumerate(phases) if i and p.end == "kill" and not p.early)]
+    during = [*(EMULATOR_DURING if emulator else ()), *RECEIVER_DURING]
+    hosts = [i for i, p in enumerate(phases) if i > 0 and p.end != "crash" and p.early is None]
+    while len(hosts) < len(during):
+        phases.append(Phase("term"))
+        hosts.append(len(phases) - 1)
+    for fault, index in zip(during, rng.sample(hosts, len(during)), strict=True):
+        phases[index].during.append(fault)
+    if emulator:
+        later = list(range(1, len(phases)))
+        for fault in BEFORE_FAULTS:
+            phases[rng.choice(later)].before.append(fault)
+    return phases
+
+
+# -- the drill -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    url: str
+    topics: tuple[str, ...]
+    token: str | None
+    emulator: NtfyEmulator | None
+
+
+class Drill:
+    def __init__(
+        self,
+        *,
+        kills: int,
+        seed: int,
+        duration: float | None,
+        target: Target,
+        workdir: Path,
+        receiver_server: ReceiverServer,
+        send: Send,
+        pace: Pace,
+        progress: TextIO | None,
+    ) -> None:
+        self.kills = kills
+        self.seed = seed
+        self.duration = duration
+        self.target = target
+        self.emu = target.emulator
+        self.state_dir = workdir / "state"
+        self.receiver = receiver_server
+        self.rng = random.Random(seed)
+        self.plan = build_plan(kills, self.rng, emulator=self.emu is not None)
+        self.ledger = Ledger()
+        self.publisher = Publisher(send, target.topics, random.Random(seed + 1), self.ledger, pace)
+        self.tail = AuditTail(self.state_dir / "audit")
+        self.daemon = DaemonProcess(self._daemon_env(), workdir / "daemon.log")
+        self.progress = progress
+        label = (
+            f"bundled emulator {target.url} (topics {','.join(target.topics)})"
+            if self.emu is not None
+            else f"{target.url} (topic {','.join(target.topics)})"
+        )
+        self.tally = Tally(target=label, seed=seed, kills_requested=kills, state_dir=self.state_dir)
+        self._fault_log: dict[str, list[str]] = {}
+        self.given_up: set[str] = set()  # ids a stalled wait stopped waiting for
+        self._started_at = 0.0
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = {
+            "NTFY_INTAKE_NTFY_URL": self.target.url,
+            "NTFY_INTAKE_NTFY_TOPICS": ",".join(self.target.topics),
+            "NTFY_INTAKE_STATE_DIR": str(self.state_dir),
+            "NTFY_INTAKE_NTFY_REORDER_WINDOW": REORDER_WINDOW,
+            "NTFY_INTAKE_RELAY_URL": self.receiver.url,
+            "NTFY_INTAKE_RELAY_TIMEOUT": RELAY_TIMEOUT,
+            "NTFY_INTAKE_RELAY_MAX_ATTEMPTS": RELAY_MAX_ATTEMPTS,
+            "NTFY_INTAKE_CADENCE_DEBOUNCE": DEBOUNCE,
+        }
+        if self.emu is not None:
+            env["NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL"] = f"{KEEPALIVE_INTERVAL:g}s"
+            env["NTFY_INTAKE_NTFY_KEEPALIVE_TIMEOUT"] = f"{int(KEEPALIVE_TIMEOUT * 1000)}ms"
+        if self.target.token:
+            env["NTFY_INTAKE_NTFY_TOKEN"] = self.target.token
+        return env
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            print(f"drill: {text}", file=self.progress, flush=True)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self) -> Tally:
+        self._started_at = time.monotonic()
+        try:
+            for index, phase in enumerate(self.plan):
+                self._phase(index, phase)
+            self._final()
+        finally:
+            self.publisher.stop()
+            self.daemon.close()
+        self._summarise_faults()
+        self.tally.published = self.ledger.count()
+        self.tally.published_by_topic = Counter(self.ledger.by_topic)
+        self.tally.publish_errors = self.ledger.errors
+        self.tally.starts = self.daemon.starts
+        self.tally.wall_s = time.monotonic() - self._started_at
+        return self.tally
+
+    def _phase(self, index: int, phase: Phase) -> None:
+        self.say(f"lifetime {index + 1}/{len(self.plan)}: {phase.describe()}")
+        for fault in phase.before:
+            self._arm(fault)
+        published = self.ledger.count()
+        started = self.daemon.start(phase.crash_at)
+        if index == 0:
+            self._first_start()
+        kill_at = started + phase.early if phase.early is not None else None
+        state, took = self._catch_up(published, started, until=kill_at)
+        if state == "caught" and published:
+            assert took is not None
+            self.tally.recovery.append(took)
+        if phase.end == "crash":
+            self._await_crash(phase)
+            return
+        if state == "died":
+            self._unexpected_exit(f"start #{self.daemon.starts} ({phase.describe()})")
+            return
+        if state == "timeout":
+            self.tally.stalls.append(
+                f"start #{self.daemon.starts}: not caught up {STALL_BOUND_S:g} s after restart"
+            )
+        if phase.early is not None:
+            if kill_at is not None:
+                time.sleep(max(0.0, kill_at - time.monotonic()))
+            self._kill(early=state != "caught")
+            return
+        if not self._wait_running():
+            return
+        for fault in phase.during:
+            if self.daemon.alive():
+                self._during(fault)
+        self._dwell(index)
+        if not self.daemon.alive():
+            self._unexpected_exit(f"start #{self.daemon.starts} ({phase.describe()})")
+            return
+        if phase.end == "kill":
+            self._kill(early=False)
+        else:
+            self._sigterm(f"start #{self.daemon.starts}")
+
+    def _wait_running(self) -> bool:
+        """Until the daemon's loop runs (its health row carries its pid): only then is a SIGTERM
+        a graceful stop rather than the default action during interpreter start-up."""
+        deadline = time.monotonic() + STALL_BOUND_S
+        while health_pid(self.state_dir) != self.daemon.pid:
+            if not self.daemon.alive():
+                self._unexpected_exit(f"start #{self.daemon.starts} (starting up)")
+                return False
+            if time.monotonic() > deadline:
+                self.tally.stalls.append(f"start #{self.daemon.starts}: loop not running")
+                self.daemon.kill9()
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _first_start(self) -> None:
+        """Wait for the first cursor (the join time, persisted at once), then start publishing."""
+        deadline = time.monotonic() + STALL_BOUND_S
+        while read_cursor(self.state_dir) is None:
+            if not self.daemon.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not start; see {self.daemon.log_path}")
+            time.sleep(0.05)
+        if self.emu is not None:
+            self.emu.wait_for_subscribers(1, timeout=STALL_BOUND_S)
+        self.publisher.start()
+
+    def _catch_up(
+        self,
+        published: int,
+        started: float,
+        *,
+        until: float | None = None,
+        bound: float = 0.0,
+        live: bool = True,
+    ) -> tuple[Literal["caught", "died", "deadline", "timeout"], float | None]:
+        """Wait until the daemon is caught up: every event published before `started` has an
+        audit line and, when `live`, so has the first one published after it (the daemon is
+        recording the live stream again, not just done with the backlog)."""
+        bound = bound or STALL_BOUND_S
+        missing = [i for i in self.ledger.ids(published) if i not in self.given_up]
+        first_after: str | None = None
+        self.tail.poll()
+        while True:
+            missing = [i for i in missing if not self.tail.counts[i]]
+            now = time.monotonic()
+            if live and first_after is None and self.ledger.count() > published:
+                first_after = self.ledger.ids(published + 1)[-1]
+            if not missing and (not live or (first_after and self.tail.counts[first_after])):
+                return "caught", now - started
+            if not self.daemon.alive():
+                return "died", None
+            if until is not None and now >= until:
+                return "deadline", None
+            if now - started > bound:
+                # Reported as lost at the end; later waits must not stall on them again.
+                self.given_up.update(missing)
+                return "timeout", None
+            time.sleep(POLL_S)
+            while not self.tail.poll() and time.monotonic() - now < 0.25:
+                time.sleep(POLL_S)
+
+    def _await_crash(self, phase: Phase) -> None:
+        assert phase.crash_at is not None
+        point = phase.crash_at.partition(":")[0]
+        code = self.daemon.wait_exit(CRASH_BOUND_S)
+        if code is None:
+            self.daemon.kill9()
+            self.tally.crash_not_reached.append(phase.crash_at)
+            self.say(f"crash point {phase.crash_at} not reached; killed by pid")
+        elif code == -signal.SIGKILL:
+            self.tally.crash_kills[point] += 1
+        else:
+            self._unexpected_exit(f"start #{self.daemon.starts} ({phase.describe()})")
+
+    def _kill(self, *, early: bool) -> None:
+        if not self.daemon.alive():
+            self._unexpected_exit(f"start #{self.daemon.starts} (before its kill -9)")
+            return
+        self.daemon.kill9()
+        self.tally.random_kills += 1
+        self.tally.early_kills += int(early)
+
+    def _sigterm(self, what: str, *, final: bool = False) -> None:
+        code = self.daemon.terminate(STOP_BOUND_S)
+        if final:
+            self.tally.final_stop = "timed out" if code is None else f"exit {code}"
+        else:
+            self.tally.sigterm_restarts += 1
+        if code is None:
+            self.tally.sigterm_unclean.append(f"{what}: still running {STOP_BOUND_S:g} s after")
+        elif code != 0:
+            self.tally.sigterm_unclean.append(f"{what}: exit {code}")
+
+    def _unexpected_exit(self, what: str) -> None:
+        code = self.daemon.returncode()
+        self.tally.unexpected_exits.append(f"{what}: exit {code}, log {self.daemon.log_path}")
+        self.say(f"daemon exited unexpectedly: {what} (exit {code})")
+
+    def _dwell(self, index: int) -> None:
+        if self.duration is None:
+            time.sleep(self.rng.uniform(0.3, 1.5))
+            return
+        deadline = self._started_at + self.duration * (index + 1) / len(self.plan)
+        time.sleep(max(0.1, deadline - time.monotonic()))
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def _note(self, fault: str, what: str) -> None:
+        self._fault_log.setdefault(fault, []).append(what)
+
+    def _arm(self, fault: str) -> None:
+        assert self.emu is not None
+        if fault == "force_400":
+            self.emu.faults.force_400(1)
+            self.tally.expect_fallback_400 = True
+            self._note(fault, "armed")
+        elif fault == "duplicate_at_subscribe":
+            self.emu.faults.duplicate_at_subscribe()
+            self._note(fault, "armed")
+
+    def _during(self, fault: str) -> None:
+        self.say(f"fault: {fault}")
+        if fault == "evict":
+            self._evict()
+        elif fault == "silence":
+            self._silence()
+        elif fault == "swap_next_live":
+            assert self.emu is not None
+            self.emu.faults.swap_next_live(0.2)
+            self._note(fault, "armed")
+        elif fault == "receiver_down":
+            down = self.rng.uniform(1.5, 3.0)
+            self.receiver.stop()
+            time.sleep(down)
+            self.receiver.start()
+            self._note(fault, f"stopped {down:.1f} s")
+        elif fault == "receiver_503":
+            self.receiver.faults.fail_next(3, 503)
+            self._note(fault, "3 x 503")
+
+    def _evict(self) -> None:
+        """Evict cached messages that are already recorded (never the cursor's own message):
+        a correct daemon needs none of them again, so nothing may be lost or reported missing."""
+        assert self.emu is not None
+        self.tail.poll()
+        cursor = read_cursor(self.state_dir)
+        keep = cursor[1] if cursor is not None else None
+        old = self.ledger.published_before(time.monotonic() - EVICT_AGE_S)
+        ids = [i for i in old if self.tail.counts[i] and i != keep]
+        evicted = self.emu.faults.evict(ids)
+        self._note("evict", f"{len(evicted)} recorded ids evicted")
+
+    def _silence(self) -> None:
+        assert self.emu is not None
+        streams = self.emu.subscriber_count()
+        self.emu.faults.silence(True)
+        time.sleep(SILENCE_S)
+        self.emu.faults.silence(False)
+        published, since = self.ledger.count(), time.monotonic()
+        state, took = self._catch_up(published, since)
+        if state == "caught":
+            assert took is not None
+            self._note("silence", f"{SILENCE_S:.1f} s silent; caught up {took:.2f} s after")
+        elif state == "timeout":
+            self.tally.stalls.append(
+                f"no catch-up within {STALL_BOUND_S:g} s after a {SILENCE_S:.1f} s silence "
+                f"({streams} stream(s) before it)"
+            )
+            self._note("silence", "STALLED")
+
+    def _summarise_faults(self) -> None:
+        names = {
+            "force_400": "forced 400 on the cursor (full replay)",
+            "duplicate_at_subscribe": "message delivered twice at subscribe",
+            "evict": "cache eviction of recorded messages",
+            "silence": f"stream silenced > keepalive timeout ({KEEPALIVE_TIMEOUT:g} s)",
+            "swap_next_live": "swapped live order",
+            "receiver_down": "receiver outage (stopped)",
+            "receiver_503": "receiver 503s",
+        }
+        for fault, label in names.items():
+            notes = self._fault_log.get(fault)
+            if fault in (*BEFORE_FAULTS, *EMULATOR_DURING) and self.emu is None:
+                self.tally.faults[label] = "skipped: needs the bundled emulator"
+            elif notes:
+                self.tally.faults[label] = f"{len(notes)}x: " + "; ".join(notes)
+            else:
+                self.tally.faults[label] = "not run"
+        if self.emu is not None:
+            answered = sum(1 for e in self.emu.subscribe_log if e.get("fault") == "force_400")
+            label = names["force_400"]
+            self.tally.faults[label] += f" (answered 400: {answered})"
+            self.tally.expect_fallback_400 = answered > 0
+            self.emu.faults.clear()
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def _final(self) -> None:
+        self.publisher.stop()
+        published = self.ledger.count()
+        self.say(f"publishing stopped after {published} events; final catch-up")
+        stopped = time.monotonic()
+        if not self.daemon.alive():
+            self.daemon.start()
+        state, _ = self._catch_up(published, stopped, bound=FINAL_BOUND_S, live=False)
+        if state == "caught":
+            self.tally.catch_up_s = time.monotonic() - stopped
+        elif state == "died":
+            self._unexpected_exit(f"start #{self.daemon.starts} (final catch-up)")
+        else:
+            self.tally.stalls.append(f"final catch-up not done within {FINAL_BOUND_S:g} s")
+        if self._await_receipts():
+            self.tally.receipts_s = time.monotonic() - stopped
+        if self.daemon.alive() and self._wait_running():
+            self._sigterm("final stop", final=True)
+
+    def _await_receipts(self) -> bool:
+        """Until every triage request in the audit log has a receipt (bounded)."""
+        deadline = time.monotonic() + RELAY_BOUND_S
+        while self.daemon.alive() and time.monotonic() < deadline:
+            self.tail.poll()
+            got = {r.key for r in receiver.receipts(self.receiver.db_path)}
+            if self.tail.keys <= got:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ntfy-intake-drill-"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def run(
+    *,
+    kills: int = 20,
+    seed: int | None = None,
+    duration: float | None = None,
+    ntfy_url: str | None = None,
+    topic: str | None = None,
+    token: str | None = None,
+    keep: bool = False,
+    out: TextIO = sys.stdout,
+    progress: TextIO | None = sys.stderr,
+) -> int:
+    """Run the drill, print the verdict table to `out`; 0 on PASS, 1 on FAIL."""
+    if kills < 0:
+        raise ValueError("kills must not be negative")
+    if (ntfy_url is None) != (topic is None):
+        raise ValueError("ntfy_url and topic go together")
+    if seed is None:
+        seed = random.SystemRandom().randrange(1, 1_000_000)
+    with contextlib.ExitStack() as stack:
+        workdir = stack.enter_context(_workdir(keep))
+        stop_publishing = threading.Event()
+        stack.callback(stop_publishing.set)
+        receiver_server = ReceiverServer(workdir / "receiver.sqlite3")
+        receiver_server.start()
+        stack.callback(receiver_server.stop)
+        if ntfy_url is None:
+            emu = stack.enter_context(
+                NtfyEmulator(
+                    EmulatorConfig(keepalive_interval=KEEPALIVE_INTERVAL, manager_interval=None)
+                ).running()
+            )
+            target = Target(emu.url, EMULATOR_TOPICS, None, emu)
+            send, pace = emulator_sender(emu), EMULATOR_PACE
+        else:
+            assert topic is not None
+            client = stack.enter_context(httpx.Client(timeout=10.0))
+            url = ntfy_url.rstrip("/")
+            target = Target(url, (topic,), token, None)
+            send, pace = server_sender(client, url, token, stop_publishing), SERVER_PACE
+        drill = Drill(
+            kills=kills,
+            seed=seed,
+            duration=duration,
+            target=target,
+            workdir=workdir,
+            receiver_server=receiver_server,
+            send=send,
+            pace=pace,
+            progress=progress,
+        )
+        tally = drill.run()
+        tally.kept = keep
+        findings = check(drill.ledger.ids(), drill.state_dir, receiver_server.db_path)
+        passed = render(tally, findings, out)
+        return 0 if passed else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    token: str | None = args.token
+    if args.token_file is not None:
+        token = args.token_file.read_text().strip()
+    if (args.ntfy_url is None) != (args.topic is None):
+        print("drill: --ntfy-url and --topic go together", file=sys.stderr)
+        return 2
+    if args.kills < 0:
+        print("drill: --kills must not be negative", file=sys.stderr)
+        return 2
+    return run(
+        kills=args.kills,
+        seed=args.seed,
+        duration=args.duration,
+        ntfy_url=args.ntfy_url,
+        topic=args.topic,
+        token=token,
+        keep=args.keep,
+    )
+
+
+def _cli(argv: Sequence[str] | None = None) -> int:
+    """`python -m ntfy_intake.drill` works before the CLI wiring exists."""
+    parser = argparse.ArgumentParser(prog="ntfy-intake drill", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(_cli())

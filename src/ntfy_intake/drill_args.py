@@ -1,0 +1,36 @@
+"""The `drill` command's arguments, kept apart so every other command starts without importing
+the drill (the emulator, the receiver and httpx)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kills", type=int, default=20, help="kill -9s in total, random and at crash points"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="fixes the plan (default: random)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="spread the plan over about this long (default: 0.3-1.5 s per daemon lifetime)",
+    )
+    parser.add_argument(
+        "--ntfy-url", default=None, help="a real ntfy server instead of the emulator"
+    )
+    parser.add_argument(
+        "--topic", default=None, help="the test topic on --ntfy-url (it gets spammed)"
+    )
+    parser.add_argument("--token", default=None, help="ntfy access token for --ntfy-url")
+    parser.add_argument(
+        "--token-file", type=Path, default=None, help="read the token from this file instead"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temp dir (state, audit log, daemon.log)"
+    )

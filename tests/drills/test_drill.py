@@ -1,0 +1,119 @@
+"""The drill itself, short: a few kills (random and at every crash point), every fault, a fixed
+seed. It must pass: nothing lost, nothing doubled, no duplicate effect at the receiver."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake import drill
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may contain spaces, so split after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def value(table: str, label: str) -> str:
+    match = re.search(rf"^  {re.escape(label)}\s+(.*?)\s*$", table, re.MULTILINE)
+    assert match, f"no {label!r} row in:\n{table}"
+    return match.group(1)
+
+
+@pytest.mark.slow
+def test_short_drill_passes_and_reports_zero_lost_and_doubled() -> None:
+    out = io.StringIO()
+    children_before = set(children_of(os.getpid()))
+    code = drill.run(kills=5, seed=1129, duration=4.0, out=out, progress=None)
+    table = out.getvalue()
+    assert code == 0, table
+    assert value(table, "lost") == "0"
+    assert value(table, "double outcomes") == "0"
+    assert value(table, "duplicate effects at the receiver") == "0"
+    assert value(table, "verdict") == "PASS"
+    assert value(table, "kills: random / by crash point").startswith("2 / 3")
+    crash_points = value(table, "  crash points")
+    for point in drill.CRASH_POINTS:
+        assert f"{point} 1" in crash_points, table
+    requests, receipts = value(table, "triage requests / receipts").split(" / ")
+    assert int(requests) > 0 and requests == receipts
+    assert value(table, "fallback_400 / gap notices") == "1 / 0"
+    # Nothing left behind: no child process, no temp dir.
+    assert set(children_of(os.getpid())) - children_before == set()
+    state_dir = re.search(r"^state dir: (\S+) ", table, re.MULTILINE)
+    assert state_dir and not Path(state_dir.group(1)).exists()
+
+
+@pytest.mark.parametrize("kills", [0, 1, 3, 5, 20, 40])
+def test_plan_has_the_requested_kills_and_every_fault(kills: int) -> None:
+    plan = drill.build_plan(kills, random.Random(kills), emulator=True)
+    ends = Counter(p.end for p in plan)
+    assert ends["kill"] + ends["crash"] == kills
+    assert ends["term"] >= 1
+    points = Counter(p.crash_at.partition(":")[0] for p in plan if p.crash_at)
+    assert set(points) == set(drill.CRASH_POINTS[: min(kills, 3)])
+    assert plan[0].end != "crash" and not plan[0].before  # the first start has no cursor yet
+    during = [f for p in plan for f in p.during]
+    assert sorted(during) == sorted([*drill.EMULATOR_DURING, *drill.RECEIVER_DURING])
+    assert all(not p.during for p in plan if p.end == "crash" or p.early)
+    assert sorted(f for p in plan for f in p.before) == sorted(drill.BEFORE_FAULTS)
+
+
+def test_plan_against_a_real_server_skips_emulator_faults() -> None:
+    plan = drill.build_plan(6, random.Random(1), emulator=False)
+    assert sorted(f for p in plan for f in p.during) == sorted(drill.RECEIVER_DURING)
+    assert not any(p.before for p in plan)
+
+
+def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    drill.add_arguments(parser)
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(drill, "run", lambda **kw: seen.update(kw) or 0)
+    token = tmp_path / "token"
+    token.write_text("tk_secret\n")
+    args = parser.parse_args(
+        [
+            "--kills",
+            "7",
+            "--seed",
+            "3",
+            "--ntfy-url",
+            "https://ntfy.example",
+            "--topic",
+            "t",
+            "--token-file",
+            str(token),
+            "--keep",
+        ]
+    )
+    assert drill.main(args) == 0
+    assert seen == {
+        "kills": 7,
+        "seed": 3,
+        "duration": None,
+        "ntfy_url": "https://ntfy.example",
+        "topic": "t",
+        "token": "tk_secret",
+        "keep": True,
+    }
+    assert drill.main(parser.parse_args(["--ntfy-url", "https://ntfy.example"])) == 2
+    assert drill.main(parser.parse_args(["--kills", "-1"])) == 2
