@@ -14,6 +14,7 @@ written (`audit-YYYY-MM-DD.jsonl`); each line's `ts` is when its outcome was rec
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -31,6 +32,7 @@ FILE_PREFIX = "audit-"
 FILE_SUFFIX = ".jsonl"
 
 
+@functools.lru_cache(maxsize=256)  # a batch's records all share one timestamp
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

@@ -18,6 +18,7 @@ and the same question asked after a replay therefore see exactly the same number
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -95,6 +96,9 @@ class _Request:
     last_seen: float
 
 
+# Every record of one batch shares its `now`, and a replay folds runs of equal `ts`: these pure
+# conversions are cached so the fold costs dictionary lookups, not datetime arithmetic.
+@functools.lru_cache(maxsize=1024)
 def quantize(now: float) -> float:
     """`now` as the audit log records it: `parse_ts(audit.rfc3339(now)) == quantize(now)`."""
     moment = datetime.fromtimestamp(now, UTC)
@@ -105,6 +109,11 @@ def parse_ts(value: object) -> float | None:
     """An RFC 3339 `ts` back to unix time; None when it is not one (no offset, garbage)."""
     if not isinstance(value, str):
         return None
+    return _parse_ts(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_ts(value: str) -> float | None:
     try:
         moment = datetime.fromisoformat(value)
         if moment.tzinfo is None:

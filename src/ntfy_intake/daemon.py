@@ -415,7 +415,7 @@ class Daemon:
             relay_enabled=self.settings.relay.url is not None,
             feed_append=_feed_append,
         )
-        self.owner_queue.commit(result.records)
+        self.owner_queue.adopt(result.state)
         self.crash.hit("after_inbox_commit")
         self.counters.batches += 1
         self.counters.recorded += result.recorded

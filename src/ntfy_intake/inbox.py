@@ -5,8 +5,8 @@ which goes to the quarantine), incident merge, cadence decision, outbox row, fee
 and the audit journal record. Junk frames go to the quarantine with their reason (stored once per
 distinct raw line however often ntfy replays it). Any exception rolls every table back.
 
-Cadence decisions are made on a fork of the live cadence state; the caller folds the returned
-records into the live state only after COMMIT (`OwnerQueue.commit`), so a rollback changes nothing.
+Cadence decisions are made on a fork of the live cadence state, which the caller adopts only
+after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class BatchResult:
     conflicts: int = 0
     quarantined: int = 0
     released: list[str] = field(default_factory=list)
-    records: list[Record] = field(default_factory=list)  # cadence records to fold after COMMIT
+    records: list[Record] = field(default_factory=list)  # cadence records written this batch
+    state: cadence.CadenceState | None = None  # the cadence state with them folded in
 
 
 def record_batch(
@@ -51,96 +52,158 @@ def record_batch(
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
 ) -> BatchResult:
-    result = BatchResult()
-    work = queue.state.fork()  # decisions see earlier events of this batch; live state untouched
+    batch = _Batch(conn, now, queue.policy, queue.state.fork())
     with db.write_txn(conn, before_commit=before_commit):
+        batch.prefetch([f.id for f in frames if isinstance(f, Message)])
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
-                _record_message(conn, index, frame, now, queue.policy, work, result)
+                batch.message(index, frame)
             elif isinstance(frame, Junk):
-                _quarantine(conn, frame, frame.reason, now, result)
+                _quarantine(conn, frame, frame.reason, now, batch.result)
             else:
-                records = queue.notice(conn, frame, now, state=work)
+                records = queue.notice(conn, frame, now, state=batch.work)
                 for record in records:
-                    work.apply(record)
-                result.records.extend(records)
-        result.released = outbox.release_due(
+                    batch.work.apply(record)
+                batch.result.records.extend(records)
+        batch.write()
+        batch.result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
-    return result
+    batch.result.state = batch.work
+    return batch.result
 
 
-def _record_message(
-    conn: sqlite3.Connection,
-    index: int,
-    message: Message,
-    now: float,
-    policy: cadence.Policy,
-    work: cadence.CadenceState,
-    result: BatchResult,
-) -> None:
-    existing = conn.execute(
-        "SELECT raw_sha256 FROM inbox WHERE event_id = ?", (message.id,)
-    ).fetchone()
-    if existing is not None:
-        if existing[0] == message.raw_sha256:
-            result.duplicates += 1
-            result.candidates.append(Candidate(index, message.id, message.time, message.cached))
-        else:
-            result.conflicts += 1
-            reason = "conflict: id already recorded with a different body"
-            _quarantine(conn, Junk(message.raw, reason, message.id), reason, now, result)
-        return
+_INSERT_INBOX = (
+    "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
+    " outcome, reason, delivery_key, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
-    signal = incidents.signal_of(message)
-    before = _load_incident(conn, signal.key)
-    after = incidents.merge(before, signal, message)
-    view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
-    decision = work.decide_event(policy, view, message.id, now)
-    if decision.outcome == "joined" and not _still_collecting(conn, decision.delivery_key):
-        # Only a wall clock stepping backwards can close a window early; never join a request
-        # whose payload is already frozen: open a fresh one instead.
-        decision = cadence.Decision(
-            "triage_requested",
-            "window_closed",
-            cadence.delivery_key_for(message.id),
-            now + policy.debounce,
+
+class _Batch:
+    """One batch's working set. A backlog repeats a few incidents many times, so each incident
+    is read once and written once per batch, and known ids are fetched in one query."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        policy: cadence.Policy,
+        work: cadence.CadenceState,
+    ) -> None:
+        self.conn = conn
+        self.now = now
+        self.policy = policy
+        self.work = work  # decisions see earlier events of this batch; live state untouched
+        self.result = BatchResult()
+        self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
+        self.touched: dict[str, incidents.IncidentState] = {}
+        self.collecting: dict[str, bool] = {}
+        self.inbox_rows: list[tuple[object, ...]] = []
+        self.attach_rows: list[tuple[str, str]] = []
+
+    def prefetch(self, ids: list[str]) -> None:
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            self.known.update(
+                self.conn.execute(
+                    f"SELECT event_id, raw_sha256 FROM inbox WHERE event_id IN ({marks})", chunk
+                ).fetchall()
+            )
+
+    def message(self, index: int, message: Message) -> None:
+        result = self.result
+        known = self.known.get(message.id)
+        if known is not None:
+            if known == message.raw_sha256:
+                result.duplicates += 1
+                result.candidates.append(Candidate(index, message.id, message.time, message.cached))
+            else:
+                result.conflicts += 1
+                reason = "conflict: id already recorded with a different body"
+                _quarantine(
+                    self.conn, Junk(message.raw, reason, message.id), reason, self.now, result
+                )
+            return
+        self.known[message.id] = message.raw_sha256
+
+        signal = incidents.signal_of(message)
+        before = self.touched.get(signal.key) or _load_incident(self.conn, signal.key)
+        after = incidents.merge(before, signal, message)
+        self.touched[signal.key] = after
+        view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
+        decision = self.work.decide_event(self.policy, view, message.id, self.now)
+        if decision.outcome == "joined" and not self._still_collecting(decision.delivery_key):
+            # Only a wall clock stepping backwards can close a window early; never join a
+            # request whose payload is already frozen: open a fresh one instead.
+            decision = cadence.Decision(
+                "triage_requested",
+                "window_closed",
+                cadence.delivery_key_for(message.id),
+                self.now + self.policy.debounce,
+            )
+        if decision.outcome == "triage_requested":
+            assert decision.delivery_key is not None and decision.due_at is not None
+            outbox.create(
+                self.conn,
+                decision.delivery_key,
+                signal.key,
+                decision.reason,
+                decision.due_at,
+                self.now,
+            )
+            self.collecting[decision.delivery_key] = True
+        if decision.delivery_key is not None:
+            self.attach_rows.append((decision.delivery_key, message.id))
+        self.inbox_rows.append(
+            (
+                message.id,
+                message.topic,
+                message.time,
+                message.expires,
+                message.raw,
+                message.raw_sha256,
+                signal.key,
+                signal.severity,
+                decision.outcome,
+                decision.reason,
+                decision.delivery_key,
+                self.now,
+            )
         )
-    if decision.outcome == "triage_requested":
-        assert decision.delivery_key is not None and decision.due_at is not None
-        outbox.create(
-            conn, decision.delivery_key, signal.key, decision.reason, decision.due_at, now
+        record = cadence.event_record(
+            decision, view, message.id, self.now, topic=message.topic, time=message.time
         )
-    if decision.delivery_key is not None:
-        outbox.attach(conn, decision.delivery_key, message.id)
-    _save_incident(conn, after)
-    conn.execute(
-        "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key,"
-        " severity, outcome, reason, delivery_key, received_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            message.id,
-            message.topic,
-            message.time,
-            message.expires,
-            message.raw,
-            message.raw_sha256,
-            signal.key,
-            signal.severity,
-            decision.outcome,
-            decision.reason,
-            decision.delivery_key,
-            now,
-        ),
-    )
-    record = cadence.event_record(
-        decision, view, message.id, now, topic=message.topic, time=message.time
-    )
-    audit.stage(conn, "event", now, **{k: v for k, v in record.items() if k not in ("ts", "kind")})
-    work.apply(record)
-    result.records.append(record)
-    result.recorded += 1
-    result.candidates.append(Candidate(index, message.id, message.time, message.cached))
+        audit.stage(
+            self.conn,
+            "event",
+            self.now,
+            **{k: v for k, v in record.items() if k not in ("ts", "kind")},
+        )
+        self.work.apply(record)
+        result.records.append(record)
+        result.recorded += 1
+        result.candidates.append(Candidate(index, message.id, message.time, message.cached))
+
+    def _still_collecting(self, key: str | None) -> bool:
+        if key is None:
+            return False
+        if key not in self.collecting:
+            row = self.conn.execute(
+                "SELECT state FROM outbox WHERE delivery_key = ?", (key,)
+            ).fetchone()
+            self.collecting[key] = row is not None and row[0] == "collecting"
+        return self.collecting[key]
+
+    def write(self) -> None:
+        """The rows gathered in memory, before anything reads them back (release_due does)."""
+        self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
+            self.attach_rows,
+        )
+        for state in self.touched.values():
+            _save_incident(self.conn, state)
 
 
 def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
@@ -161,11 +224,6 @@ def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentStat
         events=row[7],
         version=row[8],
     )
-
-
-def _still_collecting(conn: sqlite3.Connection, key: str | None) -> bool:
-    row = conn.execute("SELECT state FROM outbox WHERE delivery_key = ?", (key,)).fetchone()
-    return row is not None and row[0] == "collecting"
 
 
 def _save_incident(conn: sqlite3.Connection, state: incidents.IncidentState) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ntfy_intake.frames import Message
@@ -95,14 +95,15 @@ def merge(before: IncidentState | None, signal: Signal, message: Message) -> Inc
         )
     newer = stamp > before.status_at
     status = signal.status if newer else before.status
-    after = replace(
-        before,
-        severity=max(before.severity, signal.severity),
+    severity = max(before.severity, signal.severity)
+    changed = (severity, status) != (before.severity, before.status)
+    return IncidentState(
+        key=before.key,
+        severity=severity,
         status=status,
-        status_at=max(stamp, before.status_at),
+        status_at=stamp if newer else before.status_at,
         first_seen=min(before.first_seen, message.time),
         last_seen=max(before.last_seen, message.time),
         events=before.events + 1,
+        version=before.version + 1 if changed else before.version,
     )
-    changed = (after.severity, after.status) != (before.severity, before.status)
-    return replace(after, version=before.version + 1) if changed else after

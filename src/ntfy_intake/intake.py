@@ -32,9 +32,6 @@ from ntfy_intake.frames import Junk, Message
 
 log = structlog.get_logger("ntfy_intake.intake")
 
-# How long after `open` we wait for the first replayed message to date the gap window.
-GAP_END_WAIT = 2.0
-
 
 @dataclass(frozen=True, slots=True)
 class Received:
@@ -228,80 +225,77 @@ class Intake:
                     response.headers.get("Retry-After"), time.time()
                 )
                 raise _StatusFailure(response.status_code, retry_after)
-            await self._read(response, cursor, evicted, generation, stop)
+            await self._read(response, cursor, evicted, generation)
 
     async def _read(
-        self,
-        response: httpx.Response,
-        cursor: Cursor,
-        evicted: bool,
-        generation: int,
-        stop: asyncio.Event,
+        self, response: httpx.Response, cursor: Cursor, evicted: bool, generation: int
     ) -> None:
+        """Read frames until the stream ends; the frame watchdog raises `_WatchdogExpired`.
+
+        Stopping is the caller's business: `run` cancels the whole attempt when asked to stop."""
         loop = asyncio.get_running_loop()
         decoder = frames.NdjsonDecoder()
-        chunks = response.aiter_raw()
-        frame_deadline = loop.time() + self.config.keepalive_timeout
-        gap_deadline: float | None = None
-        stop_task = asyncio.ensure_future(stop.wait())
-        next_chunk: asyncio.Future[bytes] | None = None
+        # The frame watchdog: one lazy timer instead of a timeout per read (a busy stream
+        # delivers thousands of frames a second). Each complete frame only moves `deadline`;
+        # the timer re-arms itself until the deadline really passes, then cancels the read.
+        # Bytes that trickle in without finishing a line do not move it.
+        deadline = loop.time() + self.config.keepalive_timeout
+        reader = asyncio.current_task()
+        assert reader is not None
+        expired = False
+        timer: asyncio.TimerHandle | None = None
+
+        def watchdog() -> None:
+            nonlocal timer, expired
+            if loop.time() >= deadline:
+                expired = True
+                reader.cancel()
+            else:
+                timer = loop.call_at(deadline, watchdog)
+
+        timer = loop.call_at(deadline, watchdog)
+        # With an evicted cursor the replay is the whole cache, oldest first, right after `open`:
+        # the first frame after `open` dates the gap (a message: its time; anything else: the
+        # cache was empty, so the open itself).
+        gap_open_at: int | None = None
         try:
-            while True:
-                deadline = (
-                    frame_deadline if gap_deadline is None else min(frame_deadline, gap_deadline)
-                )
-                next_chunk = asyncio.ensure_future(anext(chunks))
-                done, _ = await asyncio.wait(
-                    {next_chunk, stop_task},
-                    timeout=max(0.0, deadline - loop.time()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if next_chunk not in done:
-                    next_chunk.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                        await next_chunk
-                    if stop_task in done:
-                        return
-                    if gap_deadline is not None and loop.time() >= gap_deadline:
-                        # Nothing replayed: the cache is empty; date the window by the open.
-                        self._report_gap(cursor, int(time.time()))
-                        gap_deadline = None
-                        evicted = False
-                        continue
-                    raise _WatchdogExpired
-                try:
-                    chunk = next_chunk.result()
-                except StopAsyncIteration:
-                    return
-                for line in decoder.feed(chunk):
-                    now = loop.time()
+            async for chunk in response.aiter_raw():
+                lines = decoder.feed(chunk)
+                if not lines:
+                    continue
+                now = loop.time()
+                deadline = now + self.config.keepalive_timeout
+                self.health.last_frame_at = now
+                self.health.last_frame_wall = time.time()
+                for line in lines:
                     frame = (
                         line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
                     )
-                    frame_deadline = now + self.config.keepalive_timeout
-                    self.health.last_frame_at = time.monotonic()
-                    self.health.last_frame_wall = time.time()
                     if isinstance(frame, frames.Open):
                         self.health.state = "live"
-                        self.health.connected_at = time.monotonic()
+                        self.health.connected_at = now
                         self.health.connections += 1
                         log.info("intake.connected", since=cursor.since)
                         if evicted:
-                            gap_deadline = now + GAP_END_WAIT
+                            evicted, gap_open_at = False, int(self.health.last_frame_wall)
                         continue
+                    if gap_open_at is not None:
+                        held = frame.time if isinstance(frame, Message) else gap_open_at
+                        self._report_gap(cursor, held)
+                        gap_open_at = None
                     if isinstance(frame, frames.Keepalive):
                         continue
-                    if evicted and isinstance(frame, Message):
-                        self._report_gap(cursor, frame.time)
-                        evicted, gap_deadline = False, None
-                    self.sink(Received(frame, time.monotonic(), generation))
+                    self.sink(Received(frame, now, generation))
+        except asyncio.CancelledError:
+            # Ours (the watchdog) unless someone else cancelled too (stop): then theirs wins.
+            if expired and reader.uncancel() == 0:
+                raise _WatchdogExpired from None
+            raise
         finally:
-            stop_task.cancel()
-            if next_chunk is not None:
-                # Cancelled mid-read (stop, or the attempt was abandoned): never leave a read
-                # pending whose error nobody would collect.
-                next_chunk.cancel()
-                next_chunk.add_done_callback(_consume)
+            if timer is not None:
+                timer.cancel()
+            if gap_open_at is not None:
+                self._report_gap(cursor, gap_open_at)
 
     def _report_gap(self, cursor: Cursor, oldest_held: int) -> None:
         start = cursor.message_time or 0
@@ -316,11 +310,6 @@ class Intake:
 
 class _RejectedCursor(Exception):
     pass
-
-
-def _consume(future: asyncio.Future[bytes]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:

@@ -34,13 +34,6 @@ def create(
     )
 
 
-def attach(conn: sqlite3.Connection, key: str, event_id: str) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
-        (key, event_id),
-    )
-
-
 def next_release_at(conn: sqlite3.Connection) -> float | None:
     row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
     return None if row[0] is None else float(row[0])

@@ -38,6 +38,14 @@ class OwnerQueue:
         self.policy = policy
         self.state = state
 
+    def adopt(self, state: cadence.CadenceState | None) -> None:
+        """Take over the fork an inbox batch decided on, once its transaction committed.
+
+        Safe because every user of the queue runs under the daemon's single database lock: no
+        other decision can have changed the live state between the fork and the commit."""
+        if state is not None:
+            self.state = state
+
     def commit(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Fold records whose transaction committed into the live state."""
         for record in records:
