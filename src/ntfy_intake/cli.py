@@ -12,6 +12,7 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -130,6 +131,11 @@ def _load_settings(args: argparse.Namespace) -> Settings:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # A stop request that arrives while we are still importing and recovering must not kill us
+    # mid-recovery (exit -15): remember it and stop gracefully as soon as the loop runs.
+    early_stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: early_stop.set())
     from ntfy_intake import logs  # noqa: PLC0415
     from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
     from ntfy_intake.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
@@ -142,14 +148,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         notifier=Notifier.from_environ(os.environ),
         watchdog_interval=watchdog_interval(os.environ, os.getpid()),
     )
-    return asyncio.run(_serve_daemon(daemon))
+    return asyncio.run(_serve_daemon(daemon, early_stop))
 
 
-async def _serve_daemon(daemon: Daemon) -> int:
+async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if early_stop.is_set():
+        stop.set()
     await daemon.run(stop)
     return 1 if daemon.failed else 0
 
