@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -25,12 +26,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
 import structlog
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from ntfy_intake import (
     audit,
@@ -44,6 +46,7 @@ from ntfy_intake import (
     owner,
     rehydrate,
     relay,
+    retention,
     schema,
     watchdog,
 )
@@ -297,6 +300,19 @@ class Daemon:
                 after_send=lambda: self.crash.hit("after_owner_send"),
             )
             tasks.append(asyncio.create_task(self.owner.run(relay_stop), name="owner"))
+            # Housekeeping on a schedule (APScheduler): retention pruning, hourly and soon after
+            # start; coalesced, never two runs at once.
+            scheduler = AsyncIOScheduler(timezone="UTC")
+            scheduler.add_job(
+                self._prune,
+                "interval",
+                hours=1,
+                next_run_time=datetime.now(UTC) + timedelta(minutes=1),
+                coalesce=True,
+                max_instances=1,
+                id="retention",
+            )
+            scheduler.start()
             http_stop = asyncio.Event()
             tasks.append(asyncio.create_task(self._serve_http(http_stop), name="http"))
             if self.settings.health.ping_url is not None:
@@ -325,6 +341,7 @@ class Daemon:
                     asyncio.gather(*(asyncio.shield(t) for t in senders), return_exceptions=True),
                     timeout=self.settings.relay.timeout + 1,
                 )
+            scheduler.shutdown(wait=False)
             http_stop.set()
             for task in tasks[1:]:
                 if task.get_name() != "http":
@@ -678,6 +695,15 @@ class Daemon:
             else:
                 log.info("health.ping_withheld", reason=details.get("reason", "wedged"))
             await asyncio.sleep(interval)
+
+    async def _prune(self) -> None:
+        pruned = await self._db(
+            retention.prune,
+            self.conn,
+            self.clock(),
+            cache_duration=self.settings.ntfy.cache_duration,
+        )
+        log.info("retention.pruned", **dataclasses.asdict(pruned))
 
     def wedge_for_test(self) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would."""

@@ -128,8 +128,11 @@ async def _drive(
     task = asyncio.create_task(daemon.run(stop))
     await _until(lambda: daemon.health.state == "live", "the daemon to connect")
     published = []
-    for alert in alerts:
-        published.append(emu.publish(**alert))
+    start = int(time.time())
+    for n, alert in enumerate(alerts):
+        # One second apart in ntfy time, so "which came last" never depends on the random ids
+        # that break ties between events of the same second.
+        published.append(emu.publish(**alert, time=start + n))
         await asyncio.sleep(0.05)
     ids = {m["id"] for m in published}
 
