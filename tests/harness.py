@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import sqlite3
 import subprocess
@@ -165,3 +166,53 @@ def stream_sinces(subscribe_log: list[dict[str, Any]]) -> list[str | None]:
 
 def dumps(obj: object) -> str:
     return json.dumps(obj, sort_keys=True)
+
+
+CHILD_WAIT = 60.0
+
+
+class Child:
+    """A subprocess whose stdout lines can be awaited with a bound (never a fixed sleep)."""
+
+    def __init__(self, proc: subprocess.Popen[str], stderr_path: Path) -> None:
+        self.proc = proc
+        self.stderr_path = stderr_path
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+
+    def expect_line(self, timeout: float = CHILD_WAIT) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return self._lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:  # died: drain what it said, then fail fast
+                    self._reader.join(timeout=CHILD_WAIT)
+                    try:
+                        return self._lines.get_nowait()
+                    except queue.Empty:
+                        break
+        stderr = self.stderr_path.read_text(errors="replace")
+        raise AssertionError(
+            f"child {self.proc.pid} gave no line (rc={self.proc.poll()}):\n{stderr}"
+        )
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=CHILD_WAIT)
+        self._reader.join(timeout=CHILD_WAIT)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()

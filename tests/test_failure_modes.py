@@ -9,14 +9,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
-import queue
 import re
 import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +26,8 @@ from ntfy_intake import db
 from ntfy_intake.doorbell import Doorbell, WakeEvent
 from ntfy_intake.errors import FeedError, InjectedFault
 from ntfy_intake.feed import Entry, FeedStore, append
+
+from .harness import Child
 
 DAEMON = "ntfy-intake"
 WAIT = 10.0  # upper bound for anything that should happen "now"; tests never sleep for it
@@ -438,48 +437,6 @@ event = bell.wait(120)
 print(json.dumps(None if event is None else {"seq": event.seq}), flush=True)
 sys.stdin.readline()  # "handling": blocks until the test kills this process
 """
-
-
-class Child:
-    """A subprocess whose stdout lines can be awaited with a bound (never a fixed sleep)."""
-
-    def __init__(self, proc: subprocess.Popen[str], stderr_path: Path) -> None:
-        self.proc = proc
-        self.stderr_path = stderr_path
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line.rstrip("\n"))
-
-    def expect_line(self, timeout: float = WAIT) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                return self._lines.get(timeout=0.1)
-            except queue.Empty:
-                if self.proc.poll() is not None:  # died: drain what it said, then fail fast
-                    self._reader.join(timeout=WAIT)
-                    try:
-                        return self._lines.get_nowait()
-                    except queue.Empty:
-                        break
-        stderr = self.stderr_path.read_text(errors="replace")
-        raise AssertionError(
-            f"child {self.proc.pid} gave no line (rc={self.proc.poll()}):\n{stderr}"
-        )
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=WAIT)
-        self._reader.join(timeout=WAIT)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 @pytest.fixture

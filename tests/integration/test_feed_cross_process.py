@@ -7,14 +7,10 @@ the processes really overlap), and is killed by pid in teardown whatever happene
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,56 +19,11 @@ import pytest
 
 from ntfy_intake.feed import FeedStore
 
+from ..harness import Child
+
 pytestmark = pytest.mark.slow
 
 WAIT = 60.0
-
-
-class Child:
-    """A subprocess whose stdout lines can be awaited with a bound (never a fixed sleep)."""
-
-    def __init__(self, proc: subprocess.Popen[str], stderr_path: Path) -> None:
-        self.proc = proc
-        self.stderr_path = stderr_path
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line.rstrip("\n"))
-
-    def expect_line(self, timeout: float = WAIT) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                return self._lines.get(timeout=0.1)
-            except queue.Empty:
-                if self.proc.poll() is not None:  # died: drain what it said, then fail fast
-                    self._reader.join(timeout=WAIT)
-                    try:
-                        return self._lines.get_nowait()
-                    except queue.Empty:
-                        break
-        stderr = self.stderr_path.read_text(errors="replace")
-        raise AssertionError(
-            f"child {self.proc.pid} gave no line (rc={self.proc.poll()}):\n{stderr}"
-        )
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=WAIT)
-        self._reader.join(timeout=WAIT)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
 
 
 @pytest.fixture
