@@ -319,16 +319,9 @@ class Daemon:
                 tasks.append(
                     asyncio.create_task(self._dead_mans_switch(client), name="dead_mans_switch")
                 )
-            stop_wait = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stop_wait and task.exception() is not None:
-                    log.error(
-                        "daemon.task_failed", task=task.get_name(), error=repr(task.exception())
-                    )
-                    stop.set()
+            await self._supervise(tasks, stop)
             self.notifier.stopping("draining")
-            await self._drain(intake_stop, tasks[0])
+            await self._drain(intake_stop, tasks[0], tasks[1])
             relay_stop.set()
             senders = [t for t in tasks if t.get_name() in ("relay", "owner")]
             for sender in (self.relay, self.owner):
@@ -347,18 +340,54 @@ class Daemon:
                 if task.get_name() != "http":
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            stop_wait.cancel()
-        await self._flush_audit()
-        await self._db(self._write_health, final=True)
-        self._audit.close()
-        self.conn.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-        log.info("daemon.stopped", recorded=self.counters.recorded)
+        try:
+            await self._flush_audit()
+            await self._db(self._write_health, final=True)
+        except Exception as exc:  # noqa: BLE001 - shutting down: report, never a traceback
+            log.error("daemon.shutdown_incomplete", error=repr(exc))
+            self.failed = True
+        finally:
+            self._audit.close()
+            self.conn.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+        log.info("daemon.stopped", recorded=self.counters.recorded, failed=self.failed)
 
-    async def _drain(self, intake_stop: asyncio.Event, reader: asyncio.Task[None]) -> None:
+    async def _supervise(self, tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+        """Wait for a stop request; a task that dies with an exception stops the daemon with a
+        failure (systemd restarts it; a restart is the cure for an unexpected bug). A task that
+        simply ends (the HTTP surface after failing to bind) does not."""
+        stop_wait = asyncio.create_task(stop.wait())
+        running = set(tasks)
+        try:
+            while not stop.is_set() and running:
+                done, _ = await asyncio.wait(
+                    [*running, stop_wait], return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task is stop_wait:
+                        continue
+                    running.discard(task)
+                    if not task.cancelled() and task.exception() is not None:
+                        log.error(
+                            "daemon.task_failed", task=task.get_name(), error=repr(task.exception())
+                        )
+                        self.failed = True
+                        stop.set()
+        finally:
+            stop_wait.cancel()
+
+    async def _drain(
+        self, intake_stop: asyncio.Event, reader: asyncio.Task[None], writer: asyncio.Task[None]
+    ) -> None:
         """Graceful stop: keep the stream open for one reorder window so the cursor can settle
-        on an id, make everything read durable, move the cursor, then close the stream."""
+        on an id, make everything read durable, move the cursor, then close the stream. After a
+        failure there is nothing to drain into: close the stream and leave the rest to replay."""
+        if self.failed or writer.done():
+            intake_stop.set()
+            with contextlib.suppress(Exception):
+                await reader
+            return
         if self.resume.oldest_read_at is not None and not reader.done():
             await asyncio.sleep(self.settings.ntfy.reorder_window)
         await self._wait_queue_empty()

@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ntfy_intake import _serve
+from ntfy_intake import _serve, inbox
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sdnotify import Notifier
 
-from ..harness import DaemonThread, env_for, notices, settings_for, wait_until
+from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until
 
 
 @pytest.fixture
@@ -210,3 +210,35 @@ def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_pa
             emu.faults.silence(False)
             emu.faults.drop_connections()
             wait_until(lambda: len(pings) > count, timeout=15, what="pings after recovery")
+
+
+def test_a_crashed_task_stops_the_daemon_with_a_failure_instead_of_hanging(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failure mode: a bug kills the writer and the daemon lingers, alive but recording nothing."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected bug in the inbox transaction")
+
+    monkeypatch.setattr(inbox, "record_batch", broken)
+    running = DaemonThread(settings_for(emu.url, tmp_path)).start()
+    emu.wait_for_subscribers(1)
+    emu.publish("alerts", "disk full", title="Disk")
+    assert running._thread is not None
+    running._thread.join(timeout=20)
+    assert not running._thread.is_alive(), "the daemon kept running without its writer"
+    assert running.daemon is not None and running.daemon.failed
+    assert query(tmp_path, "SELECT count(*) FROM inbox") == [(0,)]  # replayed on restart instead
+
+
+def test_http_bind_failure_never_stops_intake(emu: NtfyEmulator, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = settings_for(emu.url, tmp_path, http_listen=f"127.0.0.1:{port}")
+        with DaemonThread(config) as running:
+            emu.wait_for_subscribers(1)
+            event = emu.publish("alerts", "disk full", title="Disk")["id"]
+            wait_until(lambda: event in event_ids(tmp_path))
+            assert running.daemon is not None and running.daemon.http_error is not None
