@@ -124,7 +124,7 @@ class Intake:
             self.health.last_attempt_at = time.monotonic()
             retry_after: float | None = None
             generation = self.new_generation()
-            was_live = False
+            lasted = 0.0
             try:
                 if not await _unless_stopped(self._attempt(cursor, generation, stop), stop):
                     break  # stopped mid-attempt (connecting, or waiting for headers)
@@ -143,13 +143,16 @@ class Intake:
             except httpx.TransportError as exc:
                 self._fail("transport", f"{type(exc).__name__}: {exc}")
             finally:
-                was_live = self.health.connected_at is not None
+                if self.health.connected_at is not None:
+                    lasted = time.monotonic() - self.health.connected_at
                 self.health.connected_at = None
                 self.new_generation()
             if stop.is_set():
                 break
-            if was_live:
-                failures = 0  # the connection worked; start the backoff schedule over
+            if lasted >= self.config.keepalive_timeout:
+                # The connection worked for a while: start the backoff schedule over. A server
+                # that answers and then drops us at once keeps backing off instead.
+                failures = 0
             wait = backoff.delay(
                 failures,
                 base=self.config.backoff_base,
