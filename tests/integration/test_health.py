@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -242,3 +243,49 @@ def test_http_bind_failure_never_stops_intake(emu: NtfyEmulator, tmp_path: Path)
             event = emu.publish("alerts", "disk full", title="Disk")["id"]
             wait_until(lambda: event in event_ids(tmp_path))
             assert running.daemon is not None and running.daemon.http_error is not None
+
+
+def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_path: Path) -> None:
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="1s")
+    with DaemonThread(config) as running:
+        emu.wait_for_subscribers(1)
+        event = emu.publish("alerts", "disk full", title="Disk")["id"]
+        wait_until(lambda: event in event_ids(tmp_path))
+        assert running.daemon is not None
+        wait_until(lambda: running.daemon.http_port is not None)
+        base = f"http://127.0.0.1:{running.daemon.http_port}"
+        wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, timeout=10)
+        text = httpx.get(f"{base}/metrics").text
+    samples = {
+        line.split(" ")[0]: line.split(" ")[1]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert float(samples["ntfy_intake_events_recorded_total"]) == 1.0
+    assert samples['ntfy_intake_intake_state{state="live"}'] == "1.0"
+    assert float(samples["ntfy_intake_audit_latch"]) == 0.0
+    assert "ntfy_intake_last_frame_age_seconds" in samples
+
+
+def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cursor(
+    tmp_path: Path,
+) -> None:
+    token = "tk_" + "a" * 29
+    with NtfyEmulator(
+        EmulatorConfig(keepalive_interval=1.0, tokens={token: {"alerts", "backups"}})
+    ).running() as emu:
+        good = settings_for(emu.url, tmp_path, ntfy_token=token)
+        with DaemonThread(good):
+            emu.wait_for_subscribers(1)
+            event = emu.publish("alerts", "disk full", title="Disk")["id"]
+            wait_until(lambda: event in event_ids(tmp_path))
+            wait_until(lambda: query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)])
+        wrong = settings_for(emu.url, tmp_path, ntfy_token="tk_" + "b" * 29)
+        before = len(emu.subscribe_log)
+        with DaemonThread(wrong, backoff_base=0.05) as running:
+            assert running.daemon is not None
+            wait_until(lambda: running.daemon.health.failures.get("http_401", 0) >= 3, timeout=15)
+        statuses = [e["status"] for e in emu.subscribe_log[before:]]
+        assert set(statuses) == {401}
+    assert query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)]
+    assert notices(tmp_path, "fallback_400") == []
