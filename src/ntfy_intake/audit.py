@@ -37,17 +37,21 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def encode(record: Mapping[str, Any]) -> str:
+    """A complete record (`ts` and `kind` first) as the journal stores it; None values dropped."""
+    return json.dumps(
+        {k: v for k, v in record.items() if v is not None}, separators=(",", ":"), ensure_ascii=True
+    )
+
+
 def stage(conn: sqlite3.Connection, kind: str, now: float, **fields: Any) -> None:
     """Queue one record inside the caller's write transaction."""
-    record = {
-        "ts": rfc3339(now),
-        "kind": kind,
-        **{k: v for k, v in fields.items() if v is not None},
-    }
-    conn.execute(
-        "INSERT INTO audit_journal(line) VALUES (?)",
-        (json.dumps(record, separators=(",", ":"), ensure_ascii=True),),
-    )
+    stage_encoded(conn, [encode({"ts": rfc3339(now), "kind": kind, **fields})])
+
+
+def stage_encoded(conn: sqlite3.Connection, lines: list[str]) -> None:
+    """Queue already-encoded records (a batch's, in order) inside the caller's transaction."""
+    conn.executemany("INSERT INTO audit_journal(line) VALUES (?)", [(line,) for line in lines])
 
 
 def _line(seq: int, record_json: str) -> str:

@@ -100,6 +100,7 @@ class _Batch:
         self.collecting: dict[str, bool] = {}
         self.inbox_rows: list[tuple[object, ...]] = []
         self.attach_rows: list[tuple[str, str]] = []
+        self.journal: list[str] = []  # event records, staged together at the end
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -174,12 +175,7 @@ class _Batch:
         record = cadence.event_record(
             decision, view, message.id, self.now, topic=message.topic, time=message.time
         )
-        audit.stage(
-            self.conn,
-            "event",
-            self.now,
-            **{k: v for k, v in record.items() if k not in ("ts", "kind")},
-        )
+        self.journal.append(audit.encode(record))
         self.work.apply(record)
         result.records.append(record)
         result.recorded += 1
@@ -204,6 +200,7 @@ class _Batch:
         )
         for state in self.touched.values():
             _save_incident(self.conn, state)
+        audit.stage_encoded(self.conn, self.journal)
 
 
 def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
