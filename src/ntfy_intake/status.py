@@ -89,6 +89,7 @@ def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[st
             ),
             "sent": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'sent'"),
             "suppressed": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"),
+            "dead": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'dead'"),
         },
     }
 
@@ -140,7 +141,11 @@ def render(report: dict[str, Any]) -> str:
             ("on" if relay["enabled"] else "off (feed only)")
             + f": pending {relay['pending']}, delivered {relay['delivered']}, dead {relay['dead']}",
         ),
-        ("owner outbox", f"pending {report['owner']['pending']}, sent {report['owner']['sent']}"),
+        (
+            "owner outbox",
+            f"pending {report['owner']['pending']}, sent {report['owner']['sent']}, "
+            f"capped {report['owner']['suppressed']}, undeliverable {report['owner']['dead']}",
+        ),
     ]
     if intake["last_error"]:
         rows.append(("last error", str(intake["last_error"])))
