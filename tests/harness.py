@@ -24,7 +24,7 @@ TOPICS = "alerts,backups"
 
 
 def wait_until(
-    predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition"
+    predicate: Callable[[], object], timeout: float = 30.0, what: str = "condition"
 ) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

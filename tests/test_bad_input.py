@@ -221,14 +221,14 @@ def test_no_raw_control_character_reaches_the_daemon_log(tmp_path: Path) -> None
     with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu:
         env = env_for(emu.url, tmp_path / "state")
         with log_path.open("wb") as log_file, daemon_process(env, stdout=log_file) as proc:
-            emu.wait_for_subscribers(1, timeout=15)
+            emu.wait_for_subscribers(1, timeout=30)
             emu.faults.inject_raw(b"\n".join(nasty) + b"\n")
             wait_until(
                 lambda: query(tmp_path / "state", "SELECT count(*) FROM quarantine")[0][0] >= 3,
                 timeout=15,
             )
             emu.faults.drop_connections()  # make it log a reconnect, too
-            wait_until(lambda: emu.subscriber_count() >= 1, timeout=15)
+            wait_until(lambda: emu.subscriber_count() >= 1, timeout=30)
             proc.terminate()
             assert proc.wait(timeout=20) == 0
     text = log_path.read_bytes().decode("utf-8")

@@ -31,7 +31,7 @@ def test_reconnect_to_a_server_that_never_answers_is_not_wedged_forever(tmp_path
     with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu:
         env = env_for(emu.url, state, ntfy_keepalive_timeout="1500ms")
         with daemon_process(env) as proc:
-            emu.wait_for_subscribers(1, timeout=15)
+            emu.wait_for_subscribers(1, timeout=30)
             assert stream_sinces(emu.subscribe_log)[0] is not None  # the join-time cursor
             emu.faults.silence(True)
             # The watchdog drops the zombie stream and reconnects into the silence ...

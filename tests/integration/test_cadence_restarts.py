@@ -70,7 +70,7 @@ def test_seed_incident_daily_cap_holds_across_sigterm_and_kill9_redeploys(
         )
         for n, how in enumerate(["sigterm", "kill9", "sigterm", "kill9", "sigterm"]):
             with daemon_process(env) as proc:
-                emu.wait_for_subscribers(1, timeout=15)
+                emu.wait_for_subscribers(1, timeout=30)
                 emu.publish("alerts", f"incident {n} is on fire", title=f"Incident {n}", priority=5)
                 # Triaged, and the agent's reply went through the owner queue (queued or capped).
                 wait_until(lambda n=n: len(receiver.receipts(triage.db_path)) == n + 1, timeout=20)
@@ -105,12 +105,12 @@ def test_cooldown_survives_a_kill9_restart(emu: NtfyEmulator, tmp_path: Path) ->
     state = tmp_path / "state"
     env = env_for(emu.url, state, cadence_debounce="0s", cadence_cooldown="1h")
     with daemon_process(env) as proc:
-        emu.wait_for_subscribers(1, timeout=15)
+        emu.wait_for_subscribers(1, timeout=30)
         first = emu.publish("alerts", "disk full", title="Disk full")["id"]
         wait_until(lambda: first in event_ids(state))
         stop(proc, "kill9")
     with daemon_process(env) as proc:
-        emu.wait_for_subscribers(1, timeout=15)
+        emu.wait_for_subscribers(1, timeout=30)
         again = emu.publish("alerts", "disk full again", title="Disk full")["id"]
         wait_until(lambda: again in event_ids(state))
         stop(proc, "sigterm")
@@ -122,16 +122,16 @@ def test_debounce_window_survives_a_kill9_restart(emu: NtfyEmulator, tmp_path: P
     state = tmp_path / "state"
     env = env_for(emu.url, state, cadence_debounce="4s")
     with daemon_process(env) as proc:
-        emu.wait_for_subscribers(1, timeout=15)
+        emu.wait_for_subscribers(1, timeout=30)
         first = emu.publish("alerts", "disk 97%", title="Disk full")["id"]
         wait_until(lambda: first in event_ids(state))
         stop(proc, "kill9")
     with daemon_process(env) as proc:
-        emu.wait_for_subscribers(1, timeout=15)
+        emu.wait_for_subscribers(1, timeout=30)
         second = emu.publish("alerts", "disk 99%", title="Disk full", priority=5)["id"]
         wait_until(lambda: second in event_ids(state))
         # The restarted daemon releases the request when the window it did not open closes.
-        wait_until(lambda: query(state, "SELECT state FROM outbox") == [("skipped",)], timeout=15)
+        wait_until(lambda: query(state, "SELECT state FROM outbox") == [("skipped",)], timeout=30)
         stop(proc, "sigterm")
     assert query(state, "SELECT outcome, delivery_key FROM inbox ORDER BY seq") == [
         ("triage_requested", f"tri_{first}"),

@@ -67,19 +67,19 @@ def test_check_tells_healthy_quiet_from_dead_quiet_and_recovers(
         emu.wait_for_subscribers(1)
         assert running.daemon is not None
         wait_until(
-            lambda: cli(env, "check").returncode == 0, timeout=10, what="healthy-quiet check"
+            lambda: cli(env, "check").returncode == 0, timeout=30, what="healthy-quiet check"
         )
         quiet = json.loads(cli(env, "status", "--json").stdout)
         assert quiet["intake"]["state"] == "live" and quiet["inbox"]["events"] == 0
         emu.faults.silence(True)
-        wait_until(lambda: cli(env, "check").returncode == 1, timeout=10, what="dead-quiet check")
+        wait_until(lambda: cli(env, "check").returncode == 1, timeout=30, what="dead-quiet check")
         dead = json.loads(cli(env, "status", "--json").stdout)
         assert dead["intake"]["state"] in ("reconnecting", "dead")
-        wait_until(lambda: notices(tmp_path, "intake_dead"), timeout=10, what="intake_dead notice")
+        wait_until(lambda: notices(tmp_path, "intake_dead"), timeout=30, what="intake_dead notice")
         emu.faults.silence(False)
         emu.faults.drop_connections()
-        wait_until(lambda: cli(env, "check").returncode == 0, timeout=15, what="recovery")
-        wait_until(lambda: notices(tmp_path, "intake_recovered"), timeout=10)
+        wait_until(lambda: cli(env, "check").returncode == 0, timeout=30, what="recovery")
+        wait_until(lambda: notices(tmp_path, "intake_recovered"), timeout=30)
     assert len(notices(tmp_path, "intake_dead")) == 1
     assert len(notices(tmp_path, "intake_recovered")) == 1
 
@@ -107,10 +107,11 @@ def test_silenced_stream_is_reconnected_within_keepalive_timeout_plus_one_backof
         emu.faults.silence(True)
         silenced_at = time.monotonic()
         emu.faults.silence(False)  # only the open stream stays silent; the next one is healthy
-        wait_until(lambda: running.daemon.health.connections > connects, timeout=10)
+        wait_until(lambda: running.daemon.health.connections > connects, timeout=30)
         elapsed = time.monotonic() - silenced_at
-    # keepalive_timeout (1.5 s) + first backoff step (at most base = 1 s) + connect slack
-    assert elapsed < 1.5 + 1.0 + 1.0, elapsed
+    # keepalive_timeout (1.5 s) + first backoff step (at most base = 1 s) + slack for a loaded
+    # machine; a plain read timeout or a missing watchdog would take tens of seconds, or forever.
+    assert elapsed < 1.5 + 1.0 + 3.0, elapsed
     assert running.daemon.health.watchdog_drops == 1
 
 
@@ -149,7 +150,7 @@ def test_watchdog_pings_stop_when_the_loop_is_wedged(
     notifier = Notifier(str(tmp_path / "notify.sock"))
     with DaemonThread(config, notifier=notifier, watchdog_interval=0.2) as running:
         emu.wait_for_subscribers(1)
-        wait_until(lambda: notify_socket.count("WATCHDOG=1") >= 3, timeout=10)
+        wait_until(lambda: notify_socket.count("WATCHDOG=1") >= 3, timeout=30)
         assert notify_socket.messages[0].startswith("READY=1")
         assert running.daemon is not None
         running.daemon.wedge_for_test()
@@ -173,10 +174,10 @@ def test_watchdog_pings_continue_during_a_remote_outage(
         config, notifier=notifier, watchdog_interval=0.2, backoff_base=0.5
     ) as running:
         assert running.daemon is not None
-        wait_until(lambda: running.daemon.health.attempts >= 3, timeout=10)
+        wait_until(lambda: running.daemon.health.attempts >= 3, timeout=30)
         first = notify_socket.count("WATCHDOG=1")
-        time.sleep(1.0)
-        assert notify_socket.count("WATCHDOG=1") >= first + 3
+        # Pings keep coming (every 0.2 s) while intake backs off against a dead server.
+        wait_until(lambda: notify_socket.count("WATCHDOG=1") >= first + 3, timeout=10)
         assert running.daemon.health.state in ("backoff", "connecting")
     assert notify_socket.messages[0].startswith("READY=1")
 
@@ -200,17 +201,17 @@ def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_pa
         )
         with DaemonThread(config) as running:
             emu.wait_for_subscribers(1)
-            wait_until(lambda: len(pings) >= 2, timeout=10, what="pings while healthy")
+            wait_until(lambda: len(pings) >= 2, timeout=30, what="pings while healthy")
             emu.faults.silence(True)
             assert running.daemon is not None
-            wait_until(lambda: running.daemon._http_health()[0] is False, timeout=10)
+            wait_until(lambda: running.daemon._http_health()[0] is False, timeout=30)
             time.sleep(1.2)  # one ping interval for a ping already in flight to land
             count = len(pings)
             time.sleep(2.5)
             assert len(pings) == count, "pinged while intake was dead"
             emu.faults.silence(False)
             emu.faults.drop_connections()
-            wait_until(lambda: len(pings) > count, timeout=15, what="pings after recovery")
+            wait_until(lambda: len(pings) > count, timeout=30, what="pings after recovery")
 
 
 def test_a_crashed_task_stops_the_daemon_with_a_failure_instead_of_hanging(
@@ -254,7 +255,7 @@ def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_pa
         assert running.daemon is not None
         wait_until(lambda: running.daemon.http_port is not None)
         base = f"http://127.0.0.1:{running.daemon.http_port}"
-        wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, timeout=10)
+        wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, timeout=30)
         text = httpx.get(f"{base}/metrics").text
     samples = {
         line.split(" ")[0]: line.split(" ")[1]
@@ -284,7 +285,7 @@ def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cu
         before = len(emu.subscribe_log)
         with DaemonThread(wrong, backoff_base=0.05) as running:
             assert running.daemon is not None
-            wait_until(lambda: running.daemon.health.failures.get("http_401", 0) >= 3, timeout=15)
+            wait_until(lambda: running.daemon.health.failures.get("http_401", 0) >= 3, timeout=30)
         statuses = [e["status"] for e in emu.subscribe_log[before:]]
         assert set(statuses) == {401}
     assert query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)]

@@ -166,10 +166,10 @@ def test_silent_stream_is_dropped_by_the_watchdog_and_keeps_the_cursor(emu, tmp_
         emu.faults.silence(True)
         assert running.daemon is not None
         wait_until(
-            lambda: running.daemon.health.watchdog_drops >= 1, timeout=10, what="watchdog drop"
+            lambda: running.daemon.health.watchdog_drops >= 1, timeout=30, what="watchdog drop"
         )
         emu.faults.silence(False)
-        wait_until(lambda: running.daemon.health.state == "live", timeout=10)
+        wait_until(lambda: running.daemon.health.state == "live", timeout=30)
         later = publish(emu, 1, "later")
         wait_until(lambda: set(later) <= set(event_ids(tmp_path)))
     assert stream_sinces(emu.subscribe_log)[connects:][0] == first[-1]

@@ -67,7 +67,7 @@ def test_receiver_that_commits_then_times_out_ends_with_one_receipt_and_retry_re
             emu.wait_for_subscribers(1)
             emu.publish("alerts", "disk full", title="Disk")
             wait_until(lambda: query(state, "SELECT count(*) FROM outbox") == [(1,)])
-            wait_until(lambda: delivered(state), timeout=20)
+            wait_until(lambda: delivered(state), timeout=30)
         key = only_key(state)
         (receipt,) = receiver.receipts(triage.db_path)
         assert receipt.key == key and receipt.repeats >= 1
@@ -83,7 +83,7 @@ def test_503_three_times_then_200_delivers(emu: NtfyEmulator, tmp_path: Path) ->
         with DaemonThread(config):
             emu.wait_for_subscribers(1)
             emu.publish("alerts", "disk full", title="Disk")
-            wait_until(lambda: delivered(state), timeout=20)
+            wait_until(lambda: delivered(state), timeout=30)
         key = only_key(state)
         assert [(d["attempt"], d["result"]) for d in deliveries(state, key)] == [
             (1, "retry"),
@@ -160,7 +160,7 @@ def test_permanent_400_makes_the_row_dead_at_once_and_redrive_delivers(
                 assert outbox.redrive(conn, None, 0.0) == [key]
             finally:
                 conn.close()
-            wait_until(lambda: delivered(state), timeout=20)
+            wait_until(lambda: delivered(state), timeout=30)
         assert [d["result"] for d in deliveries(state, key)] == ["dead", "redriven", "delivered"]
         assert query(state, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'dead_row:%'") == [
             (1,)
@@ -211,7 +211,7 @@ def test_kill9_after_post_before_settle_redelivers_the_same_key_with_one_receipt
             triage = stack.enter_context(receiver.running(receipts_db))
             env = env_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
         with daemon_process(env):
-            wait_until(lambda: delivered(state), timeout=20)
+            wait_until(lambda: delivered(state), timeout=30)
         (receipt,) = receiver.receipts(receipts_db)
         key = only_key(state)
         assert receipt.key == key and receipt.repeats == 1

@@ -127,7 +127,7 @@ class NtfyEmulator:
         return self._hub.subscriber_count(topic)
 
     def wait_for_subscribers(
-        self, n: int = 1, *, topic: str | None = None, timeout: float = 5.0
+        self, n: int = 1, *, topic: str | None = None, timeout: float = 30.0
     ) -> None:
         """Block until at least n streams are open (not from the server's own loop)."""
         with self._hub.changed:
