@@ -20,8 +20,9 @@ notifier whose methods send nothing and return False; callers that care check `e
 from __future__ import annotations
 
 import socket
-import unicodedata
 from collections.abc import Mapping
+
+from ntfy_intake import sanitize
 
 SEND_TIMEOUT_S = 1.0
 STATUS_MAX_CHARS = 400
@@ -95,18 +96,9 @@ class Notifier:
 
 
 def one_line(text: str) -> str:
-    """Whitespace runs (newlines included) become one space; other control and format characters
-    (ANSI escapes' ESC, bidi overrides, zero-width) are dropped; the result is capped."""
-    kept: list[str] = []
-    for char in text:
-        if char.isspace():
-            kept.append(" ")
-        elif not unicodedata.category(char).startswith("C"):
-            kept.append(char)
-    flat = " ".join("".join(kept).split())
-    if len(flat) > STATUS_MAX_CHARS:
-        flat = flat[: STATUS_MAX_CHARS - 1] + "…"
-    return flat
+    """STATUS= text: the shared sanitizer's one-line form (ANSI sequences and control characters
+    stripped, whitespace collapsed), capped."""
+    return sanitize.one_line(text, STATUS_MAX_CHARS)
 
 
 def _status_fields(status: str | None) -> tuple[str, ...]:
