@@ -13,7 +13,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ntfy_intake import audit, db
 
@@ -136,18 +136,24 @@ class Claim:
     attempt: int
 
 
-def release_leases(conn: sqlite3.Connection) -> int:
-    """At startup: the previous process is gone, so its in-flight attempts are retried now."""
+# Both outboxes (triage requests, owner messages) lease rows the same way.
+Table = Literal["outbox", "owner_outbox"]
+
+
+def release_leases(conn: sqlite3.Connection, table: Table = "outbox") -> int:
+    """At startup: the previous process is gone, so its in-flight attempts are retried now
+    (an attempt that had gone out goes out again: at-least-once, absorbed by keys)."""
     with db.write_txn(conn):
         return conn.execute(
-            "UPDATE outbox SET state = 'pending', lease_until = NULL WHERE state = 'leased'"
+            f"UPDATE {table} SET state = 'pending', lease_until = NULL WHERE state = 'leased'"
         ).rowcount
 
 
-def next_due_at(conn: sqlite3.Connection) -> float | None:
+def next_due_at(conn: sqlite3.Connection, table: Table = "outbox") -> float | None:
+    """When the next row falls due: a pending row's due time, or a lease running out."""
     row = conn.execute(
         "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
-        " FROM outbox WHERE state IN ('pending', 'leased')"
+        f" FROM {table} WHERE state IN ('pending', 'leased')"
     ).fetchone()
     return None if row[0] is None else float(row[0])
 

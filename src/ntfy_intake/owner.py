@@ -38,7 +38,7 @@ from typing import Any, Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, db, sanitize
+from ntfy_intake import audit, backoff, db, outbox, sanitize
 from ntfy_intake.settings import OwnerSettings
 
 log = structlog.get_logger("ntfy_intake.owner")
@@ -57,11 +57,9 @@ __all__ = [
     "classify_ntfy",
     "classify_signal",
     "failed_recipients",
-    "next_due_at",
     "ntfy_headers",
     "prepare_text",
     "redact",
-    "release_leases",
 ]
 
 # Schema additions for the owner sender (the daemon appends them to its migration list).
@@ -357,23 +355,6 @@ def claim_due(conn: sqlite3.Connection, now: float, *, lease: float) -> Claim | 
     )
 
 
-def release_leases(conn: sqlite3.Connection) -> int:
-    """At startup: the previous process is gone; its in-flight sends are retried now (a send that
-    had gone out is sent again: at-least-once)."""
-    with db.write_txn(conn):
-        return conn.execute(
-            "UPDATE owner_outbox SET state = 'pending', lease_until = NULL WHERE state = 'leased'"
-        ).rowcount
-
-
-def next_due_at(conn: sqlite3.Connection) -> float | None:
-    row = conn.execute(
-        "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
-        " FROM owner_outbox WHERE state IN ('pending', 'leased')"
-    ).fetchone()
-    return None if row[0] is None else float(row[0])
-
-
 # -- the sender ----------------------------------------------------------------------------------
 
 
@@ -466,14 +447,14 @@ class OwnerSender:
     # -- loop ------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        released = await self.run_db(release_leases, self.conn)
+        released = await self.run_db(outbox.release_leases, self.conn, "owner_outbox")
         if released:
             log.warning("owner.leases_released", rows=released)
         while not stop.is_set():
             self.wakeup.clear()
             if await self.run_once():
                 continue
-            next_due = await self.run_db(next_due_at, self.conn)
+            next_due = await self.run_db(outbox.next_due_at, self.conn, "owner_outbox")
             wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
