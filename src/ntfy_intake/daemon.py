@@ -42,6 +42,7 @@ from ntfy_intake import (
     http_api,
     inbox,
     intake,
+    notices,
     outbox,
     owner,
     rehydrate,
@@ -411,12 +412,7 @@ class Daemon:
     async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
         """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
         detail = intake.describe_error_body(body)
-        notice = Notice(
-            "fallback_400",
-            f"ntfy rejected the saved cursor since={cursor.since!r} ({detail}); "
-            "replaying everything the server still holds. Nothing is lost; duplicates are absorbed.",
-            key=f"fallback_400:{cursor.value}",
-        )
+        notice = notices.fallback_400(cursor.value, cursor.since, detail)
         await self._db(self._record_drop, notice)
         self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
         await self._flush_audit()
@@ -490,14 +486,7 @@ class Daemon:
     def _gap_notice(self, gap: intake.GapFound) -> Notice:
         start = _utc(gap.window_start)
         end = _utc(gap.window_end)
-        return Notice(
-            "gap",
-            f"Possible alert loss: ntfy no longer holds the last recorded message "
-            f"({gap.cursor.value}). Anything published between {start} and {end} that is not in "
-            "the audit log may be gone for good.",
-            key=f"gap:{gap.cursor.value}",
-            fields={"window_start": start, "window_end": end, "cursor": gap.cursor.value},
-        )
+        return notices.gap(gap.cursor.value, start, end)
 
     async def _flush_audit(self) -> bool:
         if self.latched:
@@ -517,13 +506,7 @@ class Daemon:
             return
         self.latched = True
         log.error("audit.latched", detail=detail)
-        notice = Notice(
-            "latch",
-            f"The audit log cannot be written ({detail}). Intake keeps recording, but the "
-            "cursor is frozen until a restart; free the disk or fix permissions, then restart.",
-            key=f"latch:{self.boot_id}",
-        )
-        self._record_notice(notice)
+        self._record_notice(notices.latch(detail, self.boot_id))
 
     # -- the ticker: cursor, debounce releases, health ------------------------------------------
 
@@ -565,19 +548,11 @@ class Daemon:
             return
         episode = f"{self.boot_id}:{self.health.attempts}"
         if transition is watchdog.Transition.BECAME_DEAD:
-            notice = Notice(
-                "intake_dead",
-                f"No frame from ntfy for over {self.settings.ntfy.dead_after:g}s "
-                f"(last error: {self.health.last_error or 'none'}). Alerts published now are "
-                "held by ntfy's cache and will be recorded when the connection returns.",
-                key=f"intake_dead:{episode}",
+            notice = notices.intake_dead(
+                self.settings.ntfy.dead_after, self.health.last_error, episode
             )
         else:
-            notice = Notice(
-                "intake_recovered",
-                "ntfy is reachable again; intake is live and replaying what it missed.",
-                key=f"intake_recovered:{episode}",
-            )
+            notice = notices.intake_recovered(episode)
         log.warning("intake.liveness", transition=str(transition))
         await self._db(self._record_notice, notice)
         await self._flush_audit()

@@ -21,8 +21,8 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, db, outbox
-from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
+from ntfy_intake import audit, backoff, db, notices, outbox
+from ntfy_intake.owner_queue import OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
 
@@ -182,13 +182,7 @@ class Relay:
                 if settled:
                     records = self.owner_queue.notice(
                         self.conn,
-                        Notice(
-                            "dead_row",
-                            f"Triage request {key} could not be delivered ({outcome.detail}) "
-                            f"after {claim.attempt} attempt(s). `ntfy-intake redrive {key}` "
-                            "retries it.",
-                            key=f"dead_row:{key}:{claim.attempt}",
-                        ),
+                        notices.dead_row(key, outcome.detail, claim.attempt),
                         now,
                     )
             if settled:

@@ -1,0 +1,67 @@
+"""What the daemon tells the owner about its own trouble: the wording and the stable keys.
+
+Pure. Each key names what the notice is about, so a repeat of the same trouble (a restart, a
+retry) reuses the key and the owner outbox sends it once; the per-kind rate limit
+(`cadence.Policy.notice_limit`) bounds the rest. docs/operations.md explains each one.
+"""
+
+from __future__ import annotations
+
+from ntfy_intake.owner_queue import Notice
+
+
+def fallback_400(cursor_value: str, since: str, detail: str) -> Notice:
+    return Notice(
+        "fallback_400",
+        f"ntfy rejected the saved cursor since={since!r} ({detail}); replaying everything the "
+        "server still holds. Nothing is lost; duplicates are absorbed.",
+        key=f"fallback_400:{cursor_value}",
+    )
+
+
+def gap(cursor_value: str, window_start: str, window_end: str) -> Notice:
+    return Notice(
+        "gap",
+        f"Possible alert loss: ntfy no longer holds the last recorded message ({cursor_value}). "
+        f"Anything published between {window_start} and {window_end} that is not in the audit "
+        "log may be gone for good.",
+        key=f"gap:{cursor_value}",
+        fields={"window_start": window_start, "window_end": window_end, "cursor": cursor_value},
+    )
+
+
+def latch(detail: str, boot_id: str) -> Notice:
+    """One per process: the latch trips once and stays until a restart."""
+    return Notice(
+        "latch",
+        f"The audit log cannot be written ({detail}). Intake keeps recording, but the cursor is "
+        "frozen until a restart; free the disk or fix permissions, then restart.",
+        key=f"latch:{boot_id}",
+    )
+
+
+def intake_dead(dead_after: float, last_error: str | None, episode: str) -> Notice:
+    return Notice(
+        "intake_dead",
+        f"No frame from ntfy for over {dead_after:g}s (last error: {last_error or 'none'}). "
+        "Alerts published now are held by ntfy's cache and will be recorded when the "
+        "connection returns.",
+        key=f"intake_dead:{episode}",
+    )
+
+
+def intake_recovered(episode: str) -> Notice:
+    return Notice(
+        "intake_recovered",
+        "ntfy is reachable again; intake is live and replaying what it missed.",
+        key=f"intake_recovered:{episode}",
+    )
+
+
+def dead_row(delivery_key: str, detail: str, attempts: int) -> Notice:
+    return Notice(
+        "dead_row",
+        f"Triage request {delivery_key} could not be delivered ({detail}) after {attempts} "
+        f"attempt(s). `ntfy-intake redrive {delivery_key}` retries it.",
+        key=f"dead_row:{delivery_key}:{attempts}",
+    )
