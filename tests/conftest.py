@@ -1,11 +1,13 @@
-"""Shared fixtures: an empty environment, a migrated store, message factories."""
+"""Shared fixtures: an empty environment, a migrated store, message factories, child processes."""
 
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,8 @@ from ntfy_intake import cadence, db
 from ntfy_intake.daemon import migrations
 from ntfy_intake.frames import Message, decode_line
 from ntfy_intake.owner_queue import OwnerQueue
+
+from .harness import Child
 
 TOPICS = frozenset({"alerts", "backups"})
 
@@ -61,3 +65,25 @@ def owner_queue(**policy: object) -> OwnerQueue:
     settings = {"debounce": 0.0, **policy}
     chosen = cadence.Policy(**settings)  # type: ignore[arg-type]
     return OwnerQueue(chosen, cadence.CadenceState.empty(chosen))
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
+    children: list[Child] = []
+
+    def start(code: str, *args: object) -> Child:
+        stderr_path = tmp_path / f"child-{len(children)}.stderr"
+        with stderr_path.open("w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", code, *map(str, args)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        children.append(Child(proc, stderr_path))
+        return children[-1]
+
+    yield start
+    for child in children:  # killed by pid, whatever the test did
+        child.kill()

@@ -12,8 +12,6 @@ import json
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -437,28 +435,6 @@ event = bell.wait(120)
 print(json.dumps(None if event is None else {"seq": event.seq}), flush=True)
 sys.stdin.readline()  # "handling": blocks until the test kills this process
 """
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
-    children: list[Child] = []
-
-    def start(code: str, *args: object) -> Child:
-        stderr_path = tmp_path / f"child-{len(children)}.stderr"
-        with stderr_path.open("w") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, *map(str, args)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-        children.append(Child(proc, stderr_path))
-        return children[-1]
-
-    yield start
-    for child in children:
-        child.kill()
 
 
 @pytest.mark.slow

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,28 +22,6 @@ from ..harness import Child
 pytestmark = pytest.mark.slow
 
 WAIT = 60.0
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
-    children: list[Child] = []
-
-    def start(code: str, *args: object) -> Child:
-        stderr_path = tmp_path / f"child-{len(children)}.stderr"
-        with stderr_path.open("w") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code, *map(str, args)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-        children.append(Child(proc, stderr_path))
-        return children[-1]
-
-    yield start
-    for child in children:
-        child.kill()
 
 
 @pytest.fixture
