@@ -8,8 +8,8 @@ Merging is order-independent: severity is the maximum seen while firing, and the
 the event with the greatest (time, id), so two events applied in either order give one state.
 The price: ntfy's `time` has one-second resolution and ids are random, so between a "firing"
 and a "resolved" published within the same second, which one wins is arbitrary (but the same on
-every replay). Publishers that flip status faster than once a second should put the order in
-the envelope's incident key or wait a second.
+every replay). Publishers that flip status faster than once a second should leave a second
+between the two events.
 """
 
 from __future__ import annotations
