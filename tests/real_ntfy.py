@@ -38,7 +38,7 @@ def binary() -> str | None:
     if found is None:
         return None
     # PyPI's `ntfy` is an unrelated notifier with the same command name: check it is the server.
-    probe = subprocess.run(  # noqa: S603
+    probe = subprocess.run(
         [found, "serve", "--help"], capture_output=True, text=True, timeout=10, check=False
     )
     return found if "listen-http" in probe.stdout + probe.stderr else None
@@ -128,7 +128,7 @@ class RealNtfy:
     def start(self, timeout: float = 20.0) -> RealNtfy:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 [self.binary, "serve", "--config", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -175,7 +175,7 @@ class RealNtfy:
 
     # -- ntfy's own admin commands --------------------------------------------------------------
     def _admin(self, *args: str, env: Mapping[str, str] | None = None) -> str:
-        done = subprocess.run(  # noqa: S603
+        done = subprocess.run(
             [self.binary, *args[:1], "--config", str(self.config), *args[1:]],
             capture_output=True,
             text=True,
