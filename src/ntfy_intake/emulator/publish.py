@@ -228,7 +228,7 @@ def parse_json_publish(body: bytes, size_limit: int) -> tuple[str, dict[str, str
         headers["X-Markdown"] = "yes"
     if fields.get("actions"):
         try:
-            actions = actions_from_json_values(fields["actions"])
+            actions = actions_from_json_values(_plain(fields["actions"]))
         except TypeError:
             raise wire.JSON_INVALID from None
         headers["X-Actions"] = wire.go_json(actions)
@@ -262,6 +262,15 @@ def _decode_json_object(body: bytes) -> dict[str, Any]:
 
 class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its key/value pairs in order (so later duplicates win, as in Go)."""
+
+
+def _plain(value: Any) -> Any:
+    """Decoded JSON with every object as a dict (later duplicate keys win)."""
+    if isinstance(value, _Pairs):
+        return {key: _plain(item) for key, item in value}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _check_json_type(name: str, item: object) -> None:
