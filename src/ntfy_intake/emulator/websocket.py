@@ -4,7 +4,8 @@ Invariants owned here (ntfy-spec.md sections 1.6 and 4.1, checked against a real
 - every event is one text frame, its JSON plus a newline (gorilla's WriteJSON), `open` first, then
   the replay, then live messages; no keepalive events: the server sends ping frames every
   `keepalive_interval` (uvicorn's websockets protocol, configured by the runner);
-- `poll=1` sends the replay and closes; frames the client sends are read and ignored;
+- `poll=1` sends the replay and closes the connection (no close frame, as ntfy); frames the
+  client sends are read and ignored;
 - errors before the upgrade are a bare status (see app.WebSocketExchange).
 """
 
@@ -36,14 +37,16 @@ class WebSocketSession(StreamSession):
         await self._exchange.send({"type": "websocket.send", "text": text})
 
     async def _finish(self) -> None:
+        """ntfy ends a WebSocket (a poll's replay written, or a cancelled subscription) by
+        closing the connection, without a close frame."""
         await self._start()
+        transport = getattr(getattr(self._exchange.send, "__self__", None), "transport", None)
+        if isinstance(transport, asyncio.BaseTransport):
+            transport.close()  # flushes what is buffered first
+            return
         await self._exchange.send({"type": "websocket.close", "code": 1000})
 
     async def _abort(self, watcher: asyncio.Task[None]) -> None:
-        transport = getattr(getattr(self._exchange.send, "__self__", None), "transport", None)
-        if isinstance(transport, asyncio.BaseTransport):
-            transport.close()
-            return
         await self._finish()
 
     async def _watch_disconnect(self) -> None:
