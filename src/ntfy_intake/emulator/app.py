@@ -206,17 +206,11 @@ class EmulatorApp:
             await self._publish(ex, target, ex.params, await ex.body())
         elif subscribe is not None:
             await self._subscribe(ex, subscribe.group(1), subscribe.group(2), readable)
-        elif (
-            sequences
-            and ex.method in ("PUT", "POST")
-            and (match := SEQUENCE_PATH.fullmatch(ex.path))
-        ):
+        elif sequences and ex.method in ("PUT", "POST") and (match := _sequence(ex.path)):
             await self._publish(ex, match.group(1), ex.params, await ex.body(), match.group(2))
-        elif sequences and ex.method == "DELETE" and (match := SEQUENCE_PATH.fullmatch(ex.path)):
+        elif sequences and ex.method == "DELETE" and (match := _sequence(ex.path)):
             await self._sequence_event(ex, match.group(1), match.group(2), wire.MESSAGE_DELETE)
-        elif (
-            sequences and ex.method == "PUT" and (match := SEQUENCE_ACTION_PATH.fullmatch(ex.path))
-        ):
+        elif sequences and ex.method == "PUT" and (match := _sequence(ex.path, action=True)):
             await self._sequence_event(ex, match.group(1), match.group(2), wire.MESSAGE_CLEAR)
         else:
             raise wire.NOT_FOUND
@@ -331,6 +325,15 @@ def _publish_topic(method: str, path: str) -> str | None:
     if method == "GET" and (match := PUBLISH_PATH.fullmatch(path)):
         return match.group(1)
     return None
+
+
+def _sequence(path: str, *, action: bool = False) -> re.Match[str] | None:
+    """`/<topic>/<sequence_id>` (or `.../clear|read`) on a topic that may be published to
+    (`/v1/...` stays a 404)."""
+    match = (SEQUENCE_ACTION_PATH if action else SEQUENCE_PATH).fullmatch(path)
+    if match is None or match.group(1) in publish.DISALLOWED_TOPICS:
+        return None
+    return match
 
 
 def _check_topics(topics: list[str]) -> None:

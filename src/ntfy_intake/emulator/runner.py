@@ -141,6 +141,12 @@ class NtfyEmulator:
         """Run ntfy's pruning now; returns the ids deleted."""
         return self._hub.prune()
 
+    def manage(self) -> list[str]:
+        """One run of ntfy's manager now: prune, then sample the counter /v1/stats reads."""
+        pruned = self._hub.prune()
+        self._hub.sample_stats()
+        return pruned
+
     def subscriber_count(self, topic: str | None = None) -> int:
         return self._hub.subscriber_count(topic)
 
