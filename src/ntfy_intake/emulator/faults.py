@@ -190,7 +190,9 @@ class Faults:
                 "swap_next_live": self._swap_delay,
                 "holding": None if self._held is None else self._held[0].id,
                 "duplicate_at_subscribe": self._duplicate,
-                "lag_cache_writes": self._cache_lag,
+                "lag_cache_writes": (
+                    "until_released" if self._cache_lag == math.inf else self._cache_lag
+                ),
                 "pending_cache_writes": len(self._pending_writes),
                 "replay_after_live": self._replay_after_live,
                 "shuffle_same_second": self._shuffle is not None,
