@@ -83,10 +83,11 @@ class Exchange:
         content_type: str = "application/json",
         headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
+        content = [(b"content-type", content_type.encode())] if content_type else []
         await self.start(
             status,
             [
-                (b"content-type", content_type.encode()),
+                *content,
                 (b"access-control-allow-origin", b"*"),
                 (b"content-length", str(len(body)).encode()),
                 *headers,
@@ -191,7 +192,7 @@ class EmulatorApp:
             await ex.respond(
                 200,
                 b"",
-                "text/plain; charset=utf-8",
+                "",  # ntfy sends no Content-Type here
                 (
                     (b"access-control-allow-methods", b"GET, PUT, POST, PATCH, DELETE"),
                     (b"access-control-allow-headers", b"*"),
