@@ -45,7 +45,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ntfy_intake import _serve, metrics
+from ntfy_intake import _serve, jsonsafe, metrics
 from ntfy_intake.doorbell import Doorbell, WakeEvent
 from ntfy_intake.errors import FeedError, StoreError
 from ntfy_intake.feed import DEFAULT_CHANNEL, MAX_PAGE, Entry, FeedStore, JoinAt, check_name
@@ -195,16 +195,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
 async def _json_object(request: Request, limit: int) -> dict[str, Any]:
     raw = await _read_body(request, limit)
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _Reject(400, "bad_json", "the body is not valid JSON") from None
+        # strict: a lone surrogate is refused (400) rather than stored as something the client
+        # did not send; deep nesting, NaN and out-of-range numbers are 400s too, never 500s.
+        body = jsonsafe.loads(raw, strict=True)
+    except jsonsafe.BadJson as exc:
+        raise _Reject(400, "bad_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise _Reject(400, "bad_json", "the body must be a JSON object")
     return body
