@@ -148,6 +148,7 @@ def test_slow_connection_flood_latches_nothing_loses_nothing_and_healthz_recover
             wait_until(lambda: _healthz(http, port) == 200, timeout=60)
             emu.wait_for_subscribers(1)
             peak_fds = 0
+            probes: list[int | None] = []  # /healthz during the flood: 200, 503 (busy) or None
             with Trickle(port, CONNECTIONS) as flood:
                 deadline = time.monotonic() + FLOOD_SECONDS
                 n = 0
@@ -156,6 +157,7 @@ def test_slow_connection_flood_latches_nothing_loses_nothing_and_healthz_recover
                     published.append(str(event["id"]))
                     n += 1
                     peak_fds = max(peak_fds, _open_fds(proc.pid))
+                    probes.append(_healthz(http, port, timeout=1.0))
                     time.sleep(0.5)
                 reconnects = flood.reconnects
             closed_at = time.monotonic()
@@ -173,7 +175,9 @@ def test_slow_connection_flood_latches_nothing_loses_nothing_and_healthz_recover
     print(
         f"\nflood: {CONNECTIONS} trickling connections for {FLOOD_SECONDS:g}s, soft nofile "
         f"{SOFT_NOFILE}: peak daemon fds {peak_fds}, {reconnects} reconnects after deadline "
-        f"aborts, {len(published)} alerts published and recorded, /healthz {status} "
+        f"aborts, {len(published)} alerts published and recorded, /healthz during the flood "
+        f"{probes.count(200)}x 200, {probes.count(503)}x 503, {probes.count(None)}x no answer "
+        f"within 1 s; /healthz {status} "
         f"{healthz_after * 1000:.0f} ms after the flood closed, daemon log {len(log_text)} bytes"
     )
     assert status == 200
