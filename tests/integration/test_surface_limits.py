@@ -9,6 +9,7 @@ answering. Set NTFY_INTAKE_TEST_FLOOD_CONNECTIONS / _SECONDS to run the full-siz
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -20,11 +21,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from ntfy_intake import receiver
+from ntfy_intake import http_api, http_limits, receiver
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import audit_records, env_for, notices, query, wait_until
@@ -199,3 +201,131 @@ def _recorded(state: Path) -> set[str]:
     with contextlib.suppress(Exception):
         return {str(r["event_id"]) for r in audit_records(state) if r["kind"] == "event"}
     return set()
+
+
+# -- the bounds one by one, on a small scale, in one event loop ----------------------------------
+
+
+def _app(tmp_path: Path, max_long_polls: int = 64) -> Any:
+    return http_api.create_app(
+        db_path=tmp_path / "intake.sqlite3",
+        token="tok",
+        notify=None,
+        health=lambda: (True, {}),
+        metrics_snapshot=dict,
+        max_long_polls=max_long_polls,
+    )
+
+
+async def _serving(app: Any, limits: http_limits.Limits, scenario: Any) -> None:
+    stop = asyncio.Event()
+    bound: list[int] = []
+    server = asyncio.create_task(
+        http_api.serve(app, "127.0.0.1", 0, stop, bound.append, limits=limits)
+    )
+    try:
+        while not bound:
+            assert not server.done()
+            await asyncio.sleep(0.01)
+        await scenario(bound[0])
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 30)
+
+
+async def _request(port: int, raw: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    try:
+        return await asyncio.wait_for(reader.read(), 20)
+    finally:
+        writer.close()
+
+
+def test_connections_past_the_cap_get_a_503_and_are_closed(tmp_path: Path) -> None:
+    async def scenario(port: int) -> None:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await asyncio.sleep(0.2)  # both accepted and counted
+        answer = await _request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503") and b'"error":"busy"' in answer
+        for _, writer in held:
+            writer.close()
+        await asyncio.sleep(0.2)
+        answer = await _request(
+            port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 200")
+
+    limits = http_limits.Limits(max_connections=2, busy_headroom=2)
+    asyncio.run(_serving(_app(tmp_path), limits, scenario))
+
+
+def test_headers_trickled_a_byte_at_a_time_cannot_outlast_the_header_timeout(
+    tmp_path: Path,
+) -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        closed_after = None
+        for byte in REQUEST:  # one byte every 0.1 s: each byte would reset a keep-alive timer
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except ConnectionError:
+                closed_after = time.monotonic() - started
+                break
+            if reader.at_eof():
+                closed_after = time.monotonic() - started
+                break
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(reader.read(1), 0.1) == b"":
+                    closed_after = time.monotonic() - started
+                    break
+        writer.close()
+        assert closed_after is not None, "the trickled request was never cut off"
+        assert closed_after < 10.0  # the header timeout is 1 s; the trickle would take 400 s
+
+    limits = http_limits.Limits(header_timeout=1.0, read_timeout=2.0)
+    asyncio.run(_serving(_app(tmp_path), limits, scenario))
+
+
+def test_a_kept_alive_connection_is_bounded_again_after_each_response(tmp_path: Path) -> None:
+    async def scenario(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        # Then nothing but a byte now and then: the connection is cut, not kept forever.
+        for _ in range(40):
+            writer.write(b"G")
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reader.read(), 0.25)
+            if reader.at_eof():
+                break
+        assert reader.at_eof()
+        writer.close()
+
+    limits = http_limits.Limits(header_timeout=1.0, read_timeout=2.0)
+    asyncio.run(_serving(_app(tmp_path), limits, scenario))
+
+
+def test_long_polls_past_the_cap_get_a_503(tmp_path: Path) -> None:
+    wait = b"GET /v1/feed/agent/wait?timeout=5 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
+
+    async def scenario(port: int) -> None:
+        first = await asyncio.open_connection("127.0.0.1", port)
+        first[1].write(wait)
+        await asyncio.sleep(0.5)  # the first wait is open
+        answer = await _request(port, wait.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        assert answer.startswith(b"HTTP/1.1 503") and b"busy" in answer
+        first[1].close()
+
+    asyncio.run(_serving(_app(tmp_path, max_long_polls=1), http_limits.Limits(), scenario))
+
+
+def test_caps_shrink_to_keep_the_descriptor_reserve() -> None:
+    limits = http_limits.Limits()
+    assert http_limits.fit_to_descriptors(limits, 1024, 40) == limits
+    small = http_limits.fit_to_descriptors(limits, 256, 40)
+    assert 40 + small.hard_cap + http_limits.FD_RESERVE <= 256
+    assert small.max_connections >= 1 and small.max_long_polls >= 1
