@@ -143,6 +143,12 @@ class Relay:
         self.lease = timeout * 2 + 5.0
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.signing_key is None:
+            log.warning(
+                "relay.unsigned",
+                detail="relay.secret is not set: deliveries are unsigned, so a receiver cannot "
+                "tell them from forgeries (docs/triage-contract.md, section 5)",
+            )
         await self.run_db(outbox.release_leases, self.conn)
         while not stop.is_set():
             delivered_any = await self.run_once()
