@@ -17,9 +17,10 @@ The choice, an accept guard plus a protocol wrapper around uvicorn's own h11 pro
 - **Protocol wrapper** (`GuardedH11Protocol`): between `max_connections` and `hard_cap` a new
   connection gets an immediate 503 JSON answer and is closed (a client learns why). Every
   connection must deliver its request headers within `header_timeout` of connecting (or of its
-  previous response), and its whole body within `read_timeout`, counted from wall time, not from
-  the last byte: a trickle cannot stretch either. A connection past a deadline is aborted, which
-  frees its descriptor at once even when the client reads nothing.
+  previous response), its whole body within `read_timeout`, and take its whole answer within
+  `response_timeout`, all counted from wall time, not from the last byte: a trickle cannot
+  stretch any of them. A connection past a deadline is aborted, which frees its descriptor at
+  once even when the client reads nothing.
 - **Descriptor reserve** (`fit_to_descriptors`): the caps shrink to leave `FD_RESERVE` descriptors
   for intake, the database, the audit log and the relay, whatever the soft RLIMIT_NOFILE is.
   (The systemd unit raises LimitNOFILE; its `SystemCallFilter=~@resources` forbids setrlimit here.)
@@ -63,6 +64,9 @@ class Limits:
     max_long_polls: int = 64  # open `/wait` requests (enforced by http_api)
     header_timeout: float = 10.0  # connect (or previous response) -> request headers complete
     read_timeout: float = 30.0  # connect (or previous response) -> request body complete
+    # request start -> response fully written: the longest long poll (300 s) plus a margin, so a
+    # client that never reads its answer cannot hold a connection slot for ever either
+    response_timeout: float = 330.0
     backlog: int = 128
 
     @property
@@ -135,12 +139,14 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline = None
         cycle = self.cycle
         waiting_for_headers = cycle is None or cycle.response_complete
-        if not waiting_for_headers and not cycle.more_body:
-            return  # the request is complete: the handler has it (a long poll may wait)
         elapsed = self.loop.time() - self._started
-        if not waiting_for_headers and elapsed < self.limits.read_timeout:
-            self._schedule(self.limits.read_timeout - elapsed)
-            return
+        if not waiting_for_headers:
+            # Headers arrived: the body must follow by read_timeout, the answer be taken by
+            # response_timeout (a long poll waits in between; a client may never read).
+            limit = self.limits.read_timeout if cycle.more_body else self.limits.response_timeout
+            if elapsed < limit:
+                self._schedule(limit - elapsed)
+                return
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()  # not close(): a client that reads nothing must not hold the fd
 

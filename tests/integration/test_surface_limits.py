@@ -329,3 +329,21 @@ def test_caps_shrink_to_keep_the_descriptor_reserve() -> None:
     small = http_limits.fit_to_descriptors(limits, 256, 40)
     assert 40 + small.hard_cap + http_limits.FD_RESERVE <= 256
     assert small.max_connections >= 1 and small.max_long_polls >= 1
+
+
+def test_a_client_that_never_takes_its_answer_is_cut_off_at_the_response_timeout(
+    tmp_path: Path,
+) -> None:
+    wait = b"GET /v1/feed/agent/wait?timeout=60 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
+
+    async def scenario(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(wait)
+        started = time.monotonic()
+        with contextlib.suppress(ConnectionResetError):  # aborted: EOF or a reset, no answer
+            assert await asyncio.wait_for(reader.read(), 30) == b""
+        assert time.monotonic() - started < 30.0  # the wait itself would have run 60 s
+        writer.close()
+
+    limits = http_limits.Limits(header_timeout=0.5, read_timeout=1.0, response_timeout=2.0)
+    asyncio.run(_serving(_app(tmp_path), limits, scenario))
