@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="TOML config file (env: NTFY_INTAKE_CONFIG); every key also has an env twin",
         )
+        p.add_argument(
+            "--allow-insecure-permissions",
+            action="store_true",
+            help="accept a config or secret file that group or others can read (not advised)",
+        )
 
     p = add("run", _cmd_run, "run the daemon in the foreground")
     config_arg(p)
@@ -122,9 +127,31 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     p = add("receiver", _cmd_receiver, "run the reference triage receiver")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen address (loopback by default; see docs/triage-contract.md before exposing it)",
+    )
     p.add_argument("--port", type=int, default=8790)
     p.add_argument("--db", type=Path, default=Path("receiver.sqlite3"), help="receipt store")
+    p.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="Standard Webhooks secret (whsec_...) to verify deliveries with "
+        "(env: NTFY_INTAKE_RELAY_SECRET or NTFY_INTAKE_RELAY_SECRET_FILE)",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="require this bearer token (env: NTFY_INTAKE_RELAY_TOKEN or _FILE)",
+    )
+    p.add_argument(
+        "--allow-insecure-permissions",
+        action="store_true",
+        help="accept a secret file that group or others can read (not advised)",
+    )
 
     p = add("drill", _cmd_drill, "kill -9 verification: crash the daemon, check every id, verdict")
     from ntfy_intake.drill_args import add_arguments  # noqa: PLC0415
@@ -139,7 +166,11 @@ def _parser() -> argparse.ArgumentParser:
 def _load_settings(args: argparse.Namespace) -> Settings:
     from ntfy_intake import settings  # noqa: PLC0415 - imports stay lazy so `--help` is fast
 
-    return settings.load(args.config, os.environ)
+    return settings.load(
+        args.config,
+        os.environ,
+        allow_insecure_permissions=getattr(args, "allow_insecure_permissions", False),
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -277,9 +308,20 @@ def _cmd_emulator(args: argparse.Namespace) -> int:
 
 
 def _cmd_receiver(args: argparse.Namespace) -> int:
-    from ntfy_intake import receiver  # noqa: PLC0415
+    from ntfy_intake import receiver, settings, signing  # noqa: PLC0415
 
-    receiver.serve(args.host, args.port, args.db)
+    allow = args.allow_insecure_permissions
+    secret = settings.secret_from(
+        "--secret-file", args.secret_file, "NTFY_INTAKE_RELAY_SECRET", os.environ, allow=allow
+    )
+    token = settings.secret_from(
+        "--token-file", args.token_file, "NTFY_INTAKE_RELAY_TOKEN", os.environ, allow=allow
+    )
+    try:
+        key = None if secret is None else signing.parse_secret(secret)
+    except signing.SecretError as exc:
+        raise ConfigError("relay.secret", f"not a Standard Webhooks secret: {exc}") from None
+    receiver.serve(args.host, args.port, args.db, secret=key, token=token)
     return 0
 
 
