@@ -138,9 +138,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: early_stop.set())
     from ntfy_intake import logs  # noqa: PLC0415
     from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
+    from ntfy_intake.preflight import check_state_dir  # noqa: PLC0415
     from ntfy_intake.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
 
     settings = _load_settings(args)
+    check_state_dir(settings.state.dir)
     logs.configure()
     daemon = Daemon(
         settings,
