@@ -38,6 +38,7 @@ from ntfy_intake import (
     audit,
     cadence,
     db,
+    diagnose,
     feed,
     http_api,
     inbox,
@@ -260,6 +261,15 @@ class Daemon:
         self.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         intake_stop = asyncio.Event()
+        log.info(
+            "intake.subscribing",
+            detail=diagnose.subscription(
+                self.settings.ntfy.url,
+                self.settings.ntfy.topics,
+                token=self.settings.ntfy.token is not None,
+                since=self._cursor.since if self._cursor is not None else "first start",
+            ),
+        )
         async with httpx.AsyncClient(transport=self.transport) as client:
             reader = intake.Intake(
                 intake.IntakeConfig(
