@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
             "--config",
             type=Path,
             default=None,
-            help="TOML config file (env: NTFY_INTAKE_CONFIG); every key also has an env twin",
+            help="TOML config file (env: NTFY_INTAKE_CONFIG; default: /etc/ntfy-intake/config.toml "
+            "when it exists); every key also has an env twin NTFY_INTAKE_<SECTION>_<KEY>",
         )
 
     p = add("run", _cmd_run, "run the daemon in the foreground")
@@ -124,10 +125,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_settings(args: argparse.Namespace) -> Settings:
+def _load_settings(args: argparse.Namespace, *, need_ntfy: bool = True) -> Settings:
+    """`--config`, else $NTFY_INTAKE_CONFIG, else /etc/ntfy-intake/config.toml if it exists.
+
+    Read-only commands (status, check, redrive, feed) pass need_ntfy=False: they only open the
+    state directory, so a missing ntfy.url is no reason to refuse them."""
     from ntfy_intake import settings  # noqa: PLC0415 - imports stay lazy so `--help` is fast
 
-    return settings.load(args.config, os.environ)
+    path = settings.config_path(args.config, os.environ)
+    return settings.load(path, os.environ, need_ntfy=need_ntfy)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -167,11 +173,18 @@ async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
 def _open_readonly(args: argparse.Namespace) -> tuple[sqlite3.Connection | None, Settings]:
     from ntfy_intake import db  # noqa: PLC0415
 
-    settings = _load_settings(args)
+    settings = _load_settings(args, need_ntfy=False)
     path = settings.state.database
     if not path.exists():
         return None, settings
     return db.connect(path, readonly=True), settings
+
+
+def _no_state(settings: Settings) -> str:
+    return (
+        f"no state yet at {settings.state.database}: has the daemon run with this state.dir? "
+        "(give the daemon's config with --config, or set NTFY_INTAKE_STATE_DIR)"
+    )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -179,7 +192,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     conn, settings = _open_readonly(args)
     if conn is None:
-        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        print(_no_state(settings), file=sys.stderr)
         return 1
     report = status.collect(conn, settings, time.time())
     if args.json:
@@ -194,7 +207,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     conn, settings = _open_readonly(args)
     if conn is None:
-        print("unhealthy: no state yet", file=sys.stderr)
+        print(f"unhealthy: {_no_state(settings)}", file=sys.stderr)
         return 1
     ok, why = status.healthy(status.collect(conn, settings, time.time()))
     print(("healthy: " if ok else "unhealthy: ") + why)
@@ -204,9 +217,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_redrive(args: argparse.Namespace) -> int:
     from ntfy_intake import db, outbox  # noqa: PLC0415
 
-    settings = _load_settings(args)
+    settings = _load_settings(args, need_ntfy=False)
     if not settings.state.database.exists():
-        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        print(_no_state(settings), file=sys.stderr)
         return 1
     conn = db.connect(settings.state.database)
     try:
@@ -226,7 +239,7 @@ def _cmd_feed(args: argparse.Namespace) -> int:
     if args.state_dir is not None:
         db_path = args.state_dir / "intake.sqlite3"
     else:
-        db_path = _load_settings(args).state.database
+        db_path = _load_settings(args, need_ntfy=False).state.database
     if args.feed_command == "catch-up":
         return feed_cli.catch_up(db_path, args.handle, channel=args.channel, at=args.at)
     if args.feed_command == "ack":

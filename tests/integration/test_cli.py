@@ -119,3 +119,56 @@ def test_feed_commands_round_trip_a_recorded_alert(tmp_path: Path) -> None:
         "feed", "wait", "--state-dir", str(tmp_path), "--handle", "triage", "--timeout", "0.2"
     )
     assert (timed_out.returncode, timed_out.stdout.strip()) == (1, "null")
+
+
+def test_read_only_commands_work_without_ntfy_url(tmp_path: Path) -> None:
+    with (
+        NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
+        DaemonThread(settings_for(emu.url, tmp_path)),
+    ):
+        emu.wait_for_subscribers(1)
+    only_state = {"NTFY_INTAKE_STATE_DIR": str(tmp_path)}
+    status = cli("status", "--json", env=only_state)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["inbox"]["events"] == 0
+    assert cli("check", env=only_state).returncode == 1  # the daemon stopped: not running
+    assert "config error" not in cli("check", env=only_state).stderr
+    redrive = cli("redrive", "--all", env=only_state)
+    assert redrive.returncode == 0 and "redriven 0" in redrive.stdout
+    caught_up = cli("feed", "catch-up", "--handle", "triage", env=only_state)
+    assert caught_up.returncode == 0 and json.loads(caught_up.stdout) == []
+
+
+def test_missing_config_says_where_config_is_looked_for(tmp_path: Path) -> None:
+    result = cli("run", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("config error: ntfy.url: required, and so is ntfy.topics")
+    assert "--config" in line and "/etc/ntfy-intake/config.toml" in line
+
+
+def test_status_without_state_names_the_path_and_the_config_options(tmp_path: Path) -> None:
+    result = cli("status", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path / "none")})
+    assert result.returncode == 1
+    assert str(tmp_path / "none" / "intake.sqlite3") in result.stderr
+    assert "--config" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_several_config_errors_are_all_reported_one_line_each(tmp_path: Path) -> None:
+    result = cli(
+        "run",
+        env={
+            "NTFY_INTAKE_NTFY_URL": "ftp://x",
+            "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+            "NTFY_INTAKE_CADENCE_DAILY_CAP": "-1",
+            "NTFY_INTAKE_HTTP_LISTEN": "nowhere",
+            "NTFY_INTAKE_STATE_DIR": str(tmp_path),
+        },
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(":")[1].split(" ")[1] for line in lines] == [
+        "ntfy.url",
+        "cadence.daily_cap",
+        "http.listen",
+    ]
