@@ -1,6 +1,6 @@
 """The daemon: local recovery, then intake -> inbox transaction -> audit -> cursor, until stopped.
 
-Reading order of one event (DESIGN.md section 2):
+Reading order of one event (docs/design.md section 2):
   Intake reads a frame and queues it                      (intake.py, no database)
   the writer takes a batch, records it in ONE transaction  (inbox.record_batch)
   appends the batch's audit records, flush + fsync         (audit.flush)

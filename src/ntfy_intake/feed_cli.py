@@ -1,4 +1,4 @@
-"""The core of ``ntfy-intake feed catch-up|ack|wait --handle H`` (DESIGN.md section 7).
+"""The core of ``ntfy-intake feed catch-up|ack|wait --handle H`` (docs/design.md section 7).
 
 Each function opens the feed on the daemon's database file (it works whether or not the daemon
 runs), prints JSON on stdout and returns the exit code; cli.py only parses arguments.

@@ -6,7 +6,7 @@ CLI asks it about the snapshot stored in the database. Same input, same words ev
 
 States, worst first (the overall state is the worst that applies):
 
-- `latched`: an audit write failed; the cursor is frozen until a restart (DESIGN section 4).
+- `latched`: an audit write failed; the cursor is frozen until a restart (docs/design.md section 4).
 - `dead`: no frame from ntfy for longer than `dead_after`, or the daemon is not running.
 - `reconnecting`: the subscription is down or silent, not yet for `dead_after`. A connection
   that failed since the last frame counts as down at once, even while that frame is younger than

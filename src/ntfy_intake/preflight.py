@@ -1,7 +1,7 @@
 """Start-up checks of the environment that no retry can fix: exit 2 with one line, not a traceback.
 
 A state directory that is missing and cannot be created, is not a directory, or is not writable
-by this user is a permanent cause (DESIGN section 2): systemd's `RestartPreventExitStatus=2`
+by this user is a permanent cause (docs/design.md section 2): systemd's `RestartPreventExitStatus=2`
 then stops a restart loop that cannot help. The line names the path, the user and what to do.
 """
 
