@@ -380,3 +380,22 @@ def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cu
         assert set(statuses) == {401}
     assert query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)]
     assert notices(tmp_path, "fallback_400") == []
+
+
+def test_systemd_status_line_says_the_health_state_once_and_does_not_repeat_itself(
+    emu: NtfyEmulator, tmp_path: Path, notify_socket: NotifySocket
+) -> None:
+    config = settings_for(emu.url, tmp_path / "state")
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    with DaemonThread(config, notifier=notifier, watchdog_interval=0.2):
+        emu.wait_for_subscribers(1)
+        wait_until(
+            lambda: any(m.startswith("STATUS=live;") for m in notify_socket.drain()),
+            timeout=30,
+            what="a live STATUS line",
+        )
+    line = next(m for m in notify_socket.messages if m.startswith("STATUS=live;"))
+    assert re.fullmatch(
+        r"STATUS=live; last frame \d+\.\d s ago; \d+ recorded this run; cursor \S+", line
+    ), line
+    assert line.count("live") == 1
