@@ -99,7 +99,7 @@ def assess(
     if latched:
         reasons.append("audit latch is set: restart advised")
     if running and intake is not State.LIVE:
-        reasons.append(f"intake {intake}: " + _silence(frame_age, snapshot, now))
+        reasons.append(_intake_reason(intake, snapshot, frame_age, error_current, now, limits))
         if error_current and error is not None:
             reasons.append(f"last error {error} ({ago(error_age)})")
     degraded = _degradations(snapshot) if running else []
@@ -154,6 +154,22 @@ def _degradations(snapshot: Mapping[str, Any]) -> list[str]:
     if isinstance(extra, list):
         found.extend(str(item) for item in extra if item)
     return found
+
+
+def _intake_reason(
+    intake: State,
+    snapshot: Mapping[str, Any],
+    frame_age: float | None,
+    error_current: bool,
+    now: float,
+    limits: Limits,
+) -> str:
+    down = error_current or snapshot.get("state") != "live"
+    subject = "ntfy subscription down" if down else "ntfy stream silent"
+    text = f"{subject}: {_silence(frame_age, snapshot, now)}"
+    if intake is State.DEAD:
+        text += f" (longer than ntfy.dead_after, {limits.dead_after:g} s)"
+    return text
 
 
 def _silence(frame_age: float | None, snapshot: Mapping[str, Any], now: float) -> str:

@@ -52,7 +52,9 @@ def test_silent_stream_is_reconnecting_then_dead_after_dead_after() -> None:
     assert health.assess(snap(last_frame_wall=NOW - 200), NOW, LIMITS).state is State.RECONNECTING
     verdict = health.assess(snap(last_frame_wall=NOW - 700), NOW, LIMITS)
     assert verdict.state is State.DEAD and verdict.intake is State.DEAD
-    assert "intake dead: last frame 11.7 min ago" in verdict.reasons
+    assert verdict.reasons == (
+        "ntfy stream silent: last frame 11.7 min ago (longer than ntfy.dead_after, 600 s)",
+    )
 
 
 def test_never_a_frame_reads_never_not_none() -> None:

@@ -60,10 +60,12 @@ def test_first_line_is_the_health_verdict_with_its_reasons(store: sqlite3.Connec
     report = status.collect(store, config(), now)
     lines = status.render(report).splitlines()
     assert lines[0].split() == ["health", "RECONNECTING"]
-    assert lines[1].startswith("  why") and "intake reconnecting: last frame 3.0 s ago" in lines[1]
+    assert (
+        lines[1].startswith("  why") and "ntfy subscription down: last frame 3.0 s ago" in lines[1]
+    )
     assert "ConnectError: [Errno 111] Connection refused (1.0 s ago)" in lines[2]
     ok, line = status.healthy(report)
-    assert not ok and line.startswith("reconnecting: intake reconnecting")
+    assert not ok and line.startswith("reconnecting: ntfy subscription down")
 
 
 def test_check_says_never_when_no_frame_ever_came(store: sqlite3.Connection) -> None:
