@@ -106,6 +106,9 @@ class RealNtfy:
             "cache-duration": cache_duration,
             "keepalive-interval": f"{max(keepalive_interval, KEEPALIVE_MIN)}s",
             "log-level": "info",
+            # The web app is not in the Go module (build-ntfy embeds placeholders); the emulator
+            # models ntfy with `web-root: disable` too, so /, /docs and /static are 404 40401.
+            "web-root": "disable",
         }
         if auth:
             settings["auth-file"] = str(self.auth_file)

@@ -147,6 +147,11 @@ def _parser() -> argparse.ArgumentParser:
         "--cache-duration", default="12h", help="message cache duration (default: %(default)s)"
     )
     p.add_argument(
+        "--no-rate-limits",
+        action="store_true",
+        help="turn off ntfy's request limiter and 30-subscription limit (on by default, as in ntfy)",
+    )
+    p.add_argument(
         "--token",
         action="append",
         default=[],
@@ -363,6 +368,8 @@ def _cmd_emulator(args: argparse.Namespace) -> int:
             keepalive_interval=_duration_arg("--keepalive", args.keepalive),
             cache_duration=_duration_arg("--cache-duration", args.cache_duration),
             tokens=_emulator_tokens(args.token),
+            request_limit=not args.no_rate_limits,
+            subscription_limit=None if args.no_rate_limits else 30,
         )
     except ValueError as exc:
         raise ConfigError("--token", str(exc)) from None

@@ -1,21 +1,17 @@
 """The differential test: one scripted session against the emulator and the real ntfy server; the
 normalized transcripts must be equal. docs/emulator.md's fidelity table comes from this run.
 
-The comparison can fail: with the emulator's `since=<id>` made inclusive (a test-only switch),
-the transcripts differ and the matching conformance item fails too.
+The comparison can fail: with the emulator's `since=<id>` made inclusive (its test-only fault
+`misbehave_inclusive_since_id`), the transcripts differ and the matching conformance item fails.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ntfy_intake.emulator import cache as emulator_cache
-
-from ..servers import Server, start
+from ..servers import start
 from . import test_both_servers as conformance
 from .transcript import Step, record_session
 
@@ -27,20 +23,6 @@ def differences(left: list[Step], right: list[Step]) -> list[str]:
         if a != b:
             out.append(f"{name}:\n  emulator: {a}\n  real:     {b}")
     return out
-
-
-@contextlib.contextmanager
-def inclusive_since_id(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Test-only switch: the emulator treats `since=<id>` as inclusive (one row earlier)."""
-    original = emulator_cache.MessageCache.rowid
-
-    def one_earlier(self: emulator_cache.MessageCache, message_id: str) -> int | None:
-        rowid = original(self, message_id)
-        return None if rowid is None else rowid - 1
-
-    with monkeypatch.context() as patch:
-        patch.setattr(emulator_cache.MessageCache, "rowid", one_earlier)
-        yield
 
 
 @pytest.mark.real_ntfy
@@ -59,16 +41,14 @@ def test_transcript_is_deterministic_on_one_server(tmp_path: Path) -> None:
         assert record_session(one.url) == record_session(two.url)
 
 
-def test_an_inclusive_since_id_in_the_emulator_fails_the_comparison(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_inclusive_since_id_in_the_emulator_fails_the_comparison(tmp_path: Path) -> None:
     with start("emulator", tmp_path / "good") as good:
         reference = record_session(good.url)
-    with inclusive_since_id(monkeypatch), start("emulator", tmp_path / "bad") as bad:
+    with start("emulator", tmp_path / "bad") as bad:
+        assert bad.emulator is not None
+        bad.emulator.faults.misbehave_inclusive_since_id()
         mutated = record_session(bad.url)
         with pytest.raises(AssertionError):
-            conformance.test_item13_14_since_id_is_exclusive_and_looked_up_across_topics(
-                Server("emulator", bad.url)
-            )
+            conformance.test_item13_14_since_id_is_exclusive_and_looked_up_across_topics(bad)
     found = differences(mutated, reference)
     assert any(line.startswith("since first id:") for line in found), found
