@@ -1,6 +1,6 @@
 """The daemon: local recovery, then intake -> inbox transaction -> audit -> cursor, until stopped.
 
-Reading order of one event (DESIGN.md section 2):
+Reading order of one event (docs/design.md section 2):
   Intake reads a frame and queues it                      (intake.py, no database)
   the writer takes a batch, records it in ONE transaction  (inbox.record_batch)
   appends the batch's audit records, flush + fsync         (audit.flush)
@@ -38,6 +38,7 @@ from ntfy_intake import (
     audit,
     cadence,
     db,
+    diagnose,
     feed,
     http_api,
     inbox,
@@ -51,6 +52,7 @@ from ntfy_intake import (
     schema,
     watchdog,
 )
+from ntfy_intake import health as health_model
 from ntfy_intake.cursor import Cursor, ResumePoint
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
@@ -177,6 +179,15 @@ class Daemon:
         self.http_port: int | None = None
         self.http_error: str | None = None
         self._cached_counts: dict[str, Any] = {}
+        # Health: wall-clock times, as in the stored snapshot that `status` reads.
+        self.started_wall = time.time()
+        self.health_limits = health_model.Limits(
+            keepalive_timeout=settings.ntfy.keepalive_timeout,
+            dead_after=settings.ntfy.dead_after,
+        )
+        self.degraded: dict[str, str] = {}  # source -> one-line reason (other modules may set)
+        self._error_seen: tuple[int, str | None] = (0, None)
+        self.last_error_wall: float | None = None
 
     # -- database access: one lock, one worker thread at a time ------------------------------
 
@@ -250,6 +261,15 @@ class Daemon:
         self.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         intake_stop = asyncio.Event()
+        log.info(
+            "intake.subscribing",
+            detail=diagnose.subscription(
+                self.settings.ntfy.url,
+                self.settings.ntfy.topics,
+                token=self.settings.ntfy.token is not None,
+                since=self._cursor.since if self._cursor is not None else "first start",
+            ),
+        )
         async with httpx.AsyncClient(transport=self.transport) as client:
             reader = intake.Intake(
                 intake.IntakeConfig(
@@ -519,6 +539,7 @@ class Daemon:
             if self._wedged:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
             self.heartbeat_at = time.monotonic()
+            self._stamp_error()
             await self._settle_cursor()
             await self._observe_liveness()
             if self._next_release is not None and self._next_release <= self.clock():
@@ -602,12 +623,31 @@ class Daemon:
         )
 
     def _status_line(self, reason: str) -> str:
-        state = self.liveness.state(time.monotonic())
-        latch = ", AUDIT LATCHED" if self.latched else ""
-        return (
-            f"intake {state}{latch}; {self.counters.recorded} recorded this run; "
-            f"cursor {self._cursor.since if self._cursor else '-'}; {reason}"
-        )
+        """STATUS=: the health model's line, then the counters; the watchdog's reason only when
+        it withholds a ping (otherwise it would repeat the state)."""
+        assessed = self.assess_health()
+        parts = [assessed.line()]
+        if assessed.intake is health_model.State.LIVE:
+            parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
+        parts.append(f"{self.counters.recorded} recorded this run")
+        parts.append(f"cursor {self._cursor.since if self._cursor else '-'}")
+        if not reason.startswith(("intake live", "intake reconnecting on schedule")):
+            parts.append(f"watchdog: {reason}")
+        return "; ".join(parts)
+
+    def _stamp_error(self) -> None:
+        """Give the intake's last error a time, so every report can say how old it is."""
+        failures = sum(n for kind, n in self.health.failures.items() if kind != "stream_ended")
+        seen = (failures, self.health.last_error)
+        if seen != self._error_seen:
+            self._error_seen = seen
+            if self.health.last_error is not None:
+                self.last_error_wall = time.time()
+
+    def assess_health(self) -> health_model.Health:
+        """The one health verdict (see health.py), for /healthz, /metrics, STATUS= and pings."""
+        self._stamp_error()
+        return health_model.assess(self.health_snapshot(), time.time(), self.health_limits)
 
     # -- the loopback HTTP surface: feed, notify, health, metrics -------------------------------
 
@@ -633,12 +673,12 @@ class Daemon:
         log.info("http.listening", host=self.settings.http.host, port=port)
 
     def _http_health(self) -> tuple[bool, dict[str, Any]]:
-        state = str(self.liveness.state(time.monotonic()))
-        if self.latched:
-            return False, {"reason": "audit latch is set: restart advised", "intake": state}
-        if state != "live":
-            return False, {"reason": f"intake is {state}", "intake": state}
-        return True, {"intake": state}
+        assessed = self.assess_health()
+        details: dict[str, Any] = {"status": str(assessed.state), "intake": str(assessed.intake)}
+        if assessed.reasons:
+            details["reason"] = assessed.line()
+            details["reasons"] = list(assessed.reasons)
+        return assessed.healthy, details
 
     async def _notify(self, text: str, idempotency_key: str) -> tuple[int, dict[str, Any]]:
         """`POST /v1/notify`: an agent's later reply, through the owner outbox (stable key)."""
@@ -658,8 +698,10 @@ class Daemon:
         health = self.health
         relay_stats = self.relay.stats if self.relay is not None else None
         owner_stats = self.owner.stats if self.owner is not None else None
+        assessed = self.assess_health()
         return {
-            "intake_state": str(self.liveness.state(now)),
+            "intake_state": str(assessed.intake),
+            "health_state": str(assessed.state),
             "last_frame_age_s": None
             if health.last_frame_at is None
             else now - health.last_frame_at,
@@ -745,9 +787,12 @@ class Daemon:
             "watchdog_drops": self.health.watchdog_drops,
             "failures": dict(self.health.failures),
             "last_error": self.health.last_error,
+            "last_error_wall": self.last_error_wall,
+            "started_at": self.started_wall,
             "latch": self.latched,
             "http_port": self.http_port,
             "http_error": self.http_error,
+            "degraded": sorted(self.degraded.values()),
             "recorded": self.counters.recorded,
             "duplicates": self.counters.duplicates,
         }
@@ -757,8 +802,9 @@ class Daemon:
             return int(self.conn.execute(sql).fetchone()[0])
 
         self._cached_counts = {
+            "relay_collecting": count("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
             "relay_pending": count(
-                "SELECT count(*) FROM outbox WHERE state IN ('collecting', 'pending', 'leased')"
+                "SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"
             ),
             "relay_dead": count("SELECT count(*) FROM outbox WHERE state = 'dead'"),
             "owner_pending": count(
