@@ -4,13 +4,21 @@ This module owns the connection rules of DESIGN.md section 3 and nothing else: i
 off the socket and hands them, tagged with when they were read and on which connection, to a sink
 (the daemon's queue). It never touches the database; the cursor comes from a callback.
 
-- Only a 400 to a request that carries a cursor drops the cursor (`on_rejected_cursor`).
-  401/403, 429 (Retry-After honoured), 5xx, timeouts and resets keep it and back off.
+- Only a 400 whose body has code 40008, to a request that carries a cursor, drops the cursor
+  (`on_rejected_cursor`). Every other refusal (40009, 401/403, 429 with any code, 5xx, timeouts,
+  resets) keeps it and backs off; 3 consecutive 401s back off at least 5 minutes (ntfy locks the
+  IP out after 30 failed authentications). A refusal the owner can act on (credentials, ACL, rate
+  limit, another 400) is reported once per episode (`Refused`), with ntfy's own error text.
 - Keepalive watchdog: no complete frame within `keepalive_timeout` drops the connection, even if
   bytes trickle in (the deadline moves only when a whole line arrives).
+- Overlap backfill: once `open` arrives, the backfill owed is persisted (`owe_backfill`), and
+  after `cache_settle` a `poll=1&since=<T>` reads by server time what the id cursor cannot see
+  (scheduled messages, lagging cache writes, long reorders). Its events reach the sink as one
+  `Backfilled`, which the writer records before clearing what was owed. A failed poll is retried
+  while the stream lasts; a lost stream leaves it owed for the next one.
 - Gap probe: before resuming from a message id, `poll=1&since=all&id=<cursor>` asks whether the
-  server still holds it. If not, the stream replays the whole cache, and the window between the
-  cursor's time and the oldest message still held may have been lost: it is reported.
+  server still holds it. If not, the window between the last frame seen before the disconnect
+  and the oldest message the backfill finds may have been lost: `Backfilled.gap` reports it.
 """
 
 from __future__ import annotations
@@ -27,15 +35,21 @@ import httpx
 import structlog
 
 from ntfy_intake import backoff, frames
-from ntfy_intake.cursor import Cursor
-from ntfy_intake.frames import Junk, Message
+from ntfy_intake.cursor import Cursor, Owed, Resume, backfill_since, gap_window
+from ntfy_intake.frames import Event, Junk, Message
 
 log = structlog.get_logger("ntfy_intake.intake")
 
 
+AUTH_LOCKOUT_AFTER = 3  # consecutive 401s before the long backoff
+AUTH_BACKOFF = 300.0  # ntfy refills one failed authentication a minute, 30 at most
+AUTH_LOCKED_BACKOFF = 60.0  # 42909: locked out; one attempt back per minute
+CURSOR_INVALID = 40008
+
+
 @dataclass(frozen=True, slots=True)
 class Received:
-    frame: Message | Junk
+    frame: Event | Junk
     read_at: float  # monotonic
     generation: int
 
@@ -49,12 +63,38 @@ class GapFound:
     window_end: int
 
 
+@dataclass(frozen=True, slots=True)
+class Backfilled:
+    """One overlap backfill poll: record `events`, then clear what `owed` said was owed."""
+
+    owed: Owed
+    events: list[Event | Junk]
+    polled: int  # lines the poll returned
+    gap: GapFound | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """ntfy refused the subscription for a reason the owner can act on (once per episode)."""
+
+    category: str  # credentials | acl | rate_limit | rejected
+    status: int
+    code: int | None
+    error: str
+    topics: str
+    episode: str
+
+
+Item = Received | Backfilled | Refused
+
+
 @dataclass(slots=True)
 class IntakeHealth:
     """Shared, in-memory view of the connection for status, metrics and the systemd watchdog."""
 
     state: str = "starting"  # connecting | live | backoff | stopped
     last_frame_at: float | None = None  # monotonic
+    last_server_time: int | None = None  # ntfy `time` of the last frame (keepalives count)
     last_frame_wall: float | None = None
     connected_at: float | None = None
     last_attempt_at: float | None = None
@@ -75,13 +115,50 @@ class IntakeConfig:
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
     connect_timeout: float = 10.0
+    overlap: float = 30.0
+    cache_settle: float = 2.0
+    cache_duration: float = 12 * 3600.0
 
 
 class _StatusFailure(Exception):
-    def __init__(self, status: int, retry_after: float | None) -> None:
-        super().__init__(f"HTTP {status}")
+    def __init__(
+        self, status: int, retry_after: float | None, code: int | None = None, error: str = ""
+    ) -> None:
+        super().__init__(f"HTTP {status}" + (f" {code}: {error}" if code else ""))
         self.status = status
         self.retry_after = retry_after
+        self.code = code
+        self.error = error
+
+
+def refusal_category(status: int) -> str | None:
+    """What kind of refusal the owner is told about; None for server trouble (5xx and the like),
+    which the liveness notices cover."""
+    if status == 401:
+        return "credentials"
+    if status == 403:
+        return "acl"
+    if status == 429:
+        return "rate_limit"
+    if 400 <= status < 500:
+        return "rejected"
+    return None
+
+
+def parse_error_body(body: str) -> tuple[int | None, str]:
+    """ntfy's error JSON as (code, error text); (None, the text) when it is not that."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None, body.strip()[:200]
+    if isinstance(parsed, dict):
+        code = parsed.get("code")
+        error = parsed.get("error")
+        return (
+            code if isinstance(code, int) and not isinstance(code, bool) else None,
+            error[:200] if isinstance(error, str) else body.strip()[:200],
+        )
+    return None, body.strip()[:200]
 
 
 class _WatchdogExpired(Exception):
@@ -94,23 +171,32 @@ class Intake:
         config: IntakeConfig,
         client: httpx.AsyncClient,
         *,
-        sink: Callable[[Received | GapFound], None],
-        current_cursor: Callable[[], Awaitable[Cursor]],
+        sink: Callable[[Item], None],
+        current_resume: Callable[[], Awaitable[Resume]],
         on_rejected_cursor: Callable[[Cursor, str], Awaitable[None]],
+        owe_backfill: Callable[[int, int | None], Awaitable[Owed]],
         new_generation: Callable[[], int],
         health: IntakeHealth,
         rng: Callable[[], float] = random.random,
+        server_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.client = client
         self.sink = sink
-        self.current_cursor = current_cursor
+        self.current_resume = current_resume
         self.on_rejected_cursor = on_rejected_cursor
+        self.owe_backfill = owe_backfill
         self.new_generation = new_generation
         self.health = health
         self.rng = rng
+        self.server_clock = server_clock  # only when ntfy sent an `open` without a time
         self.topics = frozenset(config.topics)
-        self.stream_url = f"{config.base_url}/{','.join(config.topics)}/json"
+        self.topic_path = ",".join(config.topics)
+        self.stream_url = f"{config.base_url}/{self.topic_path}/json"
+        self.episode = 0  # refusals are noticed once per category per episode
+        self._noticed: set[str] = set()
+        self._auth_failures = 0  # consecutive 401s
+        self.backfills = 0
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
@@ -118,7 +204,7 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
-            cursor = await self.current_cursor()
+            resume = await self.current_resume()
             self.health.state = "connecting"
             self.health.attempts += 1
             self.health.last_attempt_at = time.monotonic()
@@ -126,14 +212,14 @@ class Intake:
             generation = self.new_generation()
             lasted = 0.0
             try:
-                if not await _unless_stopped(self._attempt(cursor, generation, stop), stop):
+                if not await _unless_stopped(self._attempt(resume, generation), stop):
                     break  # stopped mid-attempt (connecting, or waiting for headers)
                 self._count("stream_ended")
             except _RejectedCursor:
                 failures = 0
                 continue
             except _StatusFailure as exc:
-                retry_after = exc.retry_after
+                retry_after = self._refused(exc)
                 self._fail(f"http_{exc.status}", str(exc))
             except _WatchdogExpired:
                 self.health.watchdog_drops += 1
@@ -168,9 +254,47 @@ class Intake:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
         self.health.state = "stopped"
 
-    async def _attempt(self, cursor: Cursor, generation: int, stop: asyncio.Event) -> None:
+    async def _attempt(self, resume: Resume, generation: int) -> None:
+        cursor = resume.cursor
         evicted = await self._probe(cursor) if cursor.kind == "id" else False
-        await self._stream(cursor, evicted, generation, stop)
+        # The window of a possible gap starts at the last frame the previous connection saw
+        # (this process's memory if it saw one, else what was persisted).
+        last_seen = self.health.last_server_time or resume.last_frame_time
+        gap_from = (last_seen or cursor.message_time or 0) if evicted else None
+        await self._stream(cursor, gap_from, generation)
+
+    def _refused(self, exc: _StatusFailure) -> float | None:
+        """Count a refusal, report it once per episode; the least wait it imposes."""
+        wait = exc.retry_after
+        if exc.status == 401:
+            self._auth_failures += 1
+            if self._auth_failures >= AUTH_LOCKOUT_AFTER:
+                wait = max(wait or 0.0, AUTH_BACKOFF)
+        elif exc.status != 403:  # an ACL denial spends no authentication budget
+            self._auth_failures = 0
+        if exc.code == 42909:
+            wait = max(wait or 0.0, AUTH_LOCKED_BACKOFF)
+        category = refusal_category(exc.status)
+        if category is not None and category not in self._noticed:
+            self._noticed.add(category)
+            self.sink(
+                Refused(
+                    category,
+                    exc.status,
+                    exc.code,
+                    exc.error or f"HTTP {exc.status}",
+                    self.topic_path,
+                    f"{self.episode}",
+                )
+            )
+        return wait
+
+    def _connected(self) -> None:
+        """A subscription is live: a new refusal episode starts with the next failure."""
+        self._auth_failures = 0
+        if self._noticed:
+            self.episode += 1
+            self._noticed.clear()
 
     def _count(self, kind: str) -> None:
         self.health.failures[kind] = self.health.failures.get(kind, 0) + 1
@@ -193,6 +317,9 @@ class Intake:
             log.warning("intake.probe_failed", detail=type(exc).__name__)
             return False
         if response.status_code != 200:
+            if refusal_category(response.status_code) is not None:
+                # The stream would be refused too: one request, one authentication spent.
+                raise _status_failure(response.status_code, response.headers, response.text)
             return False
         for line in response.content.splitlines():
             frame = frames.decode_line(line, self.topics)
@@ -200,9 +327,7 @@ class Intake:
                 return False
         return True
 
-    async def _stream(
-        self, cursor: Cursor, evicted: bool, generation: int, stop: asyncio.Event
-    ) -> None:
+    async def _stream(self, cursor: Cursor, gap_from: int | None, generation: int) -> None:
         # The read timeout also bounds the wait for response headers: a server that accepts the
         # connection and then says nothing must not hang us. It is set a little above the
         # keepalive timeout so that, once streaming, the frame watchdog below fires first.
@@ -218,20 +343,18 @@ class Intake:
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
-                if response.status_code == 400 and cursor.kind != "all":
+                failure = _status_failure(response.status_code, response.headers, body)
+                if failure.code == CURSOR_INVALID and cursor.kind != "all":
                     log.error(
                         "intake.cursor_rejected", since=cursor.since, status=400, body=body.strip()
                     )
                     await self.on_rejected_cursor(cursor, body)
                     raise _RejectedCursor
-                retry_after = backoff.parse_retry_after(
-                    response.headers.get("Retry-After"), time.time()
-                )
-                raise _StatusFailure(response.status_code, retry_after)
-            await self._read(response, cursor, evicted, generation)
+                raise failure
+            await self._read(response, cursor, gap_from, generation)
 
     async def _read(
-        self, response: httpx.Response, cursor: Cursor, evicted: bool, generation: int
+        self, response: httpx.Response, cursor: Cursor, gap_from: int | None, generation: int
     ) -> None:
         """Read frames until the stream ends; the frame watchdog raises `_WatchdogExpired`.
 
@@ -257,10 +380,7 @@ class Intake:
                 timer = loop.call_at(deadline, watchdog)
 
         timer = loop.call_at(deadline, watchdog)
-        # With an evicted cursor the replay is the whole cache, oldest first, right after `open`:
-        # the first frame after `open` dates the gap (a message: its time; anything else: the
-        # cache was empty, so the open itself).
-        gap_open_at: int | None = None
+        backfill: asyncio.Task[None] | None = None
         try:
             async for chunk in response.aiter_raw():
                 lines = decoder.feed(chunk)
@@ -274,18 +394,26 @@ class Intake:
                     frame = (
                         line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
                     )
+                    server_time = getattr(frame, "time", None)
+                    if isinstance(server_time, int):
+                        self.health.last_server_time = max(
+                            server_time, self.health.last_server_time or 0
+                        )
                     if isinstance(frame, frames.Open):
                         self.health.state = "live"
                         self.health.connected_at = now
                         self.health.connections += 1
+                        self._connected()
                         log.info("intake.connected", since=cursor.since)
-                        if evicted:
-                            evicted, gap_open_at = False, int(self.health.last_frame_wall)
+                        if backfill is None:
+                            opened = frame.time or int(self.server_clock())
+                            owed = await self.owe_backfill(
+                                backfill_since(cursor, opened, self.config.overlap), gap_from
+                            )
+                            backfill = asyncio.create_task(
+                                self._backfill(cursor, owed, opened), name="backfill"
+                            )
                         continue
-                    if gap_open_at is not None:
-                        held = frame.time if isinstance(frame, Message) else gap_open_at
-                        self._report_gap(cursor, held)
-                        gap_open_at = None
                     if isinstance(frame, frames.Keepalive):
                         continue
                     self.sink(Received(frame, now, generation))
@@ -297,18 +425,72 @@ class Intake:
         finally:
             if timer is not None:
                 timer.cancel()
-            if gap_open_at is not None:
-                self._report_gap(cursor, gap_open_at)
+            if backfill is not None and not backfill.done():
+                # The poll dies with its stream: what it owed stays persisted for the next one.
+                backfill.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await backfill
 
-    def _report_gap(self, cursor: Cursor, oldest_held: int) -> None:
-        start = cursor.message_time or 0
-        if oldest_held <= start:
-            log.warning("intake.cursor_evicted_no_gap", cursor=cursor.value)
-            return
-        log.error(
-            "intake.gap_detected", cursor=cursor.value, window_start=start, window_end=oldest_held
-        )
-        self.sink(GapFound(cursor, start, oldest_held))
+    async def _backfill(self, cursor: Cursor, owed: Owed, opened: int) -> None:
+        """After `cache_settle`, poll since the owed T (retrying while the stream lasts), then
+        hand the events and any gap to the writer in one `Backfilled`."""
+        await asyncio.sleep(self.config.cache_settle)
+        attempt = 0
+        while True:
+            try:
+                lines = await self._poll(owed.since)
+                break
+            except (_StatusFailure, httpx.HTTPError) as exc:
+                wait = backoff.delay(
+                    attempt, base=max(self.config.backoff_base, 1.0), cap=60.0, rng=self.rng
+                )
+                attempt += 1
+                log.warning(
+                    "intake.backfill_failed",
+                    since=owed.since,
+                    detail=str(exc) or type(exc).__name__,
+                    retry_in_s=round(wait, 3),
+                )
+                await asyncio.sleep(wait)
+        events: list[Event | Junk] = []
+        for line in lines:
+            frame = line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
+            if not isinstance(frame, frames.Open | frames.Keepalive):
+                events.append(frame)
+        gap = None
+        if owed.gap_from is not None:
+            held = [(e.time, e.expires) for e in events if isinstance(e, Message)]
+            window = gap_window(owed.gap_from, opened, held, self.config.cache_duration)
+            if window is None:
+                log.warning("intake.cursor_evicted_no_gap", cursor=cursor.value)
+            else:
+                log.error(
+                    "intake.gap_detected",
+                    cursor=cursor.value,
+                    window_start=window[0],
+                    window_end=window[1],
+                )
+                gap = GapFound(cursor, *window)
+        self.backfills += 1
+        log.info("intake.backfilled", since=owed.since, polled=len(lines))
+        self.sink(Backfilled(owed, events, len(lines), gap))
+
+    async def _poll(self, since: int) -> list[bytes | Junk]:
+        async with self.client.stream(
+            "GET",
+            self.stream_url,
+            params={"poll": "1", "since": str(since)},
+            headers=self._headers(),
+            timeout=httpx.Timeout(self.config.connect_timeout, read=60.0),
+        ) as response:
+            if response.status_code != 200:
+                body = (await response.aread())[:512].decode("utf-8", "replace")
+                raise _status_failure(response.status_code, response.headers, body)
+            decoder = frames.NdjsonDecoder()
+            lines: list[bytes | Junk] = []
+            async for chunk in response.aiter_raw():
+                lines += decoder.feed(chunk)
+            return lines + decoder.feed(b"\n")  # a last line without its newline
 
 
 class _RejectedCursor(Exception):
@@ -330,6 +512,12 @@ async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     return False
+
+
+def _status_failure(status: int, headers: httpx.Headers, body: str) -> _StatusFailure:
+    code, error = parse_error_body(body)
+    retry_after = backoff.parse_retry_after(headers.get("Retry-After"), time.time())
+    return _StatusFailure(status, retry_after, code, error)
 
 
 def describe_error_body(body: str) -> str:

@@ -36,6 +36,11 @@ def publish(emu, n: int, prefix: str = "alert") -> list[str]:  # type: ignore[no
     return [emu.publish("alerts", f"{prefix} {i}", title=f"{prefix} {i}")["id"] for i in range(n)]
 
 
+def backfills(running: DaemonThread) -> int:
+    assert running.daemon is not None
+    return running.daemon.counters.extra.get("backfills", 0)
+
+
 def assert_exactly_once(state: Path, ids: list[str]) -> None:
     counts = Counter(event_ids(state))
     assert {i: counts[i] for i in ids} == dict.fromkeys(ids, 1)
@@ -87,19 +92,25 @@ def test_forced_400_drops_cursor_and_replays_all_with_zero_double_outcomes(
 def test_evicted_cursor_full_replay_records_nothing_twice_and_reports_gap_window(
     tmp_path: Path,
 ) -> None:
+    # A 1000 s cache on both sides, so that pruning what the test evicts is what ntfy would do.
     clock = {"now": 1_764_000_000.0}
     with NtfyEmulator(
-        EmulatorConfig(keepalive_interval=1.0, clock=lambda: clock["now"])
+        EmulatorConfig(
+            keepalive_interval=1.0,
+            clock=lambda: clock["now"],
+            cache_duration=1000.0,
+            manager_interval=None,
+        )
     ).running() as emu:
-        config = settings_for(emu.url, tmp_path)
+        config = settings_for(emu.url, tmp_path, ntfy_cache_duration="1000s")
         with DaemonThread(config):
             emu.wait_for_subscribers(1)
             first = publish(emu, 3)
             wait_until(lambda: set(first) <= set(event_ids(tmp_path)))
-        cursor_time = emu.messages()[2]["time"]
+        last_seen = clock["now"]  # the last frame before the stop carried this server time
         clock["now"] += 600
-        lost = emu.publish("alerts", "published while down, then evicted", title="lost")
-        clock["now"] += 600
+        lost = emu.publish("alerts", "published while down, then pruned", title="lost")
+        clock["now"] += 1200
         kept = emu.publish("alerts", "still held", title="kept")
         emu.faults.evict([*first, lost["id"]])
         with DaemonThread(config):
@@ -107,10 +118,43 @@ def test_evicted_cursor_full_replay_records_nothing_twice_and_reports_gap_window
             wait_until(lambda: notices(tmp_path, "gap"), what="gap notice")
     (gap,) = notices(tmp_path, "gap")
     fmt = "%Y-%m-%dT%H:%M:%SZ"
-    assert gap["window_start"] == dt.datetime.fromtimestamp(cursor_time, dt.UTC).strftime(fmt)
-    assert gap["window_end"] == dt.datetime.fromtimestamp(kept["time"], dt.UTC).strftime(fmt)
+    # From the last frame seen to the first moment whose messages ntfy must still hold (anything
+    # younger than its cache duration): the lost message lies inside.
+    assert gap["window_start"] == dt.datetime.fromtimestamp(last_seen, dt.UTC).strftime(fmt)
+    end = dt.datetime.fromtimestamp(clock["now"] - 1000, dt.UTC).strftime(fmt)
+    assert gap["window_end"] == end
+    assert gap["window_start"] < dt.datetime.fromtimestamp(lost["time"], dt.UTC).strftime(fmt) < end
     assert lost["id"] not in event_ids(tmp_path)  # truly gone: reported, not invented
     assert_exactly_once(tmp_path, [*first, kept["id"]])
+
+
+def test_expired_cursor_on_a_connected_quiet_daemon_gives_no_gap_notice(tmp_path: Path) -> None:
+    """A homelab with nothing to say for 13 h: its cursor message expired while the daemon was
+    connected and hearing keepalives. A reconnect then finds the cursor gone, but nothing can be
+    lost: the window starts at the last keepalive, and ntfy still holds everything since."""
+    clock = {"now": 1_764_000_000.0}
+    with NtfyEmulator(
+        EmulatorConfig(keepalive_interval=0.2, clock=lambda: clock["now"], manager_interval=None)
+    ).running() as emu:
+        config = settings_for(emu.url, tmp_path, ntfy_cache_settle="100ms")
+        with DaemonThread(config) as running:
+            emu.wait_for_subscribers(1)
+            wait_until(lambda: backfills(running) >= 1, what="first backfill")
+            (cursor_id,) = publish(emu, 1)
+            wait_until(lambda: cursor_row(tmp_path) == ("id", cursor_id), what="id cursor")
+            clock["now"] += 13 * 3600  # keepalives go on carrying the server's time
+            assert running.daemon is not None
+            wait_until(
+                lambda: (
+                    query(tmp_path, "SELECT last_frame_time FROM cursor") == [(int(clock["now"]),)]
+                ),
+                what="keepalive time persisted",
+            )
+            emu.faults.evict([cursor_id])
+            emu.faults.drop_connections()
+            wait_until(lambda: backfills(running) >= 2, what="second backfill")
+    assert notices(tmp_path, "gap") == []
+    assert query(tmp_path, "SELECT gap_from, backfill_from FROM cursor") == [(None, None)]
 
 
 def test_message_delivered_twice_at_subscribe_is_recorded_once(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -138,14 +182,16 @@ def test_failed_subscribes_keep_the_cursor(
         emu.wait_for_subscribers(1)
         first = publish(emu, 2)
         wait_until(lambda: set(first) <= set(event_ids(tmp_path)))
-    emu.faults.fail_subscribes(3, status=status, retry_after=retry_after)
+    # Two 401s: a third in a row backs off for 5 minutes (test_three_401s_back_off_five_minutes).
+    failures = 2 if status == 401 else 3
+    emu.faults.fail_subscribes(failures, status=status, retry_after=retry_after)
     before = len(emu.subscribe_log)
     with DaemonThread(config):
         wait_until(lambda: emu.subscriber_count() >= 1, what="reconnect after failures")
         later = publish(emu, 1, "later")
         wait_until(lambda: set(later) <= set(event_ids(tmp_path)))
     requests = emu.subscribe_log[before:]
-    assert [e["status"] for e in requests].count(status) == 3
+    assert [e["status"] for e in requests].count(status) == failures
     # Every stream request, failed or not, carried the same cursor: never `all`, never dropped.
     streams = [e["params"].get("since") for e in requests if not e["params"].get("poll")]
     assert streams and set(streams) == {first[-1]}, streams
