@@ -105,9 +105,14 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
     p.add_argument("--keepalive", default="45s", help="keepalive interval (duration)")
     p.add_argument("--cache-duration", default="12h", help="message cache duration (duration)")
+    p.add_argument(
+        "--no-rate-limits",
+        action="store_true",
+        help="turn off ntfy's request limiter and 30-subscription limit (on by default, as in ntfy)",
+    )
 
     p = add("receiver", _cmd_receiver, "run the reference triage receiver")
     p.add_argument("--host", default="127.0.0.1")
@@ -247,6 +252,8 @@ def _cmd_emulator(args: argparse.Namespace) -> int:
     config = EmulatorConfig(
         keepalive_interval=_duration_arg("--keepalive", args.keepalive),
         cache_duration=_duration_arg("--cache-duration", args.cache_duration),
+        request_limit=not args.no_rate_limits,
+        subscription_limit=None if args.no_rate_limits else 30,
     )
     serve_forever(args.host, args.port, config)
     return 0

@@ -75,7 +75,10 @@ def run(*, extra_alerts: int = 0) -> int:
     with tempfile.TemporaryDirectory(prefix="ntfy-intake-demo-") as tmp:
         state = Path(tmp)
         with (
-            NtfyEmulator(EmulatorConfig(keepalive_interval=5.0)).running() as emu,
+            NtfyEmulator(
+                # The demo publishes --alerts in a burst: ntfy's request limit (60) is off.
+                EmulatorConfig(keepalive_interval=5.0, request_limit=False, subscription_limit=None)
+            ).running() as emu,
             receiver.running(state / "receiver.sqlite3") as triage,
             signal_standin.running() as signal,
         ):

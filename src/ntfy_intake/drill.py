@@ -870,7 +870,14 @@ def run(
         if ntfy_url is None:
             emu = stack.enter_context(
                 NtfyEmulator(
-                    EmulatorConfig(keepalive_interval=KEEPALIVE_INTERVAL, manager_interval=None)
+                    EmulatorConfig(
+                        keepalive_interval=KEEPALIVE_INTERVAL,
+                        manager_interval=None,
+                        # The drill kills and restarts the daemon over and over: ntfy's
+                        # request and subscription limits would throttle the reconnects.
+                        request_limit=False,
+                        subscription_limit=None,
+                    )
                 ).running()
             )
             target = Target(emu.url, EMULATOR_TOPICS, None, emu)
