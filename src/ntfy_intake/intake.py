@@ -45,6 +45,7 @@ AUTH_LOCKOUT_AFTER = 3  # consecutive 401s before the long backoff
 AUTH_BACKOFF = 300.0  # ntfy refills one failed authentication a minute, 30 at most
 AUTH_LOCKED_BACKOFF = 60.0  # 42909: locked out; one attempt back per minute
 CURSOR_INVALID = 40008
+POLL_RETRY_BASE = 5.0  # a failed backfill poll waits for ntfy's request bucket (1 per 5 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,9 +442,7 @@ class Intake:
                 lines = await self._poll(owed.since)
                 break
             except (_StatusFailure, httpx.HTTPError) as exc:
-                wait = backoff.delay(
-                    attempt, base=max(self.config.backoff_base, 1.0), cap=60.0, rng=self.rng
-                )
+                wait = backoff.delay(attempt, base=POLL_RETRY_BASE, cap=60.0, rng=self.rng)
                 attempt += 1
                 log.warning(
                     "intake.backfill_failed",
