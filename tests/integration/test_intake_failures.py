@@ -6,9 +6,12 @@ Each test is named after the failure it kills.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ntfy_intake import signal_standin
@@ -16,6 +19,7 @@ from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import (
     DaemonThread,
+    audit_records,
     cursor_row,
     event_ids,
     notices,
@@ -279,3 +283,201 @@ def test_full_audit_disk_latches_cursor_with_one_notice_and_restart_recovers(
     assert len(sent) == 1 and "audit log cannot be written" in sent[0], sent
     assert_exactly_once(tmp_path, ids + more)
     assert len(notices(tmp_path, "latch")) == 1
+
+
+# -- refusals: only 40008 concerns the cursor; the owner hears once per episode, told which -------
+
+
+def refused(state: Path) -> list[dict[str, object]]:
+    return notices(state, "subscribe_refused")
+
+
+def test_400_other_than_40008_keeps_the_cursor_with_one_notice_quoting_ntfy(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """40009 (topic not allowed, too many topics) has nothing to do with the cursor: dropping it
+    would send a misleading notice and replay the whole cache."""
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        first = publish(emu, 2)
+        wait_until(lambda: cursor_row(tmp_path) == ("id", first[-1]))
+    emu.faults.fail_subscribes(3, status=400)  # ntfy's generic 40000 "invalid request"
+    before = len(emu.subscribe_log)
+    with DaemonThread(config):
+        wait_until(lambda: emu.subscriber_count() >= 1, what="reconnect after the 400s")
+        later = publish(emu, 1, "later")
+        wait_until(lambda: set(later) <= set(event_ids(tmp_path)))
+    streams = stream_sinces(emu.subscribe_log[before:])
+    assert set(streams) == {first[-1]}, streams  # never `all`
+    assert notices(tmp_path, "fallback_400") == []
+    (notice,) = refused(tmp_path)
+    assert notice["category"] == "rejected" and notice["topics"] == "alerts,backups"
+    assert "40000: invalid request" in str(notice["text"])
+    assert_exactly_once(tmp_path, first + later)
+
+
+def test_three_401s_in_a_row_back_off_at_least_five_minutes_with_one_credentials_notice(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """ntfy locks the whole IP out after 30 failed authentications (one back a minute)."""
+    emu.faults.fail_subscribes(3, status=401)
+    with DaemonThread(settings_for(emu.url, tmp_path)) as running:
+        assert running.daemon is not None
+        health = running.daemon.health
+        wait_until(lambda: health.failures.get("http_401", 0) == 3, what="three 401s")
+        wait_until(lambda: health.state == "backoff", what="backoff")
+        assert health.next_attempt_due is not None
+        assert health.next_attempt_due - time.monotonic() >= 290
+        wait_until(lambda: refused(tmp_path), what="notice")
+    (notice,) = refused(tmp_path)
+    assert notice["category"] == "credentials" and "40101: unauthorized" in str(notice["text"])
+
+
+def test_403_spends_no_authentication_budget_and_is_noticed_as_acl(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    emu.faults.fail_subscribes(4, status=403)
+    with DaemonThread(settings_for(emu.url, tmp_path)) as running:
+        wait_until(lambda: emu.subscriber_count() >= 1, what="connected after four 403s")
+        assert running.daemon is not None
+        assert running.daemon.health.failures.get("http_403") == 4
+        wait_until(lambda: refused(tmp_path), what="notice")
+    (notice,) = refused(tmp_path)
+    assert notice["category"] == "acl" and "40301: forbidden" in str(notice["text"])
+
+
+def test_rate_limit_is_noticed_once_per_episode_as_rate_limit(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    emu.faults.fail_subscribes(3, status=429)
+    with DaemonThread(settings_for(emu.url, tmp_path)):
+        wait_until(lambda: emu.subscriber_count() >= 1, what="connected after the 429s")
+        wait_until(lambda: refused(tmp_path), what="notice")
+        emu.faults.fail_subscribes(1, status=429)  # a new episode after a live connection
+        emu.faults.drop_connections()
+        wait_until(lambda: len(refused(tmp_path)) == 2, what="second episode's notice")
+        wait_until(lambda: emu.subscriber_count() >= 1, what="connected again")
+    assert [n["category"] for n in refused(tmp_path)] == ["rate_limit", "rate_limit"]
+    assert len({n["key"] for n in refused(tmp_path)}) == 2
+
+
+# -- ntfy >= 2.16: message_delete, message_clear, updates, and kinds nobody knows yet -------------
+
+
+def inbox_row(state: Path, event_id: str) -> tuple[object, ...]:
+    (row,) = query(
+        state,
+        "SELECT event, incident_key, outcome, sequence_id FROM inbox WHERE event_id = ?",
+        event_id,
+    )
+    return row
+
+
+def test_delete_and_clear_get_one_outcome_each_link_to_their_incident_and_cancel_nothing(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A person dismissing a notification must never silence triage."""
+    config = settings_for(emu.url, tmp_path, cadence_debounce="2s")
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        original = emu.publish("alerts", "raid degraded", title="NAS RAID")["id"]
+        httpx.put(f"{emu.url}/alerts/{original}/clear").raise_for_status()
+        httpx.delete(f"{emu.url}/alerts/{original}").raise_for_status()
+        wait_until(lambda: len(event_ids(tmp_path)) == 3, what="three outcomes")
+        wait_until(
+            lambda: query(tmp_path, "SELECT state FROM outbox") == [("skipped",)],
+            what="the triage request released",
+        )
+    records = {r["event_id"]: r for r in audit_records(tmp_path) if r["kind"] == "event"}
+    actions = [i for i in records if i != original]
+    assert sorted(records[i]["event"] for i in actions) == ["message_clear", "message_delete"]
+    incident = records[original]["incident"]
+    for action in actions:
+        assert records[action]["outcome"] == "noted" and records[action]["incident"] == incident
+        assert inbox_row(tmp_path, action)[1:] == (incident, "noted", original)
+    assert query(tmp_path, "SELECT status FROM incidents") == [("firing",)]
+    ((payload,),) = query(tmp_path, "SELECT payload FROM feed_entries")
+    body = json.loads(payload)
+    assert [e["id"] for e in body["events"]] == [original]
+    assert sorted(a["event"] for a in body["device_actions"]) == ["message_clear", "message_delete"]
+    assert all(a["sequence_id"] == original for a in body["device_actions"])
+    assert_exactly_once(tmp_path, [original, *actions])
+
+
+def test_delete_that_arrives_before_its_original_is_linked_when_the_original_comes(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    config = settings_for(emu.url, tmp_path)
+    original = {
+        "id": "origAAAAAAAA",
+        "time": 1_764_470_000,
+        "expires": 1_764_513_200,
+        "event": "message",
+        "topic": "alerts",
+        "title": "UPS on battery",
+        "message": "mains lost",
+    }
+    delete = {
+        "id": "deleteBBBBBB",
+        "sequence_id": "origAAAAAAAA",
+        "time": 1_764_470_001,
+        "expires": 1_764_513_201,
+        "event": "message_delete",
+        "topic": "alerts",
+    }
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        emu.faults.inject_raw((json.dumps(delete) + "\n").encode())
+        wait_until(lambda: "deleteBBBBBB" in event_ids(tmp_path))
+        assert inbox_row(tmp_path, "deleteBBBBBB") == (
+            "message_delete",
+            "",
+            "noted",
+            "origAAAAAAAA",
+        )
+        emu.faults.inject_raw((json.dumps(original) + "\n").encode())
+        wait_until(lambda: "origAAAAAAAA" in event_ids(tmp_path))
+    incident = inbox_row(tmp_path, "origAAAAAAAA")[1]
+    assert incident == "alerts:ups on battery"
+    assert inbox_row(tmp_path, "deleteBBBBBB") == (
+        "message_delete",
+        incident,
+        "noted",
+        "origAAAAAAAA",
+    )
+    assert query(tmp_path, "SELECT count(*) FROM outbox") == [(1,)]  # triage still requested
+
+
+def test_update_with_a_new_title_joins_the_incident_of_the_message_it_updates(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        original = emu.publish("alerts", "backup 10% done", title="Backup running")["id"]
+        update = emu.publish(
+            "alerts", "backup failed", title="Backup FAILED", sequence_id=original
+        )["id"]
+        wait_until(lambda: {original, update} <= set(event_ids(tmp_path)))
+    assert inbox_row(tmp_path, update)[1] == inbox_row(tmp_path, original)[1]
+    assert inbox_row(tmp_path, update)[3] == original
+    assert query(tmp_path, "SELECT count(*) FROM incidents") == [(1,)]
+
+
+def test_unknown_event_kind_is_ignored_with_one_line_never_junk_never_a_crash(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    future = {
+        "id": "futureCCCCCC",
+        "time": 1_764_470_000,
+        "event": "message_pin",
+        "topic": "alerts",
+    }
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        emu.faults.inject_raw((json.dumps(future) + "\n").encode() * 2)  # replayed: still one
+        after = publish(emu, 1, "after")
+        wait_until(lambda: set(after) <= set(event_ids(tmp_path)))
+    lines = [r for r in audit_records(tmp_path) if r.get("event_id") == "futureCCCCCC"]
+    assert len(lines) == 1
+    assert (lines[0]["outcome"], lines[0]["event"]) == ("ignored", "message_pin")
+    assert query(tmp_path, "SELECT count(*) FROM quarantine") == [(0,)]
+    assert query(tmp_path, "SELECT count(*) FROM outbox") == [(1,)]  # only `after`
