@@ -77,6 +77,7 @@ HEALTH_EVERY = 2.0
 HEALTH_KEY = "health"
 FEED_SENDER = "ntfy-intake"
 TRIAGE_CHANNEL = "triage"
+INFO_CHANNEL = "incident_info"  # device deletes/clears that came after their request went out
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -548,6 +549,7 @@ class Daemon:
             relay_enabled=self.settings.relay.url is not None,
             feed_append=_feed_append,
             also=also,
+            note_append=_feed_note,
         )
         self.owner_queue.adopt(result.state)
         self.crash.hit("after_inbox_commit")
@@ -893,6 +895,21 @@ def _feed_append(
     feed.append(
         conn,
         TRIAGE_CHANNEL,
+        payload,
+        delivery_key=key,
+        sender=FEED_SENDER,
+        summary=summary,
+        idempotency_key=key,
+        now=now,
+    )
+
+
+def _feed_note(
+    conn: sqlite3.Connection, key: str, payload: dict[str, object], summary: str, now: float
+) -> None:
+    feed.append(
+        conn,
+        INFO_CHANNEL,
         payload,
         delivery_key=key,
         sender=FEED_SENDER,

@@ -51,6 +51,10 @@ class BatchResult:
 
 # Runs inside the batch's transaction after its rows are written (the backfill's own record).
 InTransaction = Callable[[sqlite3.Connection, "BatchResult"], None]
+# Appends an information entry for agents (a delete/clear whose request already went out):
+# (conn, idempotency key, payload, summary, now), inside the batch's transaction.
+NoteAppend = Callable[[sqlite3.Connection, str, dict[str, object], str, float], None]
+DEVICE_ACTION_SCHEMA = "ntfy-intake.device-action/1"
 
 
 def record_batch(
@@ -63,8 +67,10 @@ def record_batch(
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
     also: InTransaction | None = None,
+    note_append: NoteAppend | None = None,
 ) -> BatchResult:
     batch = _Batch(conn, now, queue.policy, queue.state.fork())
+    batch.note_append = note_append
     with db.write_txn(conn, before_commit=before_commit):
         events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
         batch.prefetch([f.id for f in events])
@@ -127,6 +133,7 @@ class _Batch:
         # (topic, sequence) -> incident key of the messages recorded under that sequence.
         self.sequences: dict[tuple[str, str], str] = {}
         self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
+        self.note_append: NoteAppend | None = None
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -221,8 +228,38 @@ class _Batch:
         self.journal.append(audit.encode(record))
         self.result.records.append({k: v for k, v in record.items() if v is not None})
         self.result.recorded += 1
+        if isinstance(event, DeviceAction) and incident:
+            self._note_late(event, incident)
         if event.time is not None:
             self.result.candidates.append(Candidate(index, event.id, event.time, event.cached))
+
+    def _note_late(self, event: DeviceAction, incident: str) -> None:
+        """A delete/clear of a message whose triage request already went out (or that joined
+        none): the agent hears of it as information, on its own feed channel. One still
+        collecting lists it in its payload instead (outbox.build_payload)."""
+        if self.note_append is None:
+            return
+        row = self.conn.execute(
+            "SELECT n.delivery_key, o.state FROM inbox n"
+            " LEFT JOIN outbox o ON o.delivery_key = n.delivery_key"
+            " WHERE n.topic = ? AND n.sequence_id = ? AND n.event = 'message'"
+            " ORDER BY n.seq DESC LIMIT 1",
+            (event.topic, event.sequence_id),
+        ).fetchone()
+        if row is None or row[1] == "collecting":
+            return
+        payload: dict[str, object] = {
+            "schema": DEVICE_ACTION_SCHEMA,
+            "incident": incident,
+            "event": event.kind,
+            "id": event.id,
+            "sequence_id": event.sequence_id,
+            "topic": event.topic,
+            "time": event.time,
+            "delivery_key": row[0],
+        }
+        summary = f"{incident}: {event.kind} of {event.sequence_id}"
+        self.note_append(self.conn, event.id, payload, summary, self.now)
 
     def message(self, index: int, message: Message) -> None:
         result = self.result

@@ -401,6 +401,26 @@ def test_delete_and_clear_get_one_outcome_each_link_to_their_incident_and_cancel
     assert_exactly_once(tmp_path, [original, *actions])
 
 
+def test_delete_after_the_request_went_out_reaches_the_agent_as_information(
+    emu, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    config = settings_for(emu.url, tmp_path, cadence_debounce="0s")
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        original = emu.publish("alerts", "raid degraded", title="NAS RAID")["id"]
+        wait_until(lambda: query(tmp_path, "SELECT state FROM outbox") == [("skipped",)])
+        httpx.delete(f"{emu.url}/alerts/{original}").raise_for_status()
+        wait_until(lambda: len(event_ids(tmp_path)) == 2, what="the delete's outcome")
+    (key,) = query(tmp_path, "SELECT delivery_key FROM outbox")[0]
+    ((payload,),) = query(
+        tmp_path, "SELECT payload FROM feed_entries WHERE channel = 'incident_info'"
+    )
+    note = json.loads(payload)
+    assert note["schema"] == "ntfy-intake.device-action/1" and note["event"] == "message_delete"
+    assert (note["sequence_id"], note["delivery_key"]) == (original, key)
+    assert query(tmp_path, "SELECT state FROM outbox") == [("skipped",)]  # nothing cancelled
+
+
 def test_delete_that_arrives_before_its_original_is_linked_when_the_original_comes(
     emu, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
