@@ -110,7 +110,9 @@ class Ignored:
 
     @property
     def cached(self) -> bool:
-        return self.expires is not None and self.time is not None
+        # Never a cursor: whether ntfy caches (and `since=<id>` finds) a kind we do not know is
+        # unknown, and a wrong guess would cost a full replay on every resume.
+        return False
 
 
 @dataclass(frozen=True, slots=True)

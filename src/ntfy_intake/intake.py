@@ -197,7 +197,6 @@ class Intake:
         self.episode = 0  # refusals are noticed once per category per episode
         self._noticed: set[str] = set()
         self._auth_failures = 0  # consecutive 401s
-        self.backfills = 0
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
@@ -324,7 +323,8 @@ class Intake:
             return False
         for line in response.content.splitlines():
             frame = frames.decode_line(line, self.topics)
-            if isinstance(frame, Message) and frame.id == cursor.value:
+            # ntfy >= 2.16 caches deletes/clears too, and a cursor may be one of them.
+            if isinstance(frame, Message | frames.DeviceAction) and frame.id == cursor.value:
                 return False
         return True
 
@@ -470,7 +470,6 @@ class Intake:
                     window_end=window[1],
                 )
                 gap = GapFound(cursor, *window)
-        self.backfills += 1
         log.info("intake.backfilled", since=owed.since, polled=len(lines))
         self.sink(Backfilled(owed, events, len(lines), gap))
 

@@ -501,3 +501,25 @@ def test_unknown_event_kind_is_ignored_with_one_line_never_junk_never_a_crash(
     assert (lines[0]["outcome"], lines[0]["event"]) == ("ignored", "message_pin")
     assert query(tmp_path, "SELECT count(*) FROM quarantine") == [(0,)]
     assert query(tmp_path, "SELECT count(*) FROM outbox") == [(1,)]  # only `after`
+
+
+def test_cursor_on_a_delete_event_is_not_mistaken_for_an_evicted_one(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ntfy >= 2.16 caches deletes and clears: one can be the cursor, and the gap probe must
+    recognise it instead of reporting the cursor gone."""
+    config = settings_for(emu.url, tmp_path, ntfy_cache_settle="100ms")
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        original = emu.publish("alerts", "raid degraded", title="NAS RAID")["id"]
+        httpx.delete(f"{emu.url}/alerts/{original}").raise_for_status()
+        wait_until(lambda: len(event_ids(tmp_path)) == 2)
+        (delete,) = [i for i in event_ids(tmp_path) if i != original]
+        wait_until(lambda: cursor_row(tmp_path) == ("id", delete), what="cursor on the delete")
+    # Resume and hold the backfill back: a cursor judged gone would be persisted as a gap owed.
+    with DaemonThread(settings_for(emu.url, tmp_path, ntfy_cache_settle="60s")):
+        wait_until(
+            lambda: query(tmp_path, "SELECT backfill_epoch FROM cursor")[0][0] >= 2,
+            what="the resumed connection opened",
+        )
+        assert query(tmp_path, "SELECT gap_from FROM cursor") == [(None,)]
+    probes = [e for e in emu.subscribe_log if e["query"].get("id") == delete]
+    assert probes and stream_sinces(emu.subscribe_log)[-1] == delete

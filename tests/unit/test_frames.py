@@ -187,7 +187,7 @@ def test_new_event_kinds_never_raise_and_keep_their_id(kind: str, extra: dict[st
 def test_unknown_event_kind_is_ignored_not_junk() -> None:
     frame = decode_line(line(event="message_pin"), TOPICS)
     assert isinstance(frame, Ignored)
-    assert (frame.id, frame.kind, frame.cached) == ("abcDEF123456", "message_pin", True)
+    assert (frame.id, frame.kind, frame.cached) == ("abcDEF123456", "message_pin", False)
 
 
 def test_delete_and_clear_name_their_message_by_sequence_id() -> None:
