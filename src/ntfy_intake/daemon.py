@@ -45,6 +45,7 @@ from ntfy_intake import (
     notices,
     outbox,
     owner,
+    refusals,
     rehydrate,
     relay,
     retention,
@@ -436,7 +437,7 @@ class Daemon:
 
     async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
         """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
-        detail = intake.describe_error_body(body)
+        detail = refusals.describe_error_body(body)
         notice = notices.fallback_400(cursor.value, cursor.since, detail)
         await self._db(self._record_drop, notice)
         self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
@@ -520,7 +521,7 @@ class Daemon:
             self.counters.extra.get("backfill_polled", 0) + backfill.polled
         )
 
-    async def _record_refusal(self, refused: intake.Refused) -> None:
+    async def _record_refusal(self, refused: refusals.Refused) -> None:
         notice = notices.subscribe_refused(
             refused.category,
             refused.status,

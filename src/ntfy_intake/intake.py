@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -34,16 +33,14 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
-from ntfy_intake import backoff, frames
+from ntfy_intake import backoff, frames, refusals
 from ntfy_intake.cursor import Cursor, Owed, Resume, backfill_since, gap_window
 from ntfy_intake.frames import Event, Junk, Message
+from ntfy_intake.refusals import Refused, StatusFailure
 
 log = structlog.get_logger("ntfy_intake.intake")
 
 
-AUTH_LOCKOUT_AFTER = 3  # consecutive 401s before the long backoff
-AUTH_BACKOFF = 300.0  # ntfy refills one failed authentication a minute, 30 at most
-AUTH_LOCKED_BACKOFF = 60.0  # 42909: locked out; one attempt back per minute
 CURSOR_INVALID = 40008
 POLL_RETRY_BASE = 5.0  # a failed backfill poll waits for ntfy's request bucket (1 per 5 s)
 
@@ -72,18 +69,6 @@ class Backfilled:
     events: list[Event | Junk]
     polled: int  # lines the poll returned
     gap: GapFound | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """ntfy refused the subscription for a reason the owner can act on (once per episode)."""
-
-    category: str  # credentials | acl | rate_limit | rejected
-    status: int
-    code: int | None
-    error: str
-    topics: str
-    episode: str
 
 
 Item = Received | Backfilled | Refused
@@ -121,47 +106,6 @@ class IntakeConfig:
     cache_duration: float = 12 * 3600.0
 
 
-class _StatusFailure(Exception):
-    def __init__(
-        self, status: int, retry_after: float | None, code: int | None = None, error: str = ""
-    ) -> None:
-        super().__init__(f"HTTP {status}" + (f" {code}: {error}" if code else ""))
-        self.status = status
-        self.retry_after = retry_after
-        self.code = code
-        self.error = error
-
-
-def refusal_category(status: int) -> str | None:
-    """What kind of refusal the owner is told about; None for server trouble (5xx and the like),
-    which the liveness notices cover."""
-    if status == 401:
-        return "credentials"
-    if status == 403:
-        return "acl"
-    if status == 429:
-        return "rate_limit"
-    if 400 <= status < 500:
-        return "rejected"
-    return None
-
-
-def parse_error_body(body: str) -> tuple[int | None, str]:
-    """ntfy's error JSON as (code, error text); (None, the text) when it is not that."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None, body.strip()[:200]
-    if isinstance(parsed, dict):
-        code = parsed.get("code")
-        error = parsed.get("error")
-        return (
-            code if isinstance(code, int) and not isinstance(code, bool) else None,
-            error[:200] if isinstance(error, str) else body.strip()[:200],
-        )
-    return None, body.strip()[:200]
-
-
 class _WatchdogExpired(Exception):
     pass
 
@@ -194,9 +138,7 @@ class Intake:
         self.topics = frozenset(config.topics)
         self.topic_path = ",".join(config.topics)
         self.stream_url = f"{config.base_url}/{self.topic_path}/json"
-        self.episode = 0  # refusals are noticed once per category per episode
-        self._noticed: set[str] = set()
-        self._auth_failures = 0  # consecutive 401s
+        self.refusals = refusals.Episodes()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
@@ -218,8 +160,10 @@ class Intake:
             except _RejectedCursor:
                 failures = 0
                 continue
-            except _StatusFailure as exc:
-                retry_after = self._refused(exc)
+            except StatusFailure as exc:
+                retry_after, report = self.refusals.refused(exc)
+                if report is not None:
+                    self.sink(report.naming(self.topic_path))
                 self._fail(f"http_{exc.status}", str(exc))
             except _WatchdogExpired:
                 self.health.watchdog_drops += 1
@@ -263,39 +207,6 @@ class Intake:
         gap_from = (last_seen or cursor.message_time or 0) if evicted else None
         await self._stream(cursor, gap_from, generation)
 
-    def _refused(self, exc: _StatusFailure) -> float | None:
-        """Count a refusal, report it once per episode; the least wait it imposes."""
-        wait = exc.retry_after
-        if exc.status == 401:
-            self._auth_failures += 1
-            if self._auth_failures >= AUTH_LOCKOUT_AFTER:
-                wait = max(wait or 0.0, AUTH_BACKOFF)
-        elif exc.status != 403:  # an ACL denial spends no authentication budget
-            self._auth_failures = 0
-        if exc.code == 42909:
-            wait = max(wait or 0.0, AUTH_LOCKED_BACKOFF)
-        category = refusal_category(exc.status)
-        if category is not None and category not in self._noticed:
-            self._noticed.add(category)
-            self.sink(
-                Refused(
-                    category,
-                    exc.status,
-                    exc.code,
-                    exc.error or f"HTTP {exc.status}",
-                    self.topic_path,
-                    f"{self.episode}",
-                )
-            )
-        return wait
-
-    def _connected(self) -> None:
-        """A subscription is live: a new refusal episode starts with the next failure."""
-        self._auth_failures = 0
-        if self._noticed:
-            self.episode += 1
-            self._noticed.clear()
-
     def _count(self, kind: str) -> None:
         self.health.failures[kind] = self.health.failures.get(kind, 0) + 1
 
@@ -317,9 +228,9 @@ class Intake:
             log.warning("intake.probe_failed", detail=type(exc).__name__)
             return False
         if response.status_code != 200:
-            if refusal_category(response.status_code) is not None:
+            if refusals.category(response.status_code) is not None:
                 # The stream would be refused too: one request, one authentication spent.
-                raise _status_failure(response.status_code, response.headers, response.text)
+                raise refusals.status_failure(response.status_code, response.headers, response.text)
             return False
         for line in response.content.splitlines():
             frame = frames.decode_line(line, self.topics)
@@ -344,8 +255,8 @@ class Intake:
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
-                failure = _status_failure(response.status_code, response.headers, body)
-                if failure.code == CURSOR_INVALID and cursor.kind != "all":
+                failure = refusals.status_failure(response.status_code, response.headers, body)
+                if failure.code == refusals.CURSOR_INVALID and cursor.kind != "all":
                     log.error(
                         "intake.cursor_rejected", since=cursor.since, status=400, body=body.strip()
                     )
@@ -404,7 +315,7 @@ class Intake:
                         self.health.state = "live"
                         self.health.connected_at = now
                         self.health.connections += 1
-                        self._connected()
+                        self.refusals.connected()
                         log.info("intake.connected", since=cursor.since)
                         if backfill is None:
                             opened = frame.time or int(self.server_clock())
@@ -441,7 +352,7 @@ class Intake:
             try:
                 lines = await self._poll(owed.since)
                 break
-            except (_StatusFailure, httpx.HTTPError) as exc:
+            except (StatusFailure, httpx.HTTPError) as exc:
                 wait = backoff.delay(attempt, base=POLL_RETRY_BASE, cap=60.0, rng=self.rng)
                 attempt += 1
                 log.warning(
@@ -483,7 +394,7 @@ class Intake:
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
-                raise _status_failure(response.status_code, response.headers, body)
+                raise refusals.status_failure(response.status_code, response.headers, body)
             decoder = frames.NdjsonDecoder()
             lines: list[bytes | Junk] = []
             async for chunk in response.aiter_raw():
@@ -510,20 +421,3 @@ async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     return False
-
-
-def _status_failure(status: int, headers: httpx.Headers, body: str) -> _StatusFailure:
-    code, error = parse_error_body(body)
-    retry_after = backoff.parse_retry_after(headers.get("Retry-After"), time.time())
-    return _StatusFailure(status, retry_after, code, error)
-
-
-def describe_error_body(body: str) -> str:
-    """ntfy's error JSON, reduced to `code: error` for logs and notices."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body.strip()[:200]
-    if isinstance(parsed, dict):
-        return f"{parsed.get('code')}: {parsed.get('error')}"
-    return body.strip()[:200]
