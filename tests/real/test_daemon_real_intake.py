@@ -4,6 +4,8 @@ wait for ntfy's delayed sender (10 s minimum delay, checked every 10 s): they ar
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -16,8 +18,11 @@ from ..harness import (
     DaemonThread,
     audit_records,
     cursor_row,
+    daemon_process,
+    env_for,
     event_ids,
     notices,
+    query,
     settings_for,
     wait_until,
 )
@@ -39,6 +44,10 @@ def held(server: RealNtfy, event_id: str) -> bool:
 
 def connected(running: DaemonThread) -> bool:
     return running.daemon is not None and running.daemon.health.connections >= 1
+
+
+def backfill_epoch(state: Path) -> int:
+    return int(query(state, "SELECT backfill_epoch FROM cursor")[0][0])
 
 
 def backfills(state: Path) -> list[dict[str, object]]:
@@ -114,3 +123,43 @@ def test_40009_keeps_the_cursor_and_tells_the_owner_once_with_ntfys_text(
     (notice,) = notices(tmp_path, "subscribe_refused")
     assert notice["category"] == "rejected" and notice["topics"] == "alerts,backups"
     assert "40009: invalid request: topic invalid" in str(notice["text"])
+
+
+def test_kill9_before_the_backfill_poll_leaves_it_owed_and_the_next_start_polls_from_it(
+    make_real_ntfy: Callable[..., RealNtfy], tmp_path: Path
+) -> None:
+    """A scheduled message delivered while the daemon is down, then a start that is killed after
+    its stream moved the cursor well past it but before its backfill poll: the next start must
+    poll from the T stored at that open, not from one recomputed from the newer cursor (which
+    would start after the scheduled message's time)."""
+    server = make_real_ntfy()
+    overlap = {"ntfy_overlap": "11s"}  # the least allowed (reorder_window 300ms + 10 s)
+    with DaemonThread(settings(server, tmp_path, ntfy_cache_settle="500ms", **overlap)):
+        wait_until(lambda: backfills(tmp_path), what="connected")
+        scheduled = server.publish("alerts", "scrub result", Title="scrub", X_Delay="10s")
+        cursor = server.publish("alerts", "after the scheduling", Title="later")
+        wait_until(lambda: cursor_row(tmp_path) == ("id", cursor["id"]), what="id cursor")
+    wait_until(lambda: held(server, scheduled["id"]), timeout=40, what="delayed delivery")
+    env = env_for(
+        server.url,
+        tmp_path,
+        NTFY_KEEPALIVE_INTERVAL="5s",
+        NTFY_CACHE_SETTLE="60s",  # killed long before its poll
+        NTFY_OVERLAP="11s",
+    )
+    with daemon_process(env) as proc:
+        wait_until(lambda: backfill_epoch(tmp_path) >= 2, what="second connection opened")
+        opened = time.monotonic()
+        (owed,) = query(tmp_path, "SELECT backfill_from FROM cursor")[0]
+        time.sleep(max(0.0, opened + 13 - time.monotonic()))  # beyond the overlap
+        newer = server.publish("alerts", "recorded by the killed daemon", Title="newer")
+        wait_until(lambda: cursor_row(tmp_path) == ("id", newer["id"]), what="cursor moved on")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert newer["time"] - 11 > scheduled["time"]  # a recomputed T would miss it
+    assert query(tmp_path, "SELECT backfill_from FROM cursor") == [(owed,)]
+    with DaemonThread(settings(server, tmp_path, ntfy_cache_settle="500ms", **overlap)):
+        wait_until(lambda: scheduled["id"] in event_ids(tmp_path), what="scheduled recorded")
+    counts = Counter(event_ids(tmp_path))
+    assert counts[scheduled["id"]] == 1 and all(n == 1 for n in counts.values()), counts
+    assert backfills(tmp_path)[-1]["since"] == owed
