@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="turn off ntfy's request limiter and 30-subscription limit (on by default, as in ntfy)",
     )
+    p.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TOKEN=TOPICS",
+        help="turn auth on: a tk_ token and the comma-separated topics it may read (repeatable)",
+    )
 
     p = add("receiver", _cmd_receiver, "run the reference triage receiver")
     p.add_argument("--host", default="127.0.0.1")
@@ -249,12 +256,22 @@ def _duration_arg(name: str, text: str) -> float:
 def _cmd_emulator(args: argparse.Namespace) -> int:
     from ntfy_intake.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
 
-    config = EmulatorConfig(
-        keepalive_interval=_duration_arg("--keepalive", args.keepalive),
-        cache_duration=_duration_arg("--cache-duration", args.cache_duration),
-        request_limit=not args.no_rate_limits,
-        subscription_limit=None if args.no_rate_limits else 30,
-    )
+    tokens: dict[str, set[str]] = {}
+    for spec in args.token:
+        token, _, topics = spec.partition("=")
+        tokens[token] = {topic for topic in topics.split(",") if topic}
+    keepalive = _duration_arg("--keepalive", args.keepalive)
+    cache_duration = _duration_arg("--cache-duration", args.cache_duration)
+    try:
+        config = EmulatorConfig(
+            tokens=tokens or None,
+            keepalive_interval=keepalive,
+            cache_duration=cache_duration,
+            request_limit=not args.no_rate_limits,
+            subscription_limit=None if args.no_rate_limits else 30,
+        )
+    except ValueError as exc:
+        raise ConfigError("emulator", str(exc)) from exc
     serve_forever(args.host, args.port, config)
     return 0
 

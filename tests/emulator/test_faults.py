@@ -199,6 +199,7 @@ def test_clear_releases_a_held_message(emu: NtfyEmulator, open_stream: Any) -> N
         "pending_cache_writes": 0,
         "replay_after_live": None,
         "shuffle_same_second": False,
+        "misbehave_inclusive_since_id": False,
     }
 
 

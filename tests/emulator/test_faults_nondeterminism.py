@@ -117,3 +117,16 @@ def test_new_switches_over_the_admin_surface(emu: NtfyEmulator, client: httpx.Cl
     assert len(emu.messages("t")) == 1
     cleared = client.post("/v1/emulator/faults", json={"clear": True}).json()
     assert (cleared["lag_cache_writes"], cleared["shuffle_same_second"]) == (None, False)
+
+
+def test_misbehave_inclusive_since_id_breaks_exclusivity_on_purpose(
+    emu: NtfyEmulator, client: httpx.Client
+) -> None:
+    """Not a real-server behaviour: a switch a conformance suite can use to prove it can fail."""
+    first = emu.publish("t", "first")
+    second = emu.publish("t", "second")
+    assert _ids(client, "/t/json", since=first["id"]) == [second["id"]]
+    client.post("/v1/emulator/faults", json={"misbehave_inclusive_since_id": True})
+    assert _ids(client, "/t/json", since=first["id"]) == [first["id"], second["id"]]
+    emu.faults.clear()
+    assert _ids(client, "/t/json", since=first["id"]) == [second["id"]]

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 
 def _poll(client: httpx.Client, path: str, **params: str) -> list[dict[str, Any]]:
@@ -90,3 +91,11 @@ def test_ntfy_2_13_has_no_sequences(make_emulator: Callable[..., NtfyEmulator]) 
         assert http.put("/t/job-1", content=b"x").json()["code"] == 40401
         assert http.delete("/t/job-1").json()["code"] == 40401
         assert http.put("/t/job-1/clear").json()["code"] == 40401
+
+
+def test_config_refuses_unknown_versions_and_bad_sender_intervals() -> None:
+    with pytest.raises(ValueError, match="ntfy_version"):
+        EmulatorConfig(ntfy_version="2.15")
+    with pytest.raises(ValueError, match="delayed_sender_interval"):
+        EmulatorConfig(delayed_sender_interval=0)
+    assert EmulatorConfig().ntfy_version == "2.17"

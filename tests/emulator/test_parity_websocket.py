@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from websockets.client import ClientProtocol
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.sync.client import connect
@@ -201,3 +201,25 @@ def test_ws_counts_against_the_subscription_limit(
         with pytest.raises(InvalidStatus) as refused:
             connect(f"{ws_url}/t/ws", open_timeout=5)
         assert refused.value.response.status_code == 429
+
+
+def test_ws_answers_client_pings_as_aiontfys_heartbeat_needs(emu: NtfyEmulator) -> None:
+    """aiontfy connects with heartbeat=60: it pings and closes the socket if no pong comes."""
+    ws = RawWebSocket(emu.url, "/t/ws")
+    try:
+        assert [event["event"] for event in _texts(ws.frames(0.5))] == ["open"]
+        ws.protocol.send_ping(b"hb")
+        ws._flush()
+        frames = ws.frames(1.0)
+    finally:
+        ws.close()
+    assert [(frame.opcode, bytes(frame.data)) for frame in frames] == [(Opcode.PONG, b"hb")]
+
+
+def test_ws_client_frame_over_64_bytes_ends_the_connection(emu: NtfyEmulator, ws_url: str) -> None:
+    """ntfy's wsReadLimit: clients should send nothing; a large frame drops the connection."""
+    with connect(f"{ws_url}/t/ws", open_timeout=5) as ws:
+        assert json.loads(ws.recv(timeout=5))["event"] == "open"
+        ws.send("x" * 65)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=5)

@@ -6,7 +6,12 @@ fault, reach the connection under a response. Invariants owned here (ntfy-spec.m
   429 42909, 401 40101), routing (404 40401), the request bucket (429 42901), topic read access
   (400 40009, then 403 40301), the subscription limit (429 42903), topics (400 40009), parameters
   (400 40008 / 40007);
-- every error body is ntfy's JSON with `Content-Type: application/json`;
+- every error body is ntfy's JSON with `Content-Type: application/json` (a bare status on a
+  WebSocket handshake, see exchange.py);
+- the routes of ntfy 2.16+ (`/<topic>/<sequence_id>`, its DELETE and `/clear|read`) exist only
+  with `ntfy_version="2.17"`; `/v1/...` is never a topic;
+- the lifespan runs ntfy's background jobs: the manager (prune, stats sample) and the delayed
+  sender;
 - the emulator-only admin routes (admin.py) are matched first and skip auth and limits.
 """
 
@@ -16,21 +21,17 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 from ntfy_intake.emulator import access, account, admin, publish, wire
+from ntfy_intake.emulator.exchange import Exchange, Receive, Scope, Send, WebSocketExchange
 from ntfy_intake.emulator.hub import Hub, Stream
 from ntfy_intake.emulator.params import Params, parse_query_filters
 from ntfy_intake.emulator.session import StreamSession, encoder
 from ntfy_intake.emulator.since import InvalidSince, parse_since
 from ntfy_intake.emulator.websocket import WebSocketSession
 from ntfy_intake.emulator.wire import NtfyError
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _T = r"[-_A-Za-z0-9]{1,64}"
 TOPIC_PATH = re.compile(rf"/({_T})", re.ASCII)
@@ -40,92 +41,6 @@ SUBSCRIBE_PATH = re.compile(rf"/({_T}(?:,{_T})*)/(json|sse|raw|ws|auth)", re.ASC
 SEQUENCE_PATH = re.compile(rf"/({_T})/({_T})", re.ASCII)  # ntfy 2.16+: /<topic>/<sequence_id>
 SEQUENCE_ACTION_PATH = re.compile(rf"/({_T})/({_T})/(clear|read)", re.ASCII)
 _log = logging.getLogger(__name__)
-
-
-class Exchange:
-    """One request and its response."""
-
-    websocket = False
-
-    def __init__(self, hub: Hub, scope: Scope, receive: Receive, send: Send) -> None:
-        self.hub = hub
-        self.method: str = scope.get("method", "GET")
-        self.path: str = scope["path"]
-        self.receive = receive
-        self.send = send
-        self.params = Params.from_asgi(scope["headers"], scope.get("query_string", b""))
-        client = scope.get("client")
-        self.visitor: str = client[0] if client else "0.0.0.0"  # noqa: S104 - a key, not a bind
-        self.log_entry: dict[str, Any] | None = None
-        self.started = False
-
-    async def body(self) -> bytes:
-        chunks: list[bytes] = []
-        while True:
-            message = await self.receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.log_entry is not None:
-            self.hub.update_log(self.log_entry, status=status)
-        self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def respond(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = "application/json",
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        content = [(b"content-type", content_type.encode())] if content_type else []
-        await self.start(
-            status,
-            [
-                *content,
-                (b"access-control-allow-origin", b"*"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        )
-        await self.send({"type": "http.response.body", "body": body})
-
-    async def respond_json(self, value: Any, status: int = 200) -> None:
-        await self.respond(status, (wire.go_json(value) + "\n").encode())
-
-    async def fail(self, error: NtfyError, retry_after: int | None = None) -> None:
-        if self.log_entry is not None:
-            self.hub.update_log(self.log_entry, code=error.code)
-        extra = () if retry_after is None else ((b"retry-after", str(retry_after).encode()),)
-        await self.respond(error.http, error.body(), headers=extra)
-
-
-class WebSocketExchange(Exchange):
-    """A WebSocket handshake: until accepted, every answer is a bare status (ntfy writes no body
-    for an error on a real handshake)."""
-
-    websocket = True
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.log_entry is not None:
-            self.hub.update_log(self.log_entry, status=status)
-        self.started = True
-        await self.send({"type": "websocket.http.response.start", "status": status, "headers": []})
-
-    async def respond(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = "application/json",
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        await self.start(status, [])
-        await self.send({"type": "websocket.http.response.body", "body": b""})
 
 
 class EmulatorApp:

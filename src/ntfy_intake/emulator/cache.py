@@ -36,6 +36,7 @@ class MessageCache:
 
     def __init__(self, *, enabled: bool = True) -> None:
         self.enabled = enabled
+        self.inclusive_id_cursor = False  # a deliberate bug (faults.misbehave_inclusive_since_id)
         self._rows: list[Row] = []
         self._last_rowid = 0
 
@@ -75,6 +76,8 @@ class MessageCache:
             cursor = self.rowid(since.id)
             if cursor is None:
                 return self.select(topic, ALL, scheduled=scheduled)
+            if self.inclusive_id_cursor:
+                cursor -= 1
             chosen = [
                 row
                 for row in rows

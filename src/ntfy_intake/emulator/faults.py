@@ -161,6 +161,12 @@ class Faults:
         with self._hub.lock:
             self._shuffle = random.Random(seed) if on else None
 
+    def misbehave_inclusive_since_id(self, on: bool = True) -> None:
+        """A deliberate bug, not a real-server behaviour: `since=<id>` also returns the cursor's
+        own message. For proving that conformance and differential tests can fail."""
+        with self._hub.lock:
+            self._hub.cache.inclusive_id_cursor = on
+
     def clear(self) -> None:
         """Every switch off; a held-back message is delivered now, lagging writes are made."""
         self.silence(False)
@@ -173,6 +179,7 @@ class Faults:
             self._cache_lag = None
             self._replay_after_live = None
             self._shuffle = None
+            self._hub.cache.inclusive_id_cursor = False
             held, self._held = self._held, None
         if held is not None:
             self._hub.schedule([Delivery(0.0, *held)])
@@ -196,6 +203,7 @@ class Faults:
                 "pending_cache_writes": len(self._pending_writes),
                 "replay_after_live": self._replay_after_live,
                 "shuffle_same_second": self._shuffle is not None,
+                "misbehave_inclusive_since_id": self._hub.cache.inclusive_id_cursor,
             }
 
     def apply(self, spec: Mapping[str, Any]) -> None:
@@ -218,6 +226,7 @@ class Faults:
             "release_cache_writes": lambda v: self.release_cache_writes() if v else None,
             "replay_after_live": lambda v: self.replay_after_live(1.0 if v is True else float(v)),
             "shuffle_same_second": lambda v: self.shuffle_same_second(bool(v)),
+            "misbehave_inclusive_since_id": lambda v: self.misbehave_inclusive_since_id(bool(v)),
         }
         unknown = set(spec) - set(actions)
         if unknown:

@@ -250,7 +250,7 @@ class NtfyEmulator:
             ws="websockets-sansio",
             ws_ping_interval=self.config.keepalive_interval,
             ws_ping_timeout=15.0,
-            ws_max_size=64 * 1024,
+            ws_max_size=64,  # ntfy reads at most 64 bytes per client frame (wsReadLimit)
             lifespan="on",
             loop="asyncio",
             log_config=None,

@@ -26,7 +26,7 @@ from ntfy_intake.emulator.since import Since
 from ntfy_intake.emulator.wire import Event
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.app import Exchange
+    from ntfy_intake.emulator.exchange import Exchange
 
 CONTENT_TYPES = {
     "json": "application/x-ndjson; charset=utf-8",

@@ -5,7 +5,8 @@ Invariants owned here (ntfy-spec.md sections 1.6 and 4.1, checked against a real
   the replay, then live messages; no keepalive events: the server sends ping frames every
   `keepalive_interval` (uvicorn's websockets protocol, configured by the runner);
 - `poll=1` sends the replay and closes the connection (no close frame, as ntfy); frames the
-  client sends are read and ignored;
+  client sends are read and ignored, and one over 64 bytes closes the connection (1009, ntfy's
+  wsReadLimit; the runner sets it);
 - errors before the upgrade are a bare status (see app.WebSocketExchange).
 """
 
