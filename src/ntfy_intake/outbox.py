@@ -93,6 +93,19 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
                 "tags": frame.get("tags", []),
             }
         )
+    # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
+    # agent, never a resolution: the request goes out all the same.
+    device_actions = [
+        {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
+        for row in conn.execute(
+            "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+            " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+            " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+            " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
+            " ORDER BY a.time, a.seq",
+            (key,),
+        )
+    ]
     payload = {
         "schema": SCHEMA,
         "delivery_key": key,
@@ -106,6 +119,8 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
         "events": events,
         "untrusted_fields": UNTRUSTED_FIELDS,
     }
+    if device_actions:
+        payload["device_actions"] = device_actions
     summary = f"{incident_key} sev {severity} {status} ({len(events)} event(s))"
     return payload, summary, int(version)
 

@@ -55,6 +55,7 @@ CONFIG_ENV = "NTFY_INTAKE_CONFIG"
 TEST_ENV_PREFIX = "NTFY_INTAKE_TEST_"  # reserved for test hooks; never an error, never read here
 DEFAULT_STATE_DIR = Path("/var/lib/ntfy-intake")
 DEFAULT_CONFIG = Path("/etc/ntfy-intake/config.toml")  # used by the CLI when it exists
+DELAYED_SENDER_PERIOD = 10.0  # ntfy publishes due scheduled messages every 10 s
 # ntfy refuses these as topic names (server.go, disallowedTopics): they are its own URL paths.
 DISALLOWED_TOPICS = frozenset(
     {"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"}
@@ -78,6 +79,8 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "dead_after"): "duration",
     ("ntfy", "reorder_window"): "duration",
     ("ntfy", "first_start"): "str",
+    ("ntfy", "cache_settle"): "duration",
+    ("ntfy", "overlap"): "duration",
     ("state", "dir"): "str",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
@@ -143,6 +146,10 @@ class NtfySettings:
     dead_after: float
     reorder_window: float
     first_start: FirstStart
+    # The overlap backfill (DESIGN.md section 3): poll `since=<T - overlap>` once `cache_settle`
+    # has passed after each `open`.
+    cache_settle: float = 2.0
+    overlap: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,6 +742,17 @@ def _ntfy(r: _Reader, *, required: bool = True) -> NtfySettings:
             f"ntfy.reorder_window ({format_duration(reorder)}) must be shorter than "
             f"ntfy.cache_duration ({format_duration(cache)})",
         )
+    # The backfill must reach behind anything the reorder window let through, and behind ntfy's
+    # delayed sender (it publishes a due scheduled message up to 10 s late).
+    least_overlap = reorder + DELAYED_SENDER_PERIOD
+    overlap = _duration(r, "ntfy", "overlap", max(30.0, least_overlap), 0.0)
+    if overlap < least_overlap:
+        r.fail(
+            "ntfy",
+            "overlap",
+            f"must be at least ntfy.reorder_window + {format_duration(DELAYED_SENDER_PERIOD)}"
+            f" ({format_duration(least_overlap)}), got {format_duration(overlap)}",
+        )
     return NtfySettings(
         url=url.rstrip("/"),
         topics=topics,
@@ -745,6 +763,8 @@ def _ntfy(r: _Reader, *, required: bool = True) -> NtfySettings:
         dead_after=dead_after,
         reorder_window=reorder,
         first_start=_first_start(r),
+        cache_settle=_duration(r, "ntfy", "cache_settle", 2.0, 0.0),
+        overlap=overlap,
     )
 
 

@@ -162,6 +162,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("ntfy", "dead_after"): "10m",
         ("ntfy", "reorder_window"): "2s",
         ("ntfy", "first_start"): "6h",
+        ("ntfy", "cache_settle"): "3s",
+        ("ntfy", "overlap"): "45s",
         ("state", "dir"): str(tmp_path),
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
@@ -194,6 +196,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             dead_after=600,
             reorder_window=2,
             first_start=FirstStart("history", 6 * 3600),
+            cache_settle=3,
+            overlap=45,
         ),
         state=settings.StateSettings(tmp_path),
         relay=settings.RelaySettings(
@@ -920,3 +924,15 @@ def test_default_config_path_is_used_only_when_it_exists_and_nothing_else_is_giv
     assert settings.config_path(None, {}) == default
     assert settings.config_path(Path("/x.toml"), {}) == Path("/x.toml")
     assert settings.config_path(None, {"NTFY_INTAKE_CONFIG": "/y.toml"}) is None  # load reads it
+
+
+def test_overlap_shorter_than_reorder_window_plus_delayed_sender_is_refused() -> None:
+    base = {env_name("ntfy", "url"): "http://x", env_name("ntfy", "topics"): "a"}
+    with pytest.raises(ConfigError, match=r"ntfy.overlap.*at least ntfy.reorder_window \+ 10s"):
+        load(
+            None,
+            {**base, env_name("ntfy", "reorder_window"): "25s", env_name("ntfy", "overlap"): "30s"},
+        )
+    # Unset, the overlap follows a long reorder window instead of failing on a key nobody wrote.
+    assert load(None, {**base, env_name("ntfy", "reorder_window"): "25s"}).ntfy.overlap == 35
+    assert load(None, base).ntfy.overlap == 30 and load(None, base).ntfy.cache_settle == 2
