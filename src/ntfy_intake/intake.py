@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
-from ntfy_intake import backoff, frames, refusals
+from ntfy_intake import backoff, diagnose, frames, refusals
 from ntfy_intake.cursor import Cursor, Owed, Resume, backfill_since, gap_window
 from ntfy_intake.frames import Event, Junk, Message
 from ntfy_intake.refusals import Refused, StatusFailure
@@ -164,14 +164,19 @@ class Intake:
                 retry_after, report = self.refusals.refused(exc)
                 if report is not None:
                     self.sink(report.naming(self.topic_path))
-                self._fail(f"http_{exc.status}", str(exc))
+                self._fail(
+                    f"http_{exc.status}",
+                    diagnose.http_failure(
+                        self.stream_url, self.config.topics, exc.status, exc.body
+                    ),
+                )
             except _WatchdogExpired:
                 self.health.watchdog_drops += 1
                 self._fail("watchdog", f"no frame within {self.config.keepalive_timeout:g}s")
             except httpx.TimeoutException as exc:
-                self._fail("timeout", type(exc).__name__)
+                self._fail("timeout", diagnose.transport_failure(self.stream_url, exc))
             except httpx.TransportError as exc:
-                self._fail("transport", f"{type(exc).__name__}: {exc}")
+                self._fail("transport", diagnose.transport_failure(self.stream_url, exc))
             finally:
                 if self.health.connected_at is not None:
                     lasted = time.monotonic() - self.health.connected_at

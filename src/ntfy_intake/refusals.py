@@ -32,13 +32,19 @@ class StatusFailure(Exception):
     """ntfy answered a subscribe or a poll with something other than 200."""
 
     def __init__(
-        self, status: int, retry_after: float | None, code: int | None = None, error: str = ""
+        self,
+        status: int,
+        retry_after: float | None,
+        code: int | None = None,
+        error: str = "",
+        body: str = "",
     ) -> None:
         super().__init__(f"HTTP {status}" + (f" {code}: {error}" if code else ""))
         self.status = status
         self.retry_after = retry_after
         self.code = code
         self.error = error
+        self.body = body  # as ntfy sent it (already cut to a bounded length), for diagnosis
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +94,7 @@ def parse_error_body(body: str) -> tuple[int | None, str]:
 def status_failure(status: int, headers: httpx.Headers, body: str) -> StatusFailure:
     code, error = parse_error_body(body)
     retry_after = backoff.parse_retry_after(headers.get("Retry-After"), time.time())
-    return StatusFailure(status, retry_after, code, error)
+    return StatusFailure(status, retry_after, code, error, body)
 
 
 def describe_error_body(body: str) -> str:

@@ -399,3 +399,30 @@ def test_systemd_status_line_says_the_health_state_once_and_does_not_repeat_itse
         r"STATUS=live; last frame \d+\.\d s ago; \d+ recorded this run; cursor \S+", line
     ), line
     assert line.count("live") == 1
+
+
+def test_connection_failure_names_the_url_ntfys_error_and_the_setting_to_check(
+    tmp_path: Path,
+) -> None:
+    """A wrong path prefix used to read `HTTP 404` and nothing else."""
+    config = EmulatorConfig(
+        keepalive_interval=1.0, tokens={"tk_" + "a" * 29: ["alerts"]}, request_limit=False
+    )
+    with NtfyEmulator(config).running() as emu:
+        _failures_of_a_misconfigured_daemon(emu, tmp_path)
+
+
+def _failures_of_a_misconfigured_daemon(emu: NtfyEmulator, tmp_path: Path) -> None:
+    wrong_prefix = f"{emu.url}/ntfy"
+    env = {"PATH": "/usr/bin:/bin", **env_for(wrong_prefix, tmp_path)}
+    with DaemonThread(settings_for(wrong_prefix, tmp_path), backoff_base=0.5):
+        wait_until(lambda: "HTTP 404" in cli(env, "status").stdout, timeout=15, what="a 404")
+        last = json.loads(cli(env, "status", "--json").stdout)["intake"]["last_error"]
+    assert last.startswith(f"HTTP 404 from {wrong_prefix}/alerts,backups/json")
+    assert "ntfy says: 40401 page not found" in last
+    assert "check ntfy.url (it has the path prefix '/ntfy')" in last
+    env = {"PATH": "/usr/bin:/bin", **env_for(emu.url, tmp_path)}
+    with DaemonThread(settings_for(emu.url, tmp_path), backoff_base=0.5):
+        wait_until(lambda: "HTTP 403" in cli(env, "status").stdout, timeout=15, what="a 403")
+        last = json.loads(cli(env, "status", "--json").stdout)["intake"]["last_error"]
+    assert "40301 forbidden" in last and "may not read topic(s) alerts, backups" in last
