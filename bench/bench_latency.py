@@ -48,8 +48,8 @@ from _common import (
     ratio,
     wait_for,
 )
-from ntfy_intake import receiver
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 WARMUP = 20
 STEP_TIMEOUT_S = 10.0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import AuditCounter, Row, daemon, daemon_env, met, proc_status, ratio
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 TARGET_RATIO = 3.0
 INCIDENTS = 50

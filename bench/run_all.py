@@ -22,7 +22,7 @@ import bench_feed
 import bench_latency
 import bench_replay
 from _common import Row, daemon, daemon_env, machine, proc_status, ratio, render
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 HERE = Path(__file__).resolve().parent
 IDLE_SETTLE_S = 3.0

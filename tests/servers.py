@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .real_ntfy import RealNtfy
 

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ntfy_intake import inbox, logs
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.frames import DeviceAction, Ignored, Junk, Message, decode_line
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .conftest import TOPICS, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until

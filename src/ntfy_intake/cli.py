@@ -214,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     p = add("drill", _cmd_drill, "kill -9 verification: crash the daemon, check every id, verdict")
-    from ntfy_intake.drill_args import add_arguments  # noqa: PLC0415
+    from ntfy_intake.testbed.drill_args import add_arguments  # noqa: PLC0415
 
     add_arguments(p)
 
@@ -392,7 +392,7 @@ def _emulator_tokens(specs: Sequence[str]) -> dict[str, list[str]] | None:
 
 
 def _cmd_emulator(args: argparse.Namespace) -> int:
-    from ntfy_intake.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
+    from ntfy_intake.testbed.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
 
     try:
         config = EmulatorConfig(
@@ -419,7 +419,8 @@ def default_receiver_db(environ: Mapping[str, str]) -> Path:
 
 
 def _cmd_receiver(args: argparse.Namespace) -> int:
-    from ntfy_intake import receiver, settings, signing  # noqa: PLC0415
+    from ntfy_intake import settings, signing  # noqa: PLC0415
+    from ntfy_intake.testbed import receiver  # noqa: PLC0415
 
     allow = args.allow_insecure_permissions
     secret = settings.secret_from(
@@ -446,7 +447,7 @@ def _cmd_receiver(args: argparse.Namespace) -> int:
 
 
 def _cmd_signal_standin(args: argparse.Namespace) -> int:
-    from ntfy_intake import signal_standin  # noqa: PLC0415
+    from ntfy_intake.testbed import signal_standin  # noqa: PLC0415
 
     return _serve_on_port(
         "ntfy-intake signal-standin",
@@ -457,12 +458,12 @@ def _cmd_signal_standin(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from ntfy_intake import drill  # noqa: PLC0415
+    from ntfy_intake.testbed import drill  # noqa: PLC0415
 
     return drill.main(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ntfy_intake import demo  # noqa: PLC0415
+    from ntfy_intake.testbed import demo  # noqa: PLC0415
 
     return demo.run(extra_alerts=args.alerts)

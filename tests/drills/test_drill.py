@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import drill
+from ntfy_intake.testbed import drill
 
 
 def children_of(pid: int) -> list[int]:

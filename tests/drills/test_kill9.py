@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import daemon_process, env_for, event_ids, query, wait_until
 

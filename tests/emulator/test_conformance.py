@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 Poll = Callable[..., list[dict[str, Any]]]
 TOKEN = "tk_" + "a" * 29

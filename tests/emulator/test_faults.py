@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 Poll = Callable[..., list[dict[str, Any]]]
 SINCE_400 = (

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 
 def _ids(client: httpx.Client, path: str, **params: str) -> list[str]:

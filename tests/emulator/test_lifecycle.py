@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 
 def test_stop_cuts_open_streams(open_stream: Any) -> None:
@@ -150,7 +150,7 @@ def test_subscribe_log_records_requests(emu: NtfyEmulator, client: httpx.Client)
 def test_serve_forever_process() -> None:
     """The `emulator` command's function: one line with the URL, serves, exits 0 on SIGTERM."""
     code = (
-        "from ntfy_intake.emulator import EmulatorConfig, serve_forever;"
+        "from ntfy_intake.testbed.emulator import EmulatorConfig, serve_forever;"
         "serve_forever('127.0.0.1', 0, EmulatorConfig(keepalive_interval=30))"
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 # Captured from a real ntfy v2.13 (default limits, cache-duration 12h), anonymous visitor.
 REAL_ANONYMOUS_ACCOUNT = {

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 
 def test_rate_limits_are_on_by_default_as_in_ntfy() -> None:

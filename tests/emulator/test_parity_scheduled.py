@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 T0 = 1_700_000_000  # the fake clock's start (conftest.FakeClock)
 _LINK = "https://ntfy.sh/docs/publish/#scheduled-delivery"

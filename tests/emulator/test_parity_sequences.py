@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 
 def _poll(client: httpx.Client, path: str, **params: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from websockets.http11 import Response
 from websockets.sync.client import connect
 from websockets.uri import parse_uri
 
-from ntfy_intake.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 
 class RawWebSocket:

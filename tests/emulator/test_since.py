@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.emulator.params import Params
-from ntfy_intake.emulator.since import (
+from ntfy_intake.testbed.emulator.params import Params
+from ntfy_intake.testbed.emulator.since import (
     ALL,
     LATEST,
     NONE,

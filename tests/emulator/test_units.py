@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from ntfy_intake.emulator import access, wire
-from ntfy_intake.emulator.cache import MessageCache
-from ntfy_intake.emulator.params import Params, decode_mime_header, parse_query_string
-from ntfy_intake.emulator.publish import build_event, parse_json_publish
-from ntfy_intake.emulator.since import ALL, LATEST, NONE, Since
-from ntfy_intake.emulator.wire import Event, NtfyError
+from ntfy_intake.testbed.emulator import access, wire
+from ntfy_intake.testbed.emulator.cache import MessageCache
+from ntfy_intake.testbed.emulator.params import Params, decode_mime_header, parse_query_string
+from ntfy_intake.testbed.emulator.publish import build_event, parse_json_publish
+from ntfy_intake.testbed.emulator.since import ALL, LATEST, NONE, Since
+from ntfy_intake.testbed.emulator.wire import Event, NtfyError
 
 
 def event(mid: str, topic: str = "t", time: int = 100, **fields: object) -> Event:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import (
     DaemonThread,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import receiver, signal_standin
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import (
     DaemonThread,

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for, wait_until
 

@@ -19,8 +19,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from ntfy_intake import _serve, inbox
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sdnotify import Notifier
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until
 

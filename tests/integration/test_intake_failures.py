@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import signal_standin
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed import signal_standin
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import (
     DaemonThread,

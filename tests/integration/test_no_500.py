@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import _serve, http_api, receiver, signing
+from ntfy_intake import _serve, http_api, signing
 from ntfy_intake.feed import FeedStore
+from ntfy_intake.testbed import receiver
 
 TOKEN = "tok-for-property-tests"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))

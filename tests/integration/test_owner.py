@@ -19,13 +19,14 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from ntfy_intake import audit, db, signal_standin
+from ntfy_intake import audit, db
 from ntfy_intake.daemon import migrations
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.owner import OWNER_MIGRATIONS, OwnerSender
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.signal_standin import SignalHandle
+from ntfy_intake.testbed import signal_standin
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.signal_standin import SignalHandle
 
 SENDER = "+31600000000"
 OWNER = "+31600000001"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import apprise
 
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 

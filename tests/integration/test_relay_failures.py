@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import audit, db, inbox, outbox, receiver, relay, signing
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake import audit, db, inbox, outbox, relay, signing
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message, owner_queue
 from ..harness import (

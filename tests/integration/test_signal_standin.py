@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from ntfy_intake import signal_standin
-from ntfy_intake.signal_standin import SignalFaults, SignalHandle
+from ntfy_intake.testbed import signal_standin
+from ntfy_intake.testbed.signal_standin import SignalFaults, SignalHandle
 
 OWNER = "+31600000001"
 PARTNER = "+31600000002"

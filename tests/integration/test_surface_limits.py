@@ -26,8 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake import http_api, http_limits, receiver
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake import http_api, http_limits
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import audit_records, env_for, notices, query, wait_until
 

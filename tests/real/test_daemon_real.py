@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import drill
+from ntfy_intake.testbed import drill
 
 from ..harness import cursor_row, daemon_process, env_for, event_ids, notices, wait_until
 from ..real_ntfy import RealNtfy

@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, logs, receiver, settings, signal_standin, signing
+from ntfy_intake import audit, logs, settings, signing
 from ntfy_intake.daemon import Daemon
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sanitize import one_line
+from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 SAMPLES: list[dict[str, Any]] = [
     {

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 
-from ntfy_intake.emulator.params import go_trim
-from ntfy_intake.emulator.since import parse_go_duration, parse_go_int64
-from ntfy_intake.emulator.wire import NtfyError
+from ntfy_intake.testbed.emulator.params import go_trim
+from ntfy_intake.testbed.emulator.since import parse_go_duration, parse_go_int64
+from ntfy_intake.testbed.emulator.wire import NtfyError
 
 DELAY_MIN_S = 10
 DELAY_MAX_S = 3 * 24 * 3600

@@ -18,13 +18,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ntfy_intake.emulator.access import FixedLimiter, TokenBucket
-from ntfy_intake.emulator.cache import MessageCache, Row
-from ntfy_intake.emulator.config import EmulatorConfig
-from ntfy_intake.emulator.faults import Delivery, Faults
-from ntfy_intake.emulator.since import Since
-from ntfy_intake.emulator.stream import Signal, Stream
-from ntfy_intake.emulator.wire import Event
+from ntfy_intake.testbed.emulator.access import FixedLimiter, TokenBucket
+from ntfy_intake.testbed.emulator.cache import MessageCache, Row
+from ntfy_intake.testbed.emulator.config import EmulatorConfig
+from ntfy_intake.testbed.emulator.faults import Delivery, Faults
+from ntfy_intake.testbed.emulator.since import Since
+from ntfy_intake.testbed.emulator.stream import Signal, Stream
+from ntfy_intake.testbed.emulator.wire import Event
 
 _AUTH_FAILURE_BURST = 30
 _AUTH_FAILURE_EVERY = 60.0

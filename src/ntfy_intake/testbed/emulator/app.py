@@ -24,15 +24,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ntfy_intake.emulator import access, account, admin, publish, wire
-from ntfy_intake.emulator.exchange import Exchange, Receive, Scope, Send, WebSocketExchange
-from ntfy_intake.emulator.hub import Hub
-from ntfy_intake.emulator.params import Params, parse_query_filters
-from ntfy_intake.emulator.session import StreamSession, encoder
-from ntfy_intake.emulator.since import InvalidSince, parse_since
-from ntfy_intake.emulator.stream import Stream
-from ntfy_intake.emulator.websocket import WebSocketSession
-from ntfy_intake.emulator.wire import NtfyError
+from ntfy_intake.testbed.emulator import access, account, admin, publish, wire
+from ntfy_intake.testbed.emulator.exchange import Exchange, Receive, Scope, Send, WebSocketExchange
+from ntfy_intake.testbed.emulator.hub import Hub
+from ntfy_intake.testbed.emulator.params import Params, parse_query_filters
+from ntfy_intake.testbed.emulator.session import StreamSession, encoder
+from ntfy_intake.testbed.emulator.since import InvalidSince, parse_since
+from ntfy_intake.testbed.emulator.stream import Stream
+from ntfy_intake.testbed.emulator.websocket import WebSocketSession
+from ntfy_intake.testbed.emulator.wire import NtfyError
 
 _T = r"[-_A-Za-z0-9]{1,64}"
 TOPIC_PATH = re.compile(rf"/({_T})", re.ASCII)

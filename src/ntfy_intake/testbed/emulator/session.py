@@ -20,14 +20,14 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ntfy_intake.emulator import wire
-from ntfy_intake.emulator.hub import Hub
-from ntfy_intake.emulator.since import Since
-from ntfy_intake.emulator.stream import Signal, Stream
-from ntfy_intake.emulator.wire import Event
+from ntfy_intake.testbed.emulator import wire
+from ntfy_intake.testbed.emulator.hub import Hub
+from ntfy_intake.testbed.emulator.since import Since
+from ntfy_intake.testbed.emulator.stream import Signal, Stream
+from ntfy_intake.testbed.emulator.wire import Event
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.exchange import Exchange
+    from ntfy_intake.testbed.emulator.exchange import Exchange
 
 CONTENT_TYPES = {
     "json": "application/x-ndjson; charset=utf-8",

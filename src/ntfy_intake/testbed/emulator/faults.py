@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ntfy_intake.emulator import wire
-from ntfy_intake.emulator.stream import Stream
-from ntfy_intake.emulator.wire import Event, NtfyError
+from ntfy_intake.testbed.emulator import wire
+from ntfy_intake.testbed.emulator.stream import Stream
+from ntfy_intake.testbed.emulator.wire import Event, NtfyError
 
 if TYPE_CHECKING:
     import threading
 
-    from ntfy_intake.emulator.cache import MessageCache, Row
+    from ntfy_intake.testbed.emulator.cache import MessageCache, Row
 
 _KNOWN_ERRORS = {
     400: wire.BAD_REQUEST,

@@ -44,11 +44,12 @@ from typing import IO, Literal, TextIO
 
 import httpx
 
-from ntfy_intake import _serve, audit, receiver, settings
-from ntfy_intake.drill_args import add_arguments
-from ntfy_intake.drill_report import Tally, check, render
-from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake import _serve, audit, settings
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.drill_args import add_arguments
+from ntfy_intake.testbed.drill_report import Tally, check, render
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
 CRASH_ENV = "NTFY_INTAKE_TEST_CRASH_AT"
@@ -979,7 +980,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _cli(argv: Sequence[str] | None = None) -> int:
-    """`python -m ntfy_intake.drill` works before the CLI wiring exists."""
+    """`python -m ntfy_intake.testbed.drill` works before the CLI wiring exists."""
     parser = argparse.ArgumentParser(prog="ntfy-intake drill", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return main(parser.parse_args(argv))

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ntfy_intake.emulator.since import ALL, Since
-from ntfy_intake.emulator.wire import Event
+from ntfy_intake.testbed.emulator.since import ALL, Since
+from ntfy_intake.testbed.emulator.wire import Event
 
 
 @dataclass

@@ -21,8 +21,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from ntfy_intake.emulator.params import go_trim
-from ntfy_intake.emulator.wire import ID_ALPHABET, NtfyError
+from ntfy_intake.testbed.emulator.params import go_trim
+from ntfy_intake.testbed.emulator.wire import ID_ALPHABET, NtfyError
 
 ACTION_ID_LENGTH = 10
 ACTIONS_MAX = 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.hub import Hub
+    from ntfy_intake.testbed.emulator.hub import Hub
 
 _DAY_S = 86400
 _EMAIL_REPLENISH_S = 3600  # visitor-email-limit-replenish: 1 h, so 24 a day

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ntfy_intake.emulator import wire
-from ntfy_intake.emulator.params import Params
-from ntfy_intake.emulator.wire import NtfyError
+from ntfy_intake.testbed.emulator import wire
+from ntfy_intake.testbed.emulator.params import Params
+from ntfy_intake.testbed.emulator.wire import NtfyError
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.hub import Hub
+    from ntfy_intake.testbed.emulator.hub import Hub
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

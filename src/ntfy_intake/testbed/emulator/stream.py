@@ -10,8 +10,8 @@ import asyncio
 import enum
 from collections.abc import Callable
 
-from ntfy_intake.emulator.params import QueryFilter
-from ntfy_intake.emulator.wire import Event
+from ntfy_intake.testbed.emulator.params import QueryFilter
+from ntfy_intake.testbed.emulator.wire import Event
 
 
 class Signal(enum.Enum):

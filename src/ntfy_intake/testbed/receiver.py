@@ -49,7 +49,7 @@ _KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 Decide = Callable[[dict[str, object]], dict[str, object] | None]
 
-log = structlog.get_logger("ntfy_intake.receiver")
+log = structlog.get_logger("ntfy_intake.testbed.receiver")
 
 _MIGRATIONS: list[db.Migration] = [
     (

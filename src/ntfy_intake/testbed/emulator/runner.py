@@ -21,15 +21,15 @@ from typing import Any
 
 import uvicorn
 
-from ntfy_intake.emulator import wire
-from ntfy_intake.emulator.app import EmulatorApp
-from ntfy_intake.emulator.config import EmulatorConfig
-from ntfy_intake.emulator.faults import Faults
-from ntfy_intake.emulator.hub import Hub
-from ntfy_intake.emulator.params import go_trim
-from ntfy_intake.emulator.publish import DISALLOWED_TOPICS, TOPIC
-from ntfy_intake.emulator.since import valid_message_id
-from ntfy_intake.emulator.wire import Event
+from ntfy_intake.testbed.emulator import wire
+from ntfy_intake.testbed.emulator.app import EmulatorApp
+from ntfy_intake.testbed.emulator.config import EmulatorConfig
+from ntfy_intake.testbed.emulator.faults import Faults
+from ntfy_intake.testbed.emulator.hub import Hub
+from ntfy_intake.testbed.emulator.params import go_trim
+from ntfy_intake.testbed.emulator.publish import DISALLOWED_TOPICS, TOPIC
+from ntfy_intake.testbed.emulator.since import valid_message_id
+from ntfy_intake.testbed.emulator.wire import Event
 
 _STARTUP_TIMEOUT = 10.0
 _STOP_TIMEOUT = 5.0

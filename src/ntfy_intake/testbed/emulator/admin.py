@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ntfy_intake.emulator import wire
+from ntfy_intake.testbed.emulator import wire
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.exchange import Exchange
+    from ntfy_intake.testbed.emulator.exchange import Exchange
 
 PREFIX = "/v1/emulator/"
 

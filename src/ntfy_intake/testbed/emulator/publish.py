@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ntfy_intake.emulator import schedule, wire
-from ntfy_intake.emulator.actions import actions_from_json_values, parse_actions_param
-from ntfy_intake.emulator.params import Params, go_trim, parse_priority
-from ntfy_intake.emulator.wire import Event, NtfyError
+from ntfy_intake.testbed.emulator import schedule, wire
+from ntfy_intake.testbed.emulator.actions import actions_from_json_values, parse_actions_param
+from ntfy_intake.testbed.emulator.params import Params, go_trim, parse_priority
+from ntfy_intake.testbed.emulator.wire import Event, NtfyError
 
 TOPIC = re.compile(r"[-_A-Za-z0-9]{1,64}", re.ASCII)
 DISALLOWED_TOPICS = frozenset(

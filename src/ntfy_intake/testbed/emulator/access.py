@@ -17,8 +17,8 @@ import binascii
 import re
 from collections.abc import Collection, Mapping
 
-from ntfy_intake.emulator.params import Params, go_trim
-from ntfy_intake.emulator.wire import INTERNAL_ERROR, UNAUTHORIZED
+from ntfy_intake.testbed.emulator.params import Params, go_trim
+from ntfy_intake.testbed.emulator.wire import INTERNAL_ERROR, UNAUTHORIZED
 
 _RAW_URL_B64 = re.compile(r"[A-Za-z0-9_-]*", re.ASCII)
 _TOKEN_LENGTH = 32
