@@ -1,0 +1,252 @@
+"""The settings tree and its keys: every (section, key), its type, which keys are secrets,
+and the frozen dataclasses the rest of the daemon reads. No I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+from zoneinfo import ZoneInfo
+
+from ntfy_intake import signing
+from ntfy_intake.durations import format_duration
+
+ENV_PREFIX = "NTFY_INTAKE_"
+CONFIG_ENV = "NTFY_INTAKE_CONFIG"
+TEST_ENV_PREFIX = "NTFY_INTAKE_TEST_"  # reserved for test hooks; never an error, never read here
+DEFAULT_STATE_DIR = Path("/var/lib/ntfy-intake")
+DEFAULT_CONFIG = Path("/etc/ntfy-intake/config.toml")  # used by the CLI when it exists
+DELAYED_SENDER_PERIOD = 10.0  # ntfy publishes due scheduled messages every 10 s
+# ntfy refuses these as topic names (server.go, disallowedTopics): they are its own URL paths.
+DISALLOWED_TOPICS = frozenset(
+    {"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"}
+)
+TOPIC_RE = re.compile(r"[-_A-Za-z0-9]{1,64}")
+PHONE_RE = re.compile(r"\+[1-9][0-9]{1,14}")  # E.164
+GROUP_RE = re.compile(r"group\.[A-Za-z0-9+/]+={0,2}")  # signal-cli-rest-api group id
+MAX_INT = 2**31 - 1
+MAX_FILE_BYTES = 64 * 1024
+
+Kind = Literal["str", "list", "duration", "int"]
+T = TypeVar("T")
+# Every (section, key) in file order, with how its raw value is typed. The dataclasses below must match.
+_KINDS: dict[tuple[str, str], Kind] = {
+    ("ntfy", "url"): "str",
+    ("ntfy", "topics"): "list",
+    ("ntfy", "token"): "str",
+    ("ntfy", "cache_duration"): "duration",
+    ("ntfy", "keepalive_interval"): "duration",
+    ("ntfy", "keepalive_timeout"): "duration",
+    ("ntfy", "dead_after"): "duration",
+    ("ntfy", "reorder_window"): "duration",
+    ("ntfy", "first_start"): "str",
+    ("ntfy", "cache_settle"): "duration",
+    ("ntfy", "overlap"): "duration",
+    ("state", "dir"): "str",
+    ("relay", "url"): "str",
+    ("relay", "timeout"): "duration",
+    ("relay", "max_attempts"): "int",
+    ("relay", "secret"): "str",
+    ("relay", "token"): "str",
+    ("cadence", "debounce"): "duration",
+    ("cadence", "cooldown"): "duration",
+    ("cadence", "daily_cap"): "int",
+    ("cadence", "timezone"): "str",
+    ("owner", "signal_url"): "str",
+    ("owner", "signal_number"): "str",
+    ("owner", "recipients"): "list",
+    ("owner", "fallback_topic"): "str",
+    ("http", "listen"): "str",
+    ("http", "token"): "str",
+    ("health", "ping_url"): "str",
+    ("health", "ping_interval"): "duration",
+}
+ALL_KEYS: tuple[tuple[str, str], ...] = tuple(_KINDS)
+# A dead-man's-switch URL (healthchecks.io style) carries its check's secret in the path.
+SECRET_KEYS = frozenset(
+    {
+        ("ntfy", "token"),
+        ("http", "token"),
+        ("health", "ping_url"),
+        ("relay", "secret"),
+        ("relay", "token"),
+    }
+)
+_URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
+_SECTIONS: dict[str, tuple[str, ...]] = {}
+for _section, _key in ALL_KEYS:
+    _SECTIONS.setdefault(_section, ())
+    _SECTIONS[_section] += (_key,)
+
+
+def env_name(section: str, key: str) -> str:
+    """The environment twin of `section.key`: `NTFY_INTAKE_<SECTION>_<KEY>`."""
+    return f"{ENV_PREFIX}{section.upper()}_{key.upper()}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The settings tree
+
+
+@dataclass(frozen=True, slots=True)
+class FirstStart:
+    """Where a first start (no cursor yet) joins: at head, the whole cache, or `seconds` of history."""
+
+    mode: Literal["now", "all", "history"]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NtfySettings:
+    url: str
+    topics: tuple[str, ...]
+    token: str | None = dataclasses.field(repr=False)
+    cache_duration: float
+    keepalive_interval: float
+    keepalive_timeout: float
+    dead_after: float
+    reorder_window: float
+    first_start: FirstStart
+    # The overlap backfill (DESIGN.md section 3): poll `since=<T - overlap>` once `cache_settle`
+    # has passed after each `open`.
+    cache_settle: float = 2.0
+    overlap: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class StateSettings:
+    dir: Path
+
+    @property
+    def database(self) -> Path:
+        return self.dir / "intake.sqlite3"
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.dir / "audit"
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySettings:
+    url: str | None
+    timeout: float
+    max_attempts: int
+    secret: str | None = dataclasses.field(
+        default=None, repr=False
+    )  # `whsec_...`: Standard Webhooks signing
+    token: str | None = dataclasses.field(default=None, repr=False)  # optional receiver bearer
+
+    @property
+    def signing_key(self) -> bytes | None:
+        return None if self.secret is None else signing.parse_secret(self.secret)
+
+
+@dataclass(frozen=True, slots=True)
+class CadenceSettings:
+    debounce: float
+    cooldown: float
+    daily_cap: int
+    timezone: str
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerSettings:
+    signal_url: str | None
+    signal_number: str | None
+    recipients: tuple[str, ...]
+    fallback_topic: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    listen: str
+    token: str | None = dataclasses.field(repr=False)
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    ping_url: str | None = dataclasses.field(repr=False)  # dead-man's switch, pinged while healthy
+    ping_interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    ntfy: NtfySettings
+    state: StateSettings
+    relay: RelaySettings
+    cadence: CadenceSettings
+    owner: OwnerSettings
+    http: HttpSettings
+    health: HealthSettings
+
+    def redacted(self) -> dict[str, object]:
+        """Every key, JSON-able, for `status` and logs: secrets as "***" (None when unset), URL
+        credentials masked, durations as duration strings."""
+        out: dict[str, dict[str, object]] = {}
+        for section, key in ALL_KEYS:
+            value: object = getattr(getattr(self, section), key)
+            if (section, key) in SECRET_KEYS:
+                value = None if value is None else "***"
+            elif (section, key) in _URL_KEYS:
+                value = None if value is None else _mask_url(str(value))
+            elif _KINDS[section, key] == "duration" and isinstance(value, float):
+                value = format_duration(value)
+            elif isinstance(value, FirstStart):
+                value = _first_start_text(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Path):
+                value = str(value)
+            out.setdefault(section, {})[key] = value
+        return dict(out)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """`127.0.0.1:8788` / `[::1]:8788` / `localhost:8788` -> (host, port); ValueError on anything else."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port_text) or int(port_text) > 65535:
+        raise ValueError("expected host:port like 127.0.0.1:8788 or [::1]:8788")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+        return host[1:-1], int(port_text)
+    if ":" in host:
+        raise ValueError("an IPv6 address needs brackets, like [::1]:8788")
+    if not host:
+        raise ValueError("the host is missing (use 0.0.0.0:PORT to listen on every interface)")
+    if not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9]{0,62})(\.[A-Za-z0-9][-A-Za-z0-9]{0,62})*", host):
+        raise ValueError(f"{host!r} is not an IP address or host name")
+    return host, int(port_text)
+
+
+def _first_start_text(first_start: FirstStart) -> str:
+    return (
+        first_start.mode if first_start.mode != "history" else format_duration(first_start.seconds)
+    )
+
+
+def _mask_url(url: str) -> str:
+    """Hide the credentials of `https://user:pass@host/` as `https://***@host/`."""
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc = rest[:end]
+    if not sep or "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rsplit('@', 1)[1]}{rest[end:]}"
