@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.testbed import drill
+from ntfy_intake.testbed import drill, drill_args, drill_parts, drill_plan
 
 
 def children_of(pid: int) -> list[int]:
@@ -51,7 +51,7 @@ def test_short_drill_passes_and_reports_zero_lost_and_doubled() -> None:
     assert value(table, "verdict") == "PASS"
     assert value(table, "kills: random / by crash point").startswith("2 / 3")
     crash_points = value(table, "  crash points")
-    for point in drill.CRASH_POINTS:
+    for point in drill_parts.CRASH_POINTS:
         assert f"{point} 1" in crash_points, table
     requests, receipts = value(table, "triage requests / receipts").split(" / ")
     assert int(requests) > 0 and requests == receipts
@@ -64,28 +64,28 @@ def test_short_drill_passes_and_reports_zero_lost_and_doubled() -> None:
 
 @pytest.mark.parametrize("kills", [0, 1, 3, 5, 20, 40])
 def test_plan_has_the_requested_kills_and_every_fault(kills: int) -> None:
-    plan = drill.build_plan(kills, random.Random(kills), emulator=True)
+    plan = drill_plan.build_plan(kills, random.Random(kills), emulator=True)
     ends = Counter(p.end for p in plan)
     assert ends["kill"] + ends["crash"] == kills
     assert ends["term"] >= 1
     points = Counter(p.crash_at.partition(":")[0] for p in plan if p.crash_at)
-    assert set(points) == set(drill.CRASH_POINTS[: min(kills, 3)])
+    assert set(points) == set(drill_parts.CRASH_POINTS[: min(kills, 3)])
     assert plan[0].end != "crash" and not plan[0].before  # the first start has no cursor yet
     during = [f for p in plan for f in p.during]
-    assert sorted(during) == sorted([*drill.EMULATOR_DURING, *drill.RECEIVER_DURING])
+    assert sorted(during) == sorted([*drill_plan.EMULATOR_DURING, *drill_plan.RECEIVER_DURING])
     assert all(not p.during for p in plan if p.end == "crash" or p.early)
-    assert sorted(f for p in plan for f in p.before) == sorted(drill.BEFORE_FAULTS)
+    assert sorted(f for p in plan for f in p.before) == sorted(drill_plan.BEFORE_FAULTS)
 
 
 def test_plan_against_a_real_server_skips_emulator_faults() -> None:
-    plan = drill.build_plan(6, random.Random(1), emulator=False)
-    assert sorted(f for p in plan for f in p.during) == sorted(drill.RECEIVER_DURING)
+    plan = drill_plan.build_plan(6, random.Random(1), emulator=False)
+    assert sorted(f for p in plan for f in p.during) == sorted(drill_plan.RECEIVER_DURING)
     assert not any(p.before for p in plan)
 
 
 def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
-    drill.add_arguments(parser)
+    drill_args.add_arguments(parser)
     seen: dict[str, object] = {}
     monkeypatch.setattr(drill, "run", lambda **kw: seen.update(kw) or 0)
     token = tmp_path / "token"
@@ -124,7 +124,7 @@ def test_drill_takes_its_token_from_the_environment_and_refuses_a_readable_file(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     parser = argparse.ArgumentParser()
-    drill.add_arguments(parser)
+    drill_args.add_arguments(parser)
     seen: dict[str, object] = {}
     monkeypatch.setattr(drill, "run", lambda **kw: seen.update(kw) or 0)
     real = ["--ntfy-url", "https://ntfy.example", "--topic", "t"]

@@ -18,460 +18,74 @@ thread sends a steady stream plus bursts while the drill works through a seeded 
 Recovery time is measured from each restart to the moment every event published before it, and
 the first one published after it, have audit lines (backlog done, live again). At the end publishing stops, the daemon catches up (bounded), is stopped with SIGTERM,
 and every published id is checked against the audit log, the inbox and the receiver's receipts
-(drill_report.py). Exit 0 only on PASS. See docs/drill.md.
+(drill_report.py). The parts it drives are in drill_parts.py, its schedule in drill_plan.py.
+Exit 0 only on PASS. See docs/drill.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import shutil
 import signal
-import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, TextIO
+from typing import Literal, TextIO
 
 import httpx
 
-from ntfy_intake import _serve, audit, settings
+from ntfy_intake import settings
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.drill_args import add_arguments
+from ntfy_intake.testbed.drill_parts import (
+    CACHE_LAG_S,
+    CRASH_BOUND_S,
+    DEBOUNCE,
+    EMULATOR_PACE,
+    EMULATOR_TOPICS,
+    EVICT_AGE_S,
+    FINAL_BOUND_S,
+    KEEPALIVE_INTERVAL,
+    KEEPALIVE_TIMEOUT,
+    POLL_S,
+    RELAY_BOUND_S,
+    RELAY_MAX_ATTEMPTS,
+    RELAY_TIMEOUT,
+    REORDER_WINDOW,
+    SCHEDULE_DELAY_S,
+    SERVER_PACE,
+    SILENCE_S,
+    STALL_BOUND_S,
+    STOP_BOUND_S,
+    AuditTail,
+    DaemonProcess,
+    Ledger,
+    Pace,
+    Publisher,
+    ReceiverServer,
+    Send,
+    emulator_sender,
+    health_pid,
+    read_cursor,
+    server_sender,
+)
+from ntfy_intake.testbed.drill_plan import (
+    BEFORE_FAULTS,
+    EMULATOR_DURING,
+    Phase,
+    build_plan,
+)
 from ntfy_intake.testbed.drill_report import Tally, check, render
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
-
-CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
-CRASH_ENV = "NTFY_INTAKE_TEST_CRASH_AT"
-EMULATOR_TOPICS = ("alerts", "backups")
-
-# Daemon timing for the emulator (its keepalive is 1 s). The silence lasts a little longer than
-# the keepalive timeout, so the watchdog must drop the zombie stream and reconnect.
-KEEPALIVE_INTERVAL = 1.0
-KEEPALIVE_TIMEOUT = 1.5
-SILENCE_S = KEEPALIVE_TIMEOUT + 0.3
-REORDER_WINDOW = "300ms"
-DEBOUNCE = "300ms"
-RELAY_TIMEOUT = "2s"
-RELAY_MAX_ATTEMPTS = "100"  # an outage must never turn a row dead during a drill
-
-POLL_S = 0.01
-STALL_BOUND_S = 30.0  # a restart that has not caught up by then is a stall (FAIL)
-CRASH_BOUND_S = 15.0  # how long a crash point may take to be reached
-STOP_BOUND_S = 20.0  # SIGTERM to exit
-FINAL_BOUND_S = 60.0  # catch-up after publishing stopped
-RELAY_BOUND_S = 90.0  # every triage request receipted (the relay backs off from 2 s upward)
-EVICT_AGE_S = 3.0  # only ids published this long ago (and already recorded) are evicted
-SCHEDULE_DELAY_S = 0.5  # a scheduled message falls due this soon; delivered at the next start
-CACHE_LAG_S = 1.0  # cache writes lag the live publish by this much around one restart
-
-ALERT_TITLES = (
-    "disk full on nas",
-    "backup stale: photos",
-    "gatus: jellyfin down",
-    "cpu temperature high",
-    "zfs scrub found errors",
-    "certificate expires soon",
-    "ups on battery",
-    "smart warning on sda",
-)
-
-
-# -- what was published ---------------------------------------------------------------------------
-
-
-class Ledger:
-    """Every id the drill published, in publish order, with when (monotonic) and where."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: list[str] = []
-        self._at: list[float] = []
-        self.by_topic: Counter[str] = Counter()
-        self.errors = 0
-
-    def add(self, event_id: str, topic: str) -> None:
-        with self._lock:
-            self._ids.append(event_id)
-            self._at.append(time.monotonic())
-            self.by_topic[topic] += 1
-
-    def error(self) -> None:
-        with self._lock:
-            self.errors += 1
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self._ids)
-
-    def ids(self, n: int | None = None) -> list[str]:
-        with self._lock:
-            return list(self._ids if n is None else self._ids[:n])
-
-    def published_before(self, cutoff: float) -> list[str]:
-        with self._lock:
-            return [i for i, at in zip(self._ids, self._at, strict=True) if at < cutoff]
-
-
-Send = Callable[[str, str, str, int], str]  # (topic, title, message, priority) -> event id
-
-
-@dataclass(frozen=True)
-class Pace:
-    interval: tuple[float, float]  # seconds between steady messages
-    burst: tuple[int, int]  # messages per burst
-    burst_every: tuple[float, float]  # seconds between bursts
-
-
-EMULATOR_PACE = Pace((0.02, 0.05), (10, 40), (1.0, 3.0))
-# A real server rate-limits visitors (ntfy: burst 60, then one request per 5 s) unless the
-# publishing host is exempt; see docs/drill.md.
-SERVER_PACE = Pace((0.2, 0.5), (3, 8), (5.0, 10.0))
-
-
-def make_alert(rng: random.Random, n: int, topics: Sequence[str]) -> tuple[str, str, str, int]:
-    """A mix that exercises the cadence: new incidents (triage requests), repeats of a few known
-    ones (suppressed, joined or escalated) and JSON envelopes that fire and resolve."""
-    topic = rng.choice(topics)
-    roll = rng.random()
-    if roll < 0.25:
-        return topic, f"drill incident {n}", f"unique incident #{n}", rng.randint(1, 5)
-    if roll < 0.85:
-        title = rng.choice(ALERT_TITLES)
-        return topic, title, f"{title} (#{n})", rng.choice((2, 3, 3, 3, 4, 5))
-    envelope = {
-        "incident": f"drill-svc-{rng.randint(1, 4)}",
-        "severity": rng.randint(1, 5),
-        "status": rng.choice(("firing", "firing", "resolved")),
-        "n": n,
-    }
-    return topic, "", json.dumps(envelope), 3
-
-
-class Publisher:
-    """A steady stream plus bursts, from a background thread, until stopped."""
-
-    def __init__(
-        self, send: Send, topics: Sequence[str], rng: random.Random, ledger: Ledger, pace: Pace
-    ) -> None:
-        self.send = send
-        self.topics = tuple(topics)
-        self.rng = rng
-        self.ledger = ledger
-        self.pace = pace
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="drill-publisher", daemon=True)
-        self._n = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-
-    def _run(self) -> None:
-        rng, pace = self.rng, self.pace
-        next_burst = time.monotonic() + rng.uniform(*pace.burst_every)
-        while not self._stop.is_set():
-            if time.monotonic() >= next_burst:
-                for _ in range(rng.randint(*pace.burst)):
-                    self._one()
-                next_burst = time.monotonic() + rng.uniform(*pace.burst_every)
-            self._one()
-            self._stop.wait(rng.uniform(*pace.interval))
-
-    def _one(self) -> None:
-        if self._stop.is_set():
-            return
-        self._n += 1
-        topic, title, message, priority = make_alert(self.rng, self._n, self.topics)
-        try:
-            event_id = self.send(topic, title, message, priority)
-        except Exception:  # noqa: BLE001 - counted and shown; the drill goes on
-            self.ledger.error()
-            return
-        self.ledger.add(event_id, topic)
-
-
-def emulator_sender(emu: NtfyEmulator) -> Send:
-    def send(topic: str, title: str, message: str, priority: int) -> str:
-        return str(emu.publish(topic, message, title=title, priority=priority)["id"])
-
-    return send
-
-
-def server_sender(client: httpx.Client, url: str, token: str | None, stop: threading.Event) -> Send:
-    """Publish over HTTP to a real server; 429 waits (Retry-After or 5 s) and tries again."""
-
-    def send(topic: str, title: str, message: str, priority: int) -> str:
-        headers = {"Priority": str(priority)}
-        if title:
-            headers["Title"] = title
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        for _ in range(6):
-            response = client.post(f"{url}/{topic}", content=message.encode(), headers=headers)
-            if response.status_code == 429:
-                retry = response.headers.get("Retry-After", "")
-                stop.wait(float(retry) if retry.isdigit() else 5.0)
-                continue
-            response.raise_for_status()
-            return str(response.json()["id"])
-        raise RuntimeError("rate limited: exempt the publishing host on the server")
-
-    return send
-
-
-# -- what was recorded -----------------------------------------------------------------------------
-
-
-class AuditTail:
-    """Follows the audit log as it grows: outcome lines per event id, triage delivery keys.
-
-    Only complete lines are consumed, so a torn tail (which the daemon truncates on restart) is
-    never counted; the offset always sits on a line boundary the truncation cannot cross.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.counts: Counter[str] = Counter()
-        self.keys: set[str] = set()
-        self._offsets: dict[Path, int] = {}
-
-    def poll(self) -> int:
-        """Read what was appended since the last poll; returns the number of new event lines."""
-        added = 0
-        for path in audit.log_files(self.directory):
-            offset = self._offsets.get(path, 0)
-            try:
-                with path.open("rb") as handle:
-                    handle.seek(offset)
-                    data = handle.read()
-            except FileNotFoundError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            for raw in data[:end].split(b"\n"):
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and record.get("kind") == "event":
-                    self.counts[str(record.get("event_id"))] += 1
-                    added += 1
-                    if record.get("delivery_key"):
-                        self.keys.add(str(record["delivery_key"]))
-            self._offsets[path] = offset + end + 1
-        return added
-
-
-def _read_row(state_dir: Path, sql: str) -> tuple[object, ...] | None:
-    path = state_dir / "intake.sqlite3"
-    if not path.exists():
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            row = conn.execute(sql).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return None if row is None else tuple(row)
-
-
-def read_cursor(state_dir: Path) -> tuple[str, str] | None:
-    row = _read_row(state_dir, "SELECT kind, value FROM cursor WHERE id = 1")
-    return None if row is None else (str(row[0]), str(row[1]))
-
-
-def health_pid(state_dir: Path) -> int | None:
-    """The pid in the daemon's health row: its event loop (and SIGTERM handler) is running."""
-    row = _read_row(state_dir, "SELECT value FROM kv WHERE name = 'health'")
-    try:
-        pid = json.loads(str(row[0]))["pid"] if row else None
-    except (ValueError, KeyError, TypeError):
-        return None
-    return pid if isinstance(pid, int) else None
-
-
-# -- the processes and servers the drill drives ----------------------------------------------------
-
-
-class DaemonProcess:
-    """`python -m ntfy_intake run` as a subprocess; every exit path kills it by pid."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
-        self.env = {**base, **env}
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self._log: IO[bytes] | None = None
-
-    def start(self, crash_at: str | None = None) -> float:
-        assert not self.alive(), "a daemon is already running"
-        self.starts += 1
-        env = dict(self.env)
-        if crash_at:
-            env[CRASH_ENV] = crash_at
-        if self._log is None:
-            self._log = self.log_path.open("ab")
-        banner = f"--- drill: start #{self.starts} crash_at={crash_at or '-'} ---\n"
-        self._log.write(banner.encode())
-        self._log.flush()
-        started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ntfy_intake", "run"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        return started
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def kill9(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        return self.proc.wait(10)
-
-    def wait_exit(self, timeout: float) -> int | None:
-        """The exit code, or None if it is still running after `timeout`."""
-        if self.proc is None:
-            return None
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def terminate(self, timeout: float) -> int | None:
-        """SIGTERM and wait; None (and a kill -9) if it did not exit in time."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.returncode()
-        os.kill(self.proc.pid, signal.SIGTERM)
-        code = self.wait_exit(timeout)
-        if code is None:
-            self.kill9()
-        return code
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill9()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
-class ReceiverServer:
-    """The reference triage receiver in a thread, stoppable and restartable on the same port."""
-
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = db_path
-        self.faults = receiver.ReceiverFaults()
-        self.port = 0
-        self.url = ""
-        self._stack: contextlib.ExitStack | None = None
-
-    def start(self) -> None:
-        app = receiver.create_app(self.db_path, faults=self.faults)
-        stack = contextlib.ExitStack()
-        base = stack.enter_context(
-            _serve.serving(app, port=self.port, on_stop=app.state.stopping.set)
-        )
-        self._stack = stack
-        self.port = int(base.rsplit(":", 1)[1])
-        self.url = f"{base}/triage"
-
-    def stop(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            stack.close()
-
-
-# -- the plan --------------------------------------------------------------------------------------
-
-End = Literal["kill", "crash", "term"]
-
-
-@dataclass
-class Phase:
-    """One daemon lifetime: start (maybe armed with a crash point), run, end."""
-
-    end: End
-    crash_at: str | None = None
-    early: float | None = None  # a random kill this many seconds after start, caught up or not
-    before: list[str] = field(default_factory=list)  # faults armed before the start
-    during: list[str] = field(default_factory=list)  # faults while it runs
-
-    def describe(self) -> str:
-        if self.end == "crash":
-            return f"crash at {self.crash_at}"
-        if self.end == "kill":
-            return "kill -9" + (f" {self.early:.2f} s after start" if self.early else "")
-        return "SIGTERM"
-
-
-BEFORE_FAULTS = ("force_400", "duplicate_at_subscribe", "cache_lag")
-EMULATOR_DURING = ("evict", "silence", "swap_next_live", "scheduled")
-RECEIVER_DURING = ("receiver_down", "receiver_503")
-
-
-def build_plan(kills: int, rng: random.Random, *, emulator: bool) -> list[Phase]:
-    """Seeded: which lifetimes end how, and which faults land where."""
-    n_crash = min(kills, max(len(CRASH_POINTS), kills // 3))
-    n_random = kills - n_crash
-    phases = [
-        Phase("crash", crash_at=f"{CRASH_POINTS[i % len(CRASH_POINTS)]}:{rng.randint(1, 4)}")
-        for i in range(n_crash)
-    ]
-    phases += [
-        Phase("kill", early=rng.uniform(0.05, 0.8) if i % 3 == 2 else None) for i in range(n_random)
-    ]
-    phases += [Phase("term") for _ in range(max(1, round(kills / 5)))]
-    rng.shuffle(phases)
-    # The first lifetime is the first start: nothing to recover, no cursor, no crash point.
-    phases.insert(0, Phase("kill" if n_random else "term"))
-    if n_random:
-        # That first kill is one of the requested random kills.
-        del phases[next(i for i, p in enumerate(phases) if i and p.end == "kill" and not p.early)]
-    during = [*(EMULATOR_DURING if emulator else ()), *RECEIVER_DURING]
-    hosts = [i for i, p in enumerate(phases) if i > 0 and p.end != "crash" and p.early is None]
-    while len(hosts) < len(during):
-        phases.append(Phase("term"))
-        hosts.append(len(phases) - 1)
-    for fault, index in zip(during, rng.sample(hosts, len(during)), strict=True):
-        phases[index].during.append(fault)
-    if emulator:
-        later = list(range(1, len(phases)))
-        for fault in BEFORE_FAULTS:
-            phases[rng.choice(later)].before.append(fault)
-    return phases
-
 
 # -- the drill -------------------------------------------------------------------------------------
 
