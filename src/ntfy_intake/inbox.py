@@ -11,13 +11,18 @@ after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
-from ntfy_intake import audit, cadence, db, incidents, outbox
+import structlog
+
+from ntfy_intake import audit, cadence, db, incidents, outbox, quarantine
 from ntfy_intake.frames import Junk, Message
 from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
+
+log = structlog.get_logger("ntfy_intake.inbox")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,40 @@ def record_batch(
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
 ) -> BatchResult:
-    batch = _Batch(conn, now, queue.policy, queue.state.fork())
+    """Record a batch in one transaction. When a value in it breaks processing (the transaction
+    rolled back, nothing recorded), the frames are recorded one transaction each instead, and
+    the frame that still fails alone gets outcome `quarantined` with the error: no value read
+    from ntfy can stop intake. Storage failures are not blamed on a value and propagate."""
+    record = functools.partial(
+        _record_batch,
+        conn,
+        now=now,
+        queue=queue,
+        relay_enabled=relay_enabled,
+        feed_append=feed_append,
+        before_commit=before_commit,
+    )
+    try:
+        return record(frames, queue.state)
+    except Exception as exc:
+        if not quarantine.blames_the_value(exc):
+            raise
+        log.warning("inbox.batch_failed_one_by_one", frames=len(frames), error=repr(exc))
+    return _one_by_one(conn, frames, now, queue.state, record)
+
+
+def _record_batch(
+    conn: sqlite3.Connection,
+    frames: Sequence[Message | Junk | Notice],
+    state: cadence.CadenceState,
+    *,
+    now: float,
+    queue: OwnerQueue,
+    relay_enabled: bool,
+    feed_append: outbox.FeedAppend | None = None,
+    before_commit: db.BeforeCommit | None = None,
+) -> BatchResult:
+    batch = _Batch(conn, now, queue.policy, state.fork())
     with db.write_txn(conn, before_commit=before_commit):
         batch.prefetch([f.id for f in frames if isinstance(f, Message)])
         for index, frame in enumerate(frames):
@@ -71,6 +109,63 @@ def record_batch(
         )
     batch.result.state = batch.work
     return batch.result
+
+
+def _one_by_one(
+    conn: sqlite3.Connection,
+    frames: Sequence[Message | Junk | Notice],
+    now: float,
+    state: cadence.CadenceState,
+    record: Callable[[Sequence[Message | Junk | Notice], cadence.CadenceState], BatchResult],
+) -> BatchResult:
+    total = BatchResult(state=state)
+    for index, frame in enumerate(frames):
+        try:
+            result = record([frame], state)
+        except Exception as exc:
+            if not quarantine.blames_the_value(exc):
+                raise
+            _quarantine_failed(conn, frame, exc, now, total, index)
+            continue
+        state = result.state or state
+        total.state = state
+        total.candidates.extend(replace(c, index=index) for c in result.candidates)
+        total.recorded += result.recorded
+        total.duplicates += result.duplicates
+        total.conflicts += result.conflicts
+        total.quarantined += result.quarantined
+        total.released.extend(result.released)
+        total.records.extend(result.records)
+    return total
+
+
+def _quarantine_failed(
+    conn: sqlite3.Connection,
+    frame: Message | Junk | Notice,
+    exc: Exception,
+    now: float,
+    total: BatchResult,
+    index: int,
+) -> None:
+    """The frame failed on its own: record that, in its own small transaction."""
+    error = quarantine.describe(exc)
+    log.error("inbox.event_quarantined", error=error, event_id=getattr(frame, "id", None))
+    try:
+        with db.write_txn(conn):
+            if isinstance(frame, Message):
+                quarantine.record_failed_event(conn, frame, error, now)
+            elif isinstance(frame, Junk):
+                quarantine.record_failed_junk(conn, frame, error, now)
+            else:
+                return  # a notice is ours, not read from anyone: logged above, never retried
+    except Exception as again:
+        if not quarantine.blames_the_value(again):
+            raise
+        log.error("inbox.quarantine_failed", error=quarantine.describe(again))
+        return
+    total.quarantined += 1
+    if isinstance(frame, Message):
+        total.candidates.append(Candidate(index, frame.id, frame.time, frame.cached))
 
 
 _INSERT_INBOX = (
@@ -173,7 +268,13 @@ class _Batch:
             )
         )
         record = cadence.event_record(
-            decision, view, message.id, self.now, topic=message.topic, time=message.time
+            decision,
+            view,
+            message.id,
+            self.now,
+            topic=message.topic,
+            time=message.time,
+            expires=message.expires,
         )
         self.journal.append(audit.encode(record))
         self.work.apply(record)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ntfy_intake import audit, cadence
+from ntfy_intake import audit, cadence, sanitize
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +119,8 @@ def _insert(
     now: float,
 ) -> None:
     # A suppressed message is kept (and audited) so the owner can see what the cap held back.
+    # The text may come from a receiver or an agent: made valid UTF-8 before SQLite sees it.
+    text = sanitize.valid_utf8(text)
     conn.execute(
         "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at, created_at, last_error,"
         " settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -1,0 +1,121 @@
+"""Storage, clock and hostile-value faults (issue 12): each test is named after the failure it kills.
+
+Nothing a publisher, a receiver, the disk or the clock does may stop intake or break exactly-once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from ntfy_intake import inbox, incidents
+from ntfy_intake.frames import Message, decode_line
+
+from ..conftest import TOPICS, make_message, owner_queue
+
+NOW = 1_764_470_100.0
+SURROGATE_BODY = '{"incident":"disk \\ud83d","severity":5,"status":"firing"}'
+
+
+def frame_line(event_id: str, message: str, **extra: object) -> bytes:
+    obj: dict[str, object] = {
+        "id": event_id,
+        "time": 1_764_470_000,
+        "expires": 1_764_513_200,
+        "event": "message",
+        "topic": "alerts",
+        "message": message,
+        **extra,
+    }
+    return json.dumps(obj).encode()
+
+
+def outcomes(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """event id -> the outcomes of its `event` records in the journal (exactly one expected)."""
+    found: dict[str, list[str]] = {}
+    for (line,) in conn.execute("SELECT line FROM audit_journal ORDER BY seq"):
+        record = json.loads(line)
+        if record.get("kind") == "event":
+            found.setdefault(record["event_id"], []).append(record["outcome"])
+    return found
+
+
+def test_lone_surrogate_in_message_does_not_stop_intake(store: sqlite3.Connection) -> None:
+    """Finding 1: a valid ASCII body that JSON-decodes to a lone surrogate killed the writer."""
+    hostile = decode_line(frame_line("surrogate001", SURROGATE_BODY), TOPICS)
+    assert isinstance(hostile, Message)
+    queue = owner_queue()
+    result = inbox.record_batch(
+        store, [hostile, make_message("ordinary0001")], NOW, queue=queue, relay_enabled=True
+    )
+    queue.commit(result.records)
+    assert result.recorded == 2
+    assert outcomes(store) == {
+        "surrogate001": ["triage_requested"],
+        "ordinary0001": ["triage_requested"],
+    }
+    key = store.execute("SELECT incident_key FROM inbox WHERE event_id = 'surrogate001'").fetchone()
+    assert key[0] == "disk \ufffd"
+
+
+def test_lone_surrogate_in_frame_strings_is_replaced_and_raw_kept(
+    store: sqlite3.Connection,
+) -> None:
+    """Finding 1 at the frame level: every decoded string is valid UTF-8, the raw is unchanged."""
+    line = (
+        b'{"id":"surrogate002","time":1764470000,"expires":1764513200,"event":"message",'
+        b'"topic":"alerts","title":"t \\udc00","message":"m \\ud83d","tags":["\\udfff"]}'
+    )
+    frame = decode_line(line, TOPICS)
+    assert isinstance(frame, Message)
+    assert (frame.title, frame.message, frame.tags) == ("t \ufffd", "m \ufffd", ("\ufffd",))
+    assert json.loads(frame.raw) == json.loads(line)  # the raw keeps the original escapes
+    queue = owner_queue()
+    result = inbox.record_batch(store, [frame], NOW, queue=queue, relay_enabled=True)
+    assert result.recorded == 1
+    raw = store.execute("SELECT raw FROM inbox").fetchone()[0]
+    assert "\\udc00" in raw and "\\ud83d" in raw
+
+
+def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
+    store: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 1's backstop: a value that still breaks processing costs one event, not intake."""
+    real = incidents.signal_of
+
+    def explode(message: Message) -> incidents.Signal:
+        if message.id == "poisoned0001":
+            raise UnicodeEncodeError("utf-8", "\ud83d", 0, 1, "surrogates not allowed")
+        return real(message)
+
+    monkeypatch.setattr(incidents, "signal_of", explode)
+    queue = owner_queue()
+    batch = [
+        make_message("before000001"),
+        make_message("poisoned0001"),
+        make_message("after0000001"),
+    ]
+    result = inbox.record_batch(store, batch, NOW, queue=queue, relay_enabled=True)
+    queue.commit(result.records)
+    assert outcomes(store) == {
+        "before000001": ["triage_requested"],
+        "poisoned0001": ["quarantined"],
+        "after0000001": ["suppressed"],  # cooldown: debounce is 0 here
+    }
+    row = store.execute(
+        "SELECT outcome, reason FROM inbox WHERE event_id = 'poisoned0001'"
+    ).fetchone()
+    assert row[0] == "quarantined" and "UnicodeEncodeError" in row[1]
+    assert {c.event_id for c in result.candidates} == {
+        "before000001",
+        "poisoned0001",
+        "after0000001",
+    }
+    # A replay of the poisoned event is a duplicate: no second outcome, no second failure.
+    again = inbox.record_batch(
+        store, [make_message("poisoned0001")], NOW, queue=queue, relay_enabled=True
+    )
+    assert (again.recorded, again.duplicates) == (0, 1)
+    assert outcomes(store)["poisoned0001"] == ["quarantined"]
