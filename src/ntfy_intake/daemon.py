@@ -49,6 +49,7 @@ from ntfy_intake import (
     relay,
     retention,
     schema,
+    storage,
     watchdog,
 )
 from ntfy_intake.cursor import Cursor, ResumePoint
@@ -495,10 +496,23 @@ class Daemon:
             self.owner.wakeup.set()  # a flush follows every write that may queue an owner row
         try:
             await self._db(audit.flush, self.conn, self._audit)
+            if await self._db(self._note_replaced_audit_files):
+                await self._db(audit.flush, self.conn, self._audit)
         except AuditWriteError as exc:
             await self._db(self._trip_latch_sync, str(exc))
             return False
         return True
+
+    def _note_replaced_audit_files(self) -> bool:
+        """An audit file deleted or replaced under us: one notice per time it happened."""
+        replaced = self._audit.take_replacements()
+        for detail in replaced:
+            self.counters.extra["audit_file_replaced"] = count = (
+                self.counters.extra.get("audit_file_replaced", 0) + 1
+            )
+            log.error("audit.file_replaced", detail=detail)
+            self._record_notice(storage.audit_file_replaced(detail, self.boot_id, count))
+        return bool(replaced)
 
     def _trip_latch_sync(self, detail: str) -> None:
         """Freeze the cursor for this process and queue exactly one owner notice."""

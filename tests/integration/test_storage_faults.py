@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from ntfy_intake import inbox, incidents
+from ntfy_intake import audit, inbox, incidents
+from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.frames import Message, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
+from ..harness import DaemonThread, event_ids, notices, settings_for, wait_until
 
 NOW = 1_764_470_100.0
 SURROGATE_BODY = '{"incident":"disk \\ud83d","severity":5,"status":"firing"}'
@@ -119,3 +124,45 @@ def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
     )
     assert (again.recorded, again.duplicates) == (0, 1)
     assert outcomes(store)["poisoned0001"] == ["quarantined"]
+
+
+# -- the real daemon against the bundled ntfy-compatible server -----------------------------------
+
+
+@pytest.fixture
+def emu() -> Iterator[NtfyEmulator]:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
+        yield emulator
+
+
+def publish(emu: NtfyEmulator, n: int, prefix: str) -> list[str]:
+    return [emu.publish("alerts", f"{prefix} {i}", title=f"{prefix} {i}")["id"] for i in range(n)]
+
+
+def assert_exactly_once(state: Path, ids: list[str]) -> None:
+    counts = Counter(event_ids(state))
+    assert {i: counts[i] for i in ids} == dict.fromkeys(ids, 1)
+    assert all(c == 1 for c in counts.values()), counts
+
+
+def test_audit_file_deleted_while_running_loses_no_record(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Finding 4: writes went on to the deleted inode, status stayed healthy, and after a restart
+    most events had no audit line and were never replayed."""
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config) as running:
+        emu.wait_for_subscribers(1)
+        first = publish(emu, 5, "before")
+        wait_until(lambda: set(first) <= set(event_ids(tmp_path)), what="first batch audited")
+        for path in audit.log_files(tmp_path / "audit"):
+            path.unlink()
+        second = publish(emu, 5, "after")
+        wait_until(lambda: set(second) <= set(event_ids(tmp_path)), what="second batch audited")
+        assert running.daemon is not None and not running.daemon.failed
+    assert_exactly_once(tmp_path, first + second)
+    assert len(notices(tmp_path, "audit_file_replaced")) == 1
+    with DaemonThread(config):
+        third = publish(emu, 3, "restart")
+        wait_until(lambda: set(third) <= set(event_ids(tmp_path)), what="after restart")
+    assert_exactly_once(tmp_path, first + second + third)
