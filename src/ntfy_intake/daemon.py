@@ -45,6 +45,7 @@ from ntfy_intake import (
     notices,
     outbox,
     owner,
+    rebuild,
     rehydrate,
     relay,
     retention,
@@ -196,9 +197,13 @@ class Daemon:
         """Local recovery, before READY: open the store, migrate, replay unwritten audit records."""
         self.settings.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock_fd = _exclusive_lock(self.settings.state.dir / "daemon.lock")
+        rebuild.remove_orphan_wal(self.settings.state.database)
         self._conn = db.connect(self.settings.state.database)
         db.migrate(self._conn, migrations())
+        rebuilt = self._rebuild_from_audit()
         self._rehydrate_cadence()
+        if rebuilt is not None:
+            self._record_notice(storage.rebuilt_from_audit(str(rebuilt), self.boot_id))
         try:
             written = audit.recover(self._conn, self._audit)
             if written:
@@ -212,6 +217,22 @@ class Daemon:
             log.info("intake.first_start", since=cursor.since)
         self._cursor = cursor
         self._next_release = outbox.next_release_at(self._conn)
+
+    def _rebuild_from_audit(self) -> rebuild.Summary | None:
+        """A missing or empty database beside an audit log is not a first start."""
+        if not rebuild.is_empty(self.conn):
+            return None
+        summary = rebuild.from_audit(
+            self.conn,
+            self.settings.state.audit_dir,
+            self.clock(),
+            debounce=self.policy.debounce,
+            relay_enabled=self.settings.relay.url is not None,
+            feed_append=_feed_append,
+        )
+        if summary is not None:
+            log.warning("database.rebuilt_from_audit", summary=str(summary))
+        return summary
 
     def _rehydrate_cadence(self) -> None:
         """Cadence state from the audit log (only the files the longest window needs), plus the

@@ -24,6 +24,10 @@ from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.inbox")
 
+# An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
+# it counts as a duplicate (the safe direction: it already has its one outcome).
+REBUILT_UNKNOWN_SHA256 = "unknown"
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -211,7 +215,7 @@ class _Batch:
         result = self.result
         known = self.known.get(message.id)
         if known is not None:
-            if known == message.raw_sha256:
+            if known in (message.raw_sha256, REBUILT_UNKNOWN_SHA256):
                 result.duplicates += 1
                 result.candidates.append(Candidate(index, message.id, message.time, message.cached))
             else:
@@ -275,6 +279,7 @@ class _Batch:
             topic=message.topic,
             time=message.time,
             expires=message.expires,
+            sha256=message.raw_sha256,
         )
         self.journal.append(audit.encode(record))
         self.work.apply(record)

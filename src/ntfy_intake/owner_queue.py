@@ -99,7 +99,12 @@ class OwnerQueue:
         decision = (state or self.state).decide_owner_message(self.policy, now)
         _insert(conn, key, "triage", "triage", text, decision, now)
         record = cadence.owner_record(
-            key, now, message_kind="triage", result=decision.result, reason=decision.reason
+            key,
+            now,
+            message_kind="triage",
+            result=decision.result,
+            reason=decision.reason,
+            text=sanitize.valid_utf8(text),  # the audit log can rebuild the message (rebuild.py)
         )
         _stage(conn, record, now)
         return decision.result, [record]

@@ -22,7 +22,7 @@ def record(conn: sqlite3.Connection, *ids: str) -> None:
         conn,
         [make_message(i, title=i) for i in ids],
         NOW,
-        queue=owner_queue(),
+        queue=owner_queue(debounce=60.0),  # no release record: one journal row per event
         relay_enabled=True,
     )
 
