@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ntfy_intake import __version__
-from ntfy_intake.errors import ConfigError, IntakeError
+from ntfy_intake.errors import ConfigError, IntakeError, StartupError
 
 if TYPE_CHECKING:
     from ntfy_intake.daemon import Daemon
@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    except StartupError as exc:  # a permanent cause: exit 2 ends systemd's restart loop
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except IntakeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -56,7 +56,7 @@ from ntfy_intake import (
 from ntfy_intake.cursor import Cursor, ResumePoint
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
-from ntfy_intake.errors import AuditWriteError, StateLockedError
+from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
 from ntfy_intake.frames import Junk, Message
 from ntfy_intake.owner_queue import Notice, OwnerQueue
 from ntfy_intake.sdnotify import Notifier
@@ -65,6 +65,8 @@ from ntfy_intake.settings import Settings
 log = structlog.get_logger("ntfy_intake.daemon")
 
 MAX_BATCH = 500
+STORAGE_RETRY_BASE = 0.1
+STORAGE_RETRY_CAP = 5.0
 TICK_SECONDS = 0.05
 HEALTH_EVERY = 2.0
 HEALTH_KEY = "health"
@@ -179,6 +181,10 @@ class Daemon:
         self.http_port: int | None = None
         self.http_error: str | None = None
         self._cached_counts: dict[str, Any] = {}
+        # A transient storage failure being waited out (None: storage is fine).
+        self.storage_wait: storage.StorageFault | None = None
+        self.storage_episodes = 0
+        self._storage_notices: list[Notice] = []
 
     # -- database access: one lock, one worker thread at a time ------------------------------
 
@@ -188,14 +194,79 @@ class Daemon:
         return self._conn
 
     async def _db(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        async with self._db_lock:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+        """Run `fn` in the worker thread. A transient storage failure (the database locked by
+        another process past the busy timeout, a full disk, an I/O error) is waited out with
+        backoff and `fn` run again: every database function here is one transaction that
+        rolled back whole. Health is degraded meanwhile; nothing exits."""
+        delay = STORAGE_RETRY_BASE
+        while True:
+            async with self._db_lock:
+                try:
+                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                except sqlite3.OperationalError as exc:
+                    fault = storage.classify(exc, str(self.settings.state.database))
+                    if not fault.transient:
+                        raise
+                else:
+                    if self.storage_wait is not None:
+                        self._storage_recovered()
+                    return result
+            self._storage_waiting(fault)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORAGE_RETRY_CAP)
+
+    def _storage_waiting(self, fault: storage.StorageFault) -> None:
+        # Waiting on schedule is progress: the watchdog keeps pinging (DESIGN.md section 2).
+        self.heartbeat_at = time.monotonic()
+        if self.storage_wait is None:
+            log.error("storage.waiting", fault=str(fault), transient=True)
+            self.storage_episodes += 1
+        self.storage_wait = fault
+
+    def _storage_recovered(self) -> None:
+        fault = self.storage_wait
+        self.storage_wait = None
+        if fault is None:
+            return
+        log.warning("storage.recovered", fault=str(fault))
+        episode = f"{self.boot_id}:{self.storage_episodes}"
+        self._storage_notices.append(
+            storage.database_locked(fault.detail, episode)
+            if fault.kind == "locked"
+            else storage.storage_fault(fault, episode)
+        )
+
+    async def _send_storage_notices(self) -> None:
+        """One owner notice per storage episode, recorded once the database takes writes."""
+        while self._storage_notices:
+            notice = self._storage_notices.pop(0)
+            await self._db(self._record_notice, notice)
+            await self._flush_audit()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Local recovery, before READY: open the store, migrate, replay unwritten audit records."""
-        self.settings.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Local recovery, before READY: open the store, migrate, replay unwritten audit records.
+
+        A storage failure here names itself; a permanent one is a StartupError (exit 2)."""
+        problem = storage.check_state_dir(self.settings.state.dir)
+        if problem is not None:
+            raise StartupError(problem)
+        try:
+            self._recover()
+        except (sqlite3.Error, OSError) as exc:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+            raise storage.startup_error(exc, self.settings.state.database) from exc
+
+    def _recover(self) -> None:
+        problem = storage.check_audit_files(
+            self.settings.state.audit_dir, audit.log_files(self.settings.state.audit_dir)[-1:]
+        )
+        if problem is not None:
+            raise StartupError(problem)
         self._lock_fd = _exclusive_lock(self.settings.state.dir / "daemon.lock")
         rebuild.remove_orphan_wal(self.settings.state.database)
         self._conn = db.connect(self.settings.state.database)
@@ -552,6 +623,8 @@ class Daemon:
             if self._wedged:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
             self.heartbeat_at = time.monotonic()
+            if self._storage_notices:
+                await self._send_storage_notices()
             await self._settle_cursor()
             await self._observe_liveness()
             if self._next_release is not None and self._next_release <= self.clock():
@@ -637,6 +710,8 @@ class Daemon:
     def _status_line(self, reason: str) -> str:
         state = self.liveness.state(time.monotonic())
         latch = ", AUDIT LATCHED" if self.latched else ""
+        if self.storage_wait is not None:
+            latch += f", DEGRADED: {self.storage_wait}"
         return (
             f"intake {state}{latch}; {self.counters.recorded} recorded this run; "
             f"cursor {self._cursor.since if self._cursor else '-'}; {reason}"
@@ -669,6 +744,8 @@ class Daemon:
         state = str(self.liveness.state(time.monotonic()))
         if self.latched:
             return False, {"reason": "audit latch is set: restart advised", "intake": state}
+        if self.storage_wait is not None:
+            return False, {"reason": f"degraded: {self.storage_wait}; waiting", "intake": state}
         if state != "live":
             return False, {"reason": f"intake is {state}", "intake": state}
         return True, {"intake": state}
@@ -779,6 +856,7 @@ class Daemon:
             "failures": dict(self.health.failures),
             "last_error": self.health.last_error,
             "latch": self.latched,
+            "storage": None if self.storage_wait is None else str(self.storage_wait),
             "http_port": self.http_port,
             "http_error": self.http_error,
             "recorded": self.counters.recorded,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ntfy_intake.errors import IntakeError, StartupError
 from ntfy_intake.owner_queue import Notice
 
 Kind = Literal["disk_full", "file_too_large", "locked", "corrupt", "permission", "io", "other"]
@@ -103,6 +104,26 @@ def _text(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc) or type(exc).__name__
+
+
+def startup_error(exc: BaseException, database: Path) -> IntakeError:
+    """The one line a storage failure at start-up becomes: StartupError (exit 2) when only a
+    person can fix it, a plain IntakeError (exit 1: a restart may help) when it is transient."""
+    where = (
+        str(database)
+        if isinstance(exc, sqlite3.Error)
+        else str(getattr(exc, "filename", None) or database.parent)
+    )
+    fault = classify(exc, where)
+    if fault.kind == "corrupt":
+        return StartupError(
+            f"database {database} is corrupt ({fault.detail}): move it aside"
+            f" (mv {database} {database}.corrupt) and start again; the next start rebuilds it"
+            " from the audit log"
+        )
+    if fault.kind == "permission":
+        return StartupError(str(fault))
+    return IntakeError(str(fault))
 
 
 def check_state_dir(directory: Path) -> str | None:

@@ -5,23 +5,36 @@ Nothing a publisher, a receiver, the disk or the clock does may stop intake or b
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ntfy_intake import audit, db, inbox, incidents, rebuild, receiver
+from ntfy_intake import audit, db, inbox, incidents, rebuild, receiver, storage
 from ntfy_intake import notices as notices_module
 from ntfy_intake.daemon import migrations
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.frames import Message, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
-from ..harness import DaemonThread, event_ids, notices, query, settings_for, wait_until
+from ..harness import (
+    Child,
+    DaemonThread,
+    env_for,
+    event_ids,
+    notices,
+    query,
+    settings_for,
+    wait_until,
+)
 
 NOW = 1_764_470_100.0
 SURROGATE_BODY = '{"incident":"disk \\ud83d","severity":5,"status":"firing"}'
@@ -289,3 +302,167 @@ def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Pat
     assert rows["agent:two"] == ("triage", "over the cap", "suppressed")
     assert rows["gap:c"][0::2] == ("notice", "pending")
     second.close()
+
+
+# -- storage errors name themselves (finding 10) --------------------------------------------------
+
+
+def test_disk_full_under_sqlite_is_reported_as_disk_full(tmp_path: Path) -> None:
+    """Finding 10: SQLite's automatic rollback on a full disk made our ROLLBACK fail, and the
+    error shown was "cannot rollback - no transaction is active" instead of the cause."""
+    conn = db.connect(tmp_path / "small.sqlite3")
+    conn.execute("CREATE TABLE t(x)")
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count={pages + 2}")  # a disk with two pages left
+    with pytest.raises(sqlite3.OperationalError, match="full") as caught, db.write_txn(conn):
+        for _ in range(50):
+            conn.execute("INSERT INTO t VALUES (?)", ("x" * 3000,))
+    fault = storage.classify(caught.value, "database")
+    assert (fault.kind, fault.transient) == ("disk_full", True)
+    assert str(fault).startswith("disk full on database")
+    assert not conn.in_transaction
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda state: state.write_text("a file, not a directory"), "not a directory"),
+        (
+            lambda state: (state.mkdir(), (state / "intake.sqlite3").write_bytes(b"x" * 8192)),
+            "move it aside",
+        ),
+    ],
+    ids=["state_dir_is_a_file", "corrupt_database"],
+)
+def test_permanent_startup_failure_exits_2_with_one_line(
+    tmp_path: Path, make: Callable[[Path], object], expected: str
+) -> None:
+    """Finding 10: a corrupt database or an unusable state dir gave a raw traceback and exit 1,
+    which the unit restarts forever; RestartPreventExitStatus=2 needs exit 2 and one line."""
+    state = tmp_path / "state"
+    make(state)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    env.update(env_for("http://127.0.0.1:9", state))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ntfy_intake", "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A small filesystem of our own at `directory` (root only); the test skips, with the
+    reason, where mounting is refused. Always unmounted on the way out."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def test_read_only_audit_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    """Finding 10: a read-only audit file gave a raw traceback and exit 1 (restarted forever)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    with tmpfs(state / "audit", "1m") as audit_dir:
+        (audit_dir / "audit-2025-11-30.jsonl").write_bytes(b'{"v":1,"seq":1,"ts":"x","kind":"e"')
+        subprocess.run(["mount", "-o", "remount,ro", str(audit_dir)], check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+        env.update(env_for("http://127.0.0.1:9", state))
+        proc = subprocess.run(
+            [sys.executable, "-m", "ntfy_intake", "run"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and "audit" in lines[0] and "Traceback" not in proc.stderr, lines
+
+
+# -- the database's write lock held by another process (finding 8) --------------------------------
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+print("released", flush=True)
+"""
+
+
+def hold_write_lock_while_publishing(
+    emu: NtfyEmulator,
+    state: Path,
+    running: DaemonThread,
+    spawn: Callable[..., Child],
+    seconds: float,
+) -> list[str]:
+    holder = spawn(HOLD_LOCK, state / "intake.sqlite3", seconds)
+    assert holder.expect_line() == "locked"
+    during = publish(emu, 5, "locked")
+    daemon = running.daemon
+    assert daemon is not None
+    wait_until(lambda: daemon.storage_wait is not None, timeout=seconds, what="degraded")
+    assert daemon.storage_wait is not None and daemon.storage_wait.kind == "locked"
+    assert daemon._http_health()[0] is False  # health degraded while the lock is held
+    assert holder.expect_line(timeout=seconds + 30) == "released"
+    wait_until(lambda: set(during) <= set(event_ids(state)), what="recorded after the wait")
+    wait_until(lambda: len(notices(state, "db_locked")) == 1, what="one notice")
+    assert daemon.storage_wait is None and not daemon.failed
+    return during
+
+
+def test_write_lock_held_past_the_busy_timeout_is_waited_out_without_exit(
+    emu: NtfyEmulator,
+    tmp_path: Path,
+    spawn: Callable[..., Child],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding 8: another process holding the write lock for more than the busy timeout killed
+    the daemon ("ticker: database is locked"). A shortened busy clock (0.3 s) makes a 3 s lock
+    the same fault; the real 10 s timeout and a 60 s lock are the slow test below."""
+    monkeypatch.setattr(db, "BUSY_TIMEOUT_MS", 300)
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config) as running:
+        emu.wait_for_subscribers(1)
+        before = publish(emu, 3, "before")
+        wait_until(lambda: set(before) <= set(event_ids(tmp_path)))
+        during = hold_write_lock_while_publishing(emu, tmp_path, running, spawn, 3.0)
+        after = publish(emu, 3, "after")
+        wait_until(lambda: set(after) <= set(event_ids(tmp_path)))
+    assert_exactly_once(tmp_path, before + during + after)
+
+
+@pytest.mark.slow
+def test_write_lock_held_for_60_seconds_loses_nothing_and_never_exits(
+    emu: NtfyEmulator, tmp_path: Path, spawn: Callable[..., Child]
+) -> None:
+    """Finding 8, for real: the default busy timeout, a 60 s lock, no loss, no exit, no restart."""
+    config = settings_for(emu.url, tmp_path)
+    with DaemonThread(config) as running:
+        emu.wait_for_subscribers(1)
+        during = hold_write_lock_while_publishing(emu, tmp_path, running, spawn, 60.0)
+        assert running.daemon is not None and running.daemon.health.connections == 1
+    assert_exactly_once(tmp_path, during)
