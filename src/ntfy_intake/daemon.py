@@ -53,6 +53,7 @@ from ntfy_intake import (
     storage,
     watchdog,
 )
+from ntfy_intake.clock import TrustedClock
 from ntfy_intake.cursor import Cursor, ResumePoint
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
@@ -134,7 +135,10 @@ class Daemon:
         watchdog_interval: float | None = None,
     ) -> None:
         self.settings = settings
-        self.clock = clock
+        # Every wall-clock reading goes through the server-checked clock (clock.py): a local
+        # clock jump never moves cadence windows, the daily cap, retention or audit days.
+        self.trusted_clock = TrustedClock(clock)
+        self.clock: Callable[[], float] = self.trusted_clock
         self.crash = crash_points or CrashPoints(None)
         self.transport = transport
         # Test seams, not configuration: tests shorten the backoff schedules.
@@ -162,7 +166,7 @@ class Daemon:
         self.relay: relay.Relay | None = None
         self.owner: owner.OwnerSender | None = None
         self._next_release: float | None = None
-        self._audit = audit.AuditLog(settings.state.audit_dir, clock)
+        self._audit = audit.AuditLog(settings.state.audit_dir, self.clock)
         self._cursor: Cursor | None = None
         self.ready = asyncio.Event()
         self.notifier = notifier or Notifier(None)
@@ -214,6 +218,18 @@ class Daemon:
             self._storage_waiting(fault)
             await asyncio.sleep(delay)
             delay = min(delay * 2, STORAGE_RETRY_CAP)
+
+    async def _observe_server_time(self, response: httpx.Response) -> None:
+        """ntfy's `Date` header: the server time the local clock is checked against."""
+        if str(response.request.url).startswith(self.settings.ntfy.url):
+            self.trusted_clock.observe_date_header(response.headers.get("date"))
+
+    async def _notice_clock_jumps(self) -> None:
+        for detail in self.trusted_clock.take_jumps():
+            log.error("clock.jump", detail=detail)
+            count = self.trusted_clock.jumps
+            await self._db(self._record_notice, storage.clock_jump(detail, self.boot_id, count))
+            await self._flush_audit()
 
     def _storage_waiting(self, fault: storage.StorageFault) -> None:
         # Waiting on schedule is progress: the watchdog keeps pinging (DESIGN.md section 2).
@@ -309,7 +325,11 @@ class Daemon:
         """Cadence state from the audit log (only the files the longest window needs), plus the
         records that reached SQLite but not yet the log: together, every recorded outcome."""
         started = time.monotonic()
-        loaded = rehydrate.load(self.settings.state.audit_dir, self.policy, self.clock())
+        # Before ntfy answers, the newest server time recorded bounds a local clock that jumped
+        # ahead while we were down: pruning by it keeps cooldowns and the day's cap (clock.py).
+        now = self.clock()
+        newest = self.conn.execute("SELECT max(time) FROM inbox").fetchone()[0]
+        loaded = rehydrate.load(self.settings.state.audit_dir, self.policy, min(now, newest or now))
         state = loaded.state
         mark = audit.flushed_seq(self.conn)
         pending = 0
@@ -343,7 +363,9 @@ class Daemon:
         self.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         intake_stop = asyncio.Event()
-        async with httpx.AsyncClient(transport=self.transport) as client:
+        async with httpx.AsyncClient(
+            transport=self.transport, event_hooks={"response": [self._observe_server_time]}
+        ) as client:
             reader = intake.Intake(
                 intake.IntakeConfig(
                     base_url=self.settings.ntfy.url,
@@ -625,6 +647,7 @@ class Daemon:
             self.heartbeat_at = time.monotonic()
             if self._storage_notices:
                 await self._send_storage_notices()
+            await self._notice_clock_jumps()
             await self._settle_cursor()
             await self._observe_liveness()
             if self._next_release is not None and self._next_release <= self.clock():

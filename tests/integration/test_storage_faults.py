@@ -5,6 +5,7 @@ Nothing a publisher, a receiver, the disk or the clock does may stop intake or b
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -466,3 +468,56 @@ def test_write_lock_held_for_60_seconds_loses_nothing_and_never_exits(
         during = hold_write_lock_while_publishing(emu, tmp_path, running, spawn, 60.0)
         assert running.daemon is not None and running.daemon.health.connections == 1
     assert_exactly_once(tmp_path, during)
+
+
+# -- clock jumps (finding 6) ----------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def outcome_of(state: Path, event_id: str) -> str | None:
+    for record in audit.read_records(state / "audit"):
+        if record["kind"] == "event" and record["event_id"] == event_id:
+            return str(record["outcome"])
+    return None
+
+
+@pytest.mark.parametrize("jump", [8 * DAY, -8 * DAY], ids=["forward_8_days", "back_8_days"])
+def test_clock_jump_keeps_cooldown_daily_cap_and_retention_and_replay_records_nothing_twice(
+    emu: NtfyEmulator, tmp_path: Path, jump: float
+) -> None:
+    """Finding 6: a forward jump of more than 7 days let retention prune ids ntfy still holds,
+    and a full replay afterwards died on UNIQUE(outbox.delivery_key); a jump either way also
+    reset the cooldowns and the daily cap (or froze them for 8 days)."""
+    state = tmp_path / "state"
+    clock = ShiftedClock()
+    config = settings_for(emu.url, state, cadence_debounce="0s", cadence_daily_cap="1")
+    with DaemonThread(config, clock=clock) as running:
+        emu.wait_for_subscribers(1)
+        daemon, loop = running.daemon, running._loop
+        assert daemon is not None and loop is not None
+
+        def call(coro: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=30)
+
+        first = emu.publish("alerts", "sda1 at 97%", title="Disk full")["id"]
+        wait_until(lambda: outcome_of(state, first) == "triage_requested")
+        assert call(daemon._notify("reply one", "one"))[1]["result"] == "queued"
+        clock.offset = jump
+        second = emu.publish("alerts", "sda1 at 98%", title="Disk full")["id"]
+        wait_until(lambda: outcome_of(state, second) is not None)
+        assert outcome_of(state, second) == "suppressed"  # cooldown: seconds, not days, passed
+        assert call(daemon._notify("reply two", "two"))[1]["result"] == "suppressed"  # daily cap
+        call(daemon._prune())
+        assert {first, second} <= {r[0] for r in query(state, "SELECT event_id FROM inbox")}
+        assert not daemon.failed
+    conn = sqlite3.connect(state / "intake.sqlite3")
+    with conn:
+        conn.execute("UPDATE cursor SET kind = 'all', value = 'all', message_time = NULL")
+    conn.close()
+    with DaemonThread(config, clock=clock) as running:
+        marker = emu.publish("alerts", "after the replay", title="marker")["id"]
+        wait_until(lambda: marker in event_ids(state), what="full replay done")
+        assert running.daemon is not None and not running.daemon.failed
+    assert_exactly_once(state, [first, second, marker])
+    assert len(notices(state, "clock_jump")) == 2  # once per run that saw the jump
