@@ -145,8 +145,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = _load_settings(args)
     logs.configure()
+    from ntfy_intake import clock  # noqa: PLC0415
+
     daemon = Daemon(
         settings,
+        clock=clock.from_environ(),  # the system clock unless a drill injects an offset
         crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")),
         notifier=Notifier.from_environ(os.environ),
         watchdog_interval=watchdog_interval(os.environ, os.getpid()),

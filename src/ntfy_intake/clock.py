@@ -18,9 +18,12 @@ Pure apart from the clocks it is given.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
 BOUND = 300.0
 
@@ -106,3 +109,32 @@ def _span(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} hours"
     return f"{seconds:.0f} s"
+
+
+TEST_OFFSET_ENV = "NTFY_INTAKE_TEST_CLOCK_OFFSET_FILE"
+
+
+def from_environ(env: dict[str, str] | None = None) -> Callable[[], float]:
+    """The local clock; under the storage drill (`NTFY_INTAKE_TEST_CLOCK_OFFSET_FILE`, a test
+    hook, never set in production) the system clock plus the seconds in that file, so the drill
+    can jump the daemon's clock without touching the machine's."""
+    path = (os.environ if env is None else env).get(TEST_OFFSET_ENV)
+    if not path:
+        return time.time
+    return _OffsetClock(Path(path))
+
+
+class _OffsetClock:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0.0
+        self._read_at = -1.0
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if now - self._read_at > 0.05:
+            self._read_at = now
+            # A file being rewritten keeps the last offset.
+            with contextlib.suppress(OSError, ValueError):
+                self._offset = float(self.path.read_text().strip() or 0)
+        return time.time() + self._offset

@@ -900,6 +900,13 @@ def run(
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "faults", "kill") == "storage":
+        from ntfy_intake import drill_storage  # noqa: PLC0415 - it imports this module
+
+        if args.rounds < 1:
+            print("drill: --rounds must be at least 1", file=sys.stderr)
+            return 2
+        return drill_storage.run(rounds=args.rounds, seed=args.seed, keep=args.keep)
     token: str | None = args.token
     if args.token_file is not None:
         token = args.token_file.read_text().strip()
