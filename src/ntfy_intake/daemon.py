@@ -275,6 +275,9 @@ class Daemon:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
                 self._conn = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
             raise storage.startup_error(exc, self.settings.state.database) from exc
 
     def _recover(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import sqlite3
@@ -20,10 +21,20 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import audit, db, inbox, incidents, rebuild, receiver, storage
+from ntfy_intake import (
+    audit,
+    db,
+    drill_storage,
+    inbox,
+    incidents,
+    rebuild,
+    receiver,
+    storage,
+)
 from ntfy_intake import notices as notices_module
-from ntfy_intake.daemon import migrations
+from ntfy_intake.daemon import Daemon, migrations
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.errors import StartupError
 from ntfy_intake.frames import Message, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
@@ -521,3 +532,73 @@ def test_clock_jump_keeps_cooldown_daily_cap_and_retention_and_replay_records_no
         assert running.daemon is not None and not running.daemon.failed
     assert_exactly_once(state, [first, second, marker])
     assert len(notices(state, "clock_jump")) == 2  # once per run that saw the jump
+
+
+# -- the drill's storage mode, short --------------------------------------------------------------
+
+
+def table_value(table: str, label: str) -> str:
+    for line in table.splitlines():
+        if line.startswith(f"  {label} "):
+            return line[len(label) + 2 :].strip()
+    raise AssertionError(f"no {label!r} row in:\n{table}")
+
+
+@pytest.mark.slow
+def test_storage_drill_short_run_passes_with_every_fault_kind() -> None:
+    """One fault of each kind under a live stream: 0 lost, 0 doubled, one effect per request.
+    The by-hand run with --rounds 20 and its counts are in the issue's closing note."""
+    out = io.StringIO()
+    code = drill_storage.run(rounds=1, seed=20261130, out=out, progress=None)
+    table = out.getvalue()
+    assert code == 0, table
+    assert table_value(table, "lost") == "0"
+    assert table_value(table, "double outcomes") == "0"
+    assert table_value(table, "duplicate effects at the receiver") == "0"
+    for kind in drill_storage.KINDS:
+        row = table_value(table, f"storage fault: {kind}")
+        assert row.startswith("1x") or (kind == "disk_full" and row.startswith("skipped")), row
+    assert not any(
+        "ntfy-intake-drill" in line for line in Path("/proc/mounts").read_text().splitlines()
+    )
+
+
+def test_corrupt_database_stops_startup_and_once_moved_aside_is_rebuilt(tmp_path: Path) -> None:
+    """Finding 5 and 10: a corrupt database is a permanent cause (StartupError, exit 2, "move it
+    aside"); once it is moved aside the next start rebuilds from the audit log."""
+    state = tmp_path / "state"
+    config = settings_for("http://127.0.0.1:9", state)
+    first = Daemon(config)
+    first.recover()
+    with db.write_txn(first.conn):
+        audit.stage(
+            first.conn,
+            "event",
+            NOW,
+            event_id="kept00000001",
+            topic="alerts",
+            time=1,
+            expires=2,
+            outcome="suppressed",
+            reason="cooldown",
+            incident="x",
+            sha256="s",
+        )
+    with audit.AuditLog(config.state.audit_dir, lambda: NOW) as log:
+        audit.flush(first.conn, log)
+    first.conn.close()
+    os.close(first._lock_fd or -1)
+    config.state.database.write_bytes(b"this is not a database" * 500)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{config.state.database}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(StartupError, match="move it aside"):
+        Daemon(config).recover()
+    config.state.database.rename(state / "intake.sqlite3.corrupt")
+    again = Daemon(config)
+    again.recover()
+    try:
+        assert again.conn.execute("SELECT event_id FROM inbox").fetchall()[0][0] == "kept00000001"
+        assert again._cursor is not None and again._cursor.value == "kept00000001"
+    finally:
+        again.conn.close()
+        os.close(again._lock_fd or -1)
