@@ -188,6 +188,7 @@ class Daemon:
         # A transient storage failure being waited out (None: storage is fine).
         self.storage_wait: storage.StorageFault | None = None
         self.storage_episodes = 0
+        self._storage_failed_fn: object = None
         self._storage_notices: list[Notice] = []
 
     # -- database access: one lock, one worker thread at a time ------------------------------
@@ -212,9 +213,11 @@ class Daemon:
                     if not fault.transient:
                         raise
                 else:
-                    if self.storage_wait is not None:
+                    # Only the work that failed proves recovery (reads succeed on a full disk).
+                    if self.storage_wait is not None and fn == self._storage_failed_fn:
                         self._storage_recovered()
                     return result
+            self._storage_failed_fn = fn
             self._storage_waiting(fault)
             await asyncio.sleep(delay)
             delay = min(delay * 2, STORAGE_RETRY_CAP)

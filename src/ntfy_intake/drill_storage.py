@@ -43,7 +43,9 @@ from ntfy_intake.drill_report import Tally, check, render
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 KINDS = ("disk_full", "rlimit_fsize", "audit_deleted", "db_deleted", "write_lock", "clock_jump")
-TMPFS_SIZE = "48m"
+TMPFS_SIZE = (
+    "512m"  # a cap, not a fault: the state of a long run must fit; the fault fills the rest
+)
 JUMP_S = 8 * 86400.0
 CLOCK_ENV = "NTFY_INTAKE_TEST_CLOCK_OFFSET_FILE"
 LOCK_SECONDS = (2.0, 12.0)
