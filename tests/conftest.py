@@ -18,6 +18,7 @@ from ntfy_intake.frames import Message, decode_line
 from ntfy_intake.owner_queue import OwnerQueue
 
 from .harness import Child
+from .real_ntfy import RealNtfy
 
 TOPICS = frozenset({"alerts", "backups"})
 
@@ -87,3 +88,18 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
     yield start
     for child in children:  # killed by pid, whatever the test did
         child.kill()
+
+
+@pytest.fixture
+def make_real_ntfy(tmp_path: Path) -> Iterator[Callable[..., RealNtfy]]:
+    """make_real_ntfy(auth=..., cache_duration=..., ...) -> a started RealNtfy; stopped by pid."""
+    servers: list[RealNtfy] = []
+
+    def make(**options: object) -> RealNtfy:
+        server = RealNtfy(tmp_path / f"ntfy-{len(servers)}", **options)  # type: ignore[arg-type]
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help="TOML config file (env: NTFY_INTAKE_CONFIG); every key also has an env twin",
         )
+        p.add_argument(
+            "--allow-insecure-permissions",
+            action="store_true",
+            help="accept a config or secret file that group or others can read (not advised)",
+        )
 
     p = add("run", _cmd_run, "run the daemon in the foreground")
     config_arg(p)
@@ -108,14 +113,48 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
     p.add_argument("--keepalive", default="45s", help="keepalive interval (duration)")
     p.add_argument("--cache-duration", default="12h", help="message cache duration (duration)")
+    p.add_argument(
+        "--no-rate-limits",
+        action="store_true",
+        help="turn off ntfy's request limiter and 30-subscription limit (on by default, as in ntfy)",
+    )
+    p.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TOKEN=TOPICS",
+        help="turn auth on: a tk_ token and the comma-separated topics it may read (repeatable)",
+    )
 
     p = add("receiver", _cmd_receiver, "run the reference triage receiver")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen address (loopback by default; see docs/triage-contract.md before exposing it)",
+    )
     p.add_argument("--port", type=int, default=8790)
     p.add_argument("--db", type=Path, default=Path("receiver.sqlite3"), help="receipt store")
+    p.add_argument(
+        "--secret-file",
+        type=Path,
+        default=None,
+        help="Standard Webhooks secret (whsec_...) to verify deliveries with "
+        "(env: NTFY_INTAKE_RELAY_SECRET or NTFY_INTAKE_RELAY_SECRET_FILE)",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="require this bearer token (env: NTFY_INTAKE_RELAY_TOKEN or _FILE)",
+    )
+    p.add_argument(
+        "--allow-insecure-permissions",
+        action="store_true",
+        help="accept a secret file that group or others can read (not advised)",
+    )
 
     p = add("drill", _cmd_drill, "kill -9 verification: crash the daemon, check every id, verdict")
     from ntfy_intake.drill_args import add_arguments  # noqa: PLC0415
@@ -130,7 +169,11 @@ def _parser() -> argparse.ArgumentParser:
 def _load_settings(args: argparse.Namespace) -> Settings:
     from ntfy_intake import settings  # noqa: PLC0415 - imports stay lazy so `--help` is fast
 
-    return settings.load(args.config, os.environ)
+    return settings.load(
+        args.config,
+        os.environ,
+        allow_insecure_permissions=getattr(args, "allow_insecure_permissions", False),
+    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -250,18 +293,41 @@ def _duration_arg(name: str, text: str) -> float:
 def _cmd_emulator(args: argparse.Namespace) -> int:
     from ntfy_intake.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
 
-    config = EmulatorConfig(
-        keepalive_interval=_duration_arg("--keepalive", args.keepalive),
-        cache_duration=_duration_arg("--cache-duration", args.cache_duration),
-    )
+    tokens: dict[str, set[str]] = {}
+    for spec in args.token:
+        token, _, topics = spec.partition("=")
+        tokens[token] = {topic for topic in topics.split(",") if topic}
+    keepalive = _duration_arg("--keepalive", args.keepalive)
+    cache_duration = _duration_arg("--cache-duration", args.cache_duration)
+    try:
+        config = EmulatorConfig(
+            tokens=tokens or None,
+            keepalive_interval=keepalive,
+            cache_duration=cache_duration,
+            request_limit=not args.no_rate_limits,
+            subscription_limit=None if args.no_rate_limits else 30,
+        )
+    except ValueError as exc:
+        raise ConfigError("emulator", str(exc)) from exc
     serve_forever(args.host, args.port, config)
     return 0
 
 
 def _cmd_receiver(args: argparse.Namespace) -> int:
-    from ntfy_intake import receiver  # noqa: PLC0415
+    from ntfy_intake import receiver, settings, signing  # noqa: PLC0415
 
-    receiver.serve(args.host, args.port, args.db)
+    allow = args.allow_insecure_permissions
+    secret = settings.secret_from(
+        "--secret-file", args.secret_file, "NTFY_INTAKE_RELAY_SECRET", os.environ, allow=allow
+    )
+    token = settings.secret_from(
+        "--token-file", args.token_file, "NTFY_INTAKE_RELAY_TOKEN", os.environ, allow=allow
+    )
+    try:
+        key = None if secret is None else signing.parse_secret(secret)
+    except signing.SecretError as exc:
+        raise ConfigError("relay.secret", f"not a Standard Webhooks secret: {exc}") from None
+    receiver.serve(args.host, args.port, args.db, secret=key, token=token)
     return 0
 
 

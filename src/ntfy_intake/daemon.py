@@ -407,6 +407,8 @@ class Daemon:
                     flush_audit=self._flush_audit,
                     after_post=lambda: self.crash.hit("after_post"),
                     retry_base=self.relay_retry_base,
+                    signing_key=self.settings.relay.signing_key,
+                    token=self.settings.relay.token,
                 )
                 tasks.append(asyncio.create_task(self.relay.run(relay_stop), name="relay"))
             self.owner = owner.OwnerSender(

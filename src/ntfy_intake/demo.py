@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, logs, receiver, settings, signal_standin
+from ntfy_intake import audit, logs, receiver, settings, signal_standin, signing
 from ntfy_intake.daemon import Daemon
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.sanitize import one_line
@@ -72,11 +73,18 @@ TIMEOUT = 30.0
 
 def run(*, extra_alerts: int = 0) -> int:
     logs.configure(level=logging.WARNING)  # the table below is the output; warnings still show
+    # One fresh Standard Webhooks secret on both sides: the receiver refuses unsigned requests.
+    secret = signing.new_secret(secrets.token_bytes(32))
     with tempfile.TemporaryDirectory(prefix="ntfy-intake-demo-") as tmp:
         state = Path(tmp)
         with (
-            NtfyEmulator(EmulatorConfig(keepalive_interval=5.0)).running() as emu,
-            receiver.running(state / "receiver.sqlite3") as triage,
+            NtfyEmulator(
+                # The demo publishes --alerts in a burst: ntfy's request limit (60) is off.
+                EmulatorConfig(keepalive_interval=5.0, request_limit=False, subscription_limit=None)
+            ).running() as emu,
+            receiver.running(
+                state / "receiver.sqlite3", secret=signing.parse_secret(secret)
+            ) as triage,
             signal_standin.running() as signal,
         ):
             config = settings.load(
@@ -88,6 +96,7 @@ def run(*, extra_alerts: int = 0) -> int:
                     "NTFY_INTAKE_NTFY_REORDER_WINDOW": "500ms",
                     "NTFY_INTAKE_STATE_DIR": str(state / "state"),
                     "NTFY_INTAKE_RELAY_URL": triage.url,
+                    "NTFY_INTAKE_RELAY_SECRET": secret,
                     "NTFY_INTAKE_CADENCE_DEBOUNCE": "1s",
                     "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
                     # A cap of one owner message a day, so the demo shows one capped.
@@ -98,7 +107,7 @@ def run(*, extra_alerts: int = 0) -> int:
                 },
             )
             print(f"ntfy-compatible server  {emu.url}")
-            print(f"triage receiver         {triage.url}")
+            print(f"triage receiver         {triage.url} (signed deliveries only)")
             print(f"Signal stand-in         {signal.url}/v2/send (daily cap: 1)")
             print(f"state directory         {config.state.dir}")
             alerts = SAMPLES + [

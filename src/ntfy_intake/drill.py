@@ -43,10 +43,11 @@ from typing import IO, Literal, TextIO
 
 import httpx
 
-from ntfy_intake import _serve, audit, receiver
+from ntfy_intake import _serve, audit, receiver, settings
 from ntfy_intake.drill_args import add_arguments
 from ntfy_intake.drill_report import Tally, check, render
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.errors import ConfigError
 
 CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
 CRASH_ENV = "NTFY_INTAKE_TEST_CRASH_AT"
@@ -870,7 +871,14 @@ def run(
         if ntfy_url is None:
             emu = stack.enter_context(
                 NtfyEmulator(
-                    EmulatorConfig(keepalive_interval=KEEPALIVE_INTERVAL, manager_interval=None)
+                    EmulatorConfig(
+                        keepalive_interval=KEEPALIVE_INTERVAL,
+                        manager_interval=None,
+                        # The drill kills and restarts the daemon over and over: ntfy's
+                        # request and subscription limits would throttle the reconnects.
+                        request_limit=False,
+                        subscription_limit=None,
+                    )
                 ).running()
             )
             target = Target(emu.url, EMULATOR_TOPICS, None, emu)
@@ -907,9 +915,17 @@ def main(args: argparse.Namespace) -> int:
             print("drill: --rounds must be at least 1", file=sys.stderr)
             return 2
         return drill_storage.run(rounds=args.rounds, seed=args.seed, keep=args.keep)
-    token: str | None = args.token
-    if args.token_file is not None:
-        token = args.token_file.read_text().strip()
+    try:
+        token = settings.secret_from(
+            "--token-file",
+            args.token_file,
+            "NTFY_INTAKE_NTFY_TOKEN",
+            os.environ,
+            allow=args.allow_insecure_permissions,
+        )
+    except ConfigError as exc:
+        print(f"drill: {exc}", file=sys.stderr)
+        return 2
     if (args.ntfy_url is None) != (args.topic is None):
         print("drill: --ntfy-url and --topic go together", file=sys.stderr)
         return 2

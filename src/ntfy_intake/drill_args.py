@@ -27,9 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topic", default=None, help="the test topic on --ntfy-url (it gets spammed)"
     )
-    parser.add_argument("--token", default=None, help="ntfy access token for --ntfy-url")
     parser.add_argument(
-        "--token-file", type=Path, default=None, help="read the token from this file instead"
+        "--token-file",
+        type=Path,
+        default=None,
+        help="ntfy access token for --ntfy-url, read from this file (0600); or set "
+        "NTFY_INTAKE_NTFY_TOKEN or NTFY_INTAKE_NTFY_TOKEN_FILE (never on the command line)",
+    )
+    parser.add_argument(
+        "--allow-insecure-permissions",
+        action="store_true",
+        help="accept a token file that group or others can read (not advised)",
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep the temp dir (state, audit log, daemon.log)"

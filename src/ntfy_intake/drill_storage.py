@@ -390,7 +390,14 @@ def run(
         stack.callback(receiver_server.stop)
         emu = stack.enter_context(
             NtfyEmulator(
-                EmulatorConfig(keepalive_interval=drill.KEEPALIVE_INTERVAL, manager_interval=None)
+                EmulatorConfig(
+                    keepalive_interval=drill.KEEPALIVE_INTERVAL,
+                    manager_interval=None,
+                    # Restarts and reconnects come fast here: ntfy's request and subscription
+                    # limits would throttle them (as in the kill drill).
+                    request_limit=False,
+                    subscription_limit=None,
+                )
             ).running()
         )
         storage_drill = StorageDrill(

@@ -45,7 +45,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ntfy_intake import _serve, metrics
+from ntfy_intake import _serve, http_limits, jsonsafe, metrics
 from ntfy_intake.doorbell import Doorbell, WakeEvent
 from ntfy_intake.errors import FeedError, StoreError
 from ntfy_intake.feed import DEFAULT_CHANNEL, MAX_PAGE, Entry, FeedStore, JoinAt, check_name
@@ -195,16 +195,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
 async def _json_object(request: Request, limit: int) -> dict[str, Any]:
     raw = await _read_body(request, limit)
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise _Reject(400, "bad_json", "the body is not valid JSON") from None
+        # strict: a lone surrogate is refused (400) rather than stored as something the client
+        # did not send; deep nesting, NaN and out-of-range numbers are 400s too, never 500s.
+        body = jsonsafe.loads(raw, strict=True)
+    except jsonsafe.BadJson as exc:
+        raise _Reject(400, "bad_json", f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise _Reject(400, "bad_json", "the body must be a JSON object")
     return body
@@ -276,6 +274,7 @@ def create_app(
     notify: NotifyCallback | None,
     health: HealthCallback,
     metrics_snapshot: metrics.Snapshot,
+    max_long_polls: int = http_limits.Limits().max_long_polls,
 ) -> Starlette:
     """The HTTP surface as an ASGI app (see the module docstring and docs/http-api.md).
 
@@ -286,6 +285,7 @@ def create_app(
     """
     bearer = token or None
     feed = _Feed(Path(db_path))
+    long_polls = [0]  # open waits, on the event loop only
     stopping = threading.Event()
     registry = metrics.registry_for(metrics_snapshot)
 
@@ -370,8 +370,14 @@ def create_app(
 
         if stopping.is_set():
             return _error(503, "shutting_down", "the server is stopping", Retry_After="1")
-        bell = await feed.run(arm)
-        outcome = await _race(bell.wait_async(timeout), stopping, request)
+        if long_polls[0] >= max_long_polls:
+            return _error(503, "busy", "too many open long polls; retry", Retry_After="1")
+        long_polls[0] += 1
+        try:
+            bell = await feed.run(arm)
+            outcome = await _race(bell.wait_async(timeout), stopping, request)
+        finally:
+            long_polls[0] -= 1
         if isinstance(outcome, WakeEvent):
             return _json(200, {"wake_line": outcome.wake_line})
         if outcome is None or outcome == "gone":
@@ -480,40 +486,75 @@ async def serve(
     on_bound: Callable[[int], None] | None = None,
     *,
     graceful_timeout: int = 2,
+    limits: http_limits.Limits | None = None,
 ) -> None:
     """Serve `app` on host:port in the running event loop until `stop` is set.
 
     The socket is bound before uvicorn starts (port 0 picks a free port); `on_bound(port)` runs
-    once the server accepts connections. When `stop` is set (or this coroutine is cancelled) the
-    app's long polls end at once (`begin_shutdown`), in-flight requests get `graceful_timeout`
-    seconds, and the rest are cancelled. A bind failure raises OSError before anything starts.
+    once the server accepts connections. Connections are accepted by `http_limits.accept_loop`
+    (uvicorn gets no listening socket of its own) and bounded by `limits`, shrunk to leave the
+    daemon its descriptor reserve. When `stop` is set (or this coroutine is cancelled) the app's
+    long polls end at once (`begin_shutdown`), in-flight requests get `graceful_timeout` seconds,
+    and the rest are cancelled. A bind failure raises OSError before anything starts.
     """
     sock = _serve._bind(host, port)
     bound_port = int(sock.getsockname()[1])
+    bounds = http_limits.current_limits(limits or http_limits.Limits())
+    slots = asyncio.Semaphore(bounds.hard_cap)
     config = uvicorn.Config(
         app,
         log_config=None,
         log_level="warning",
         access_log=False,
-        http="h11",
+        http=http_limits.protocol_class(bounds, slots.release),
+        ws="none",
         lifespan="on",
         timeout_graceful_shutdown=graceful_timeout,
         server_header=False,
+        backlog=bounds.backlog,
     )
     server = _Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"http-{bound_port}")
+    task = asyncio.create_task(server.serve(sockets=[]), name=f"http-{bound_port}")
     stopper = asyncio.create_task(stop.wait(), name=f"http-{bound_port}-stop")
+    acceptor: asyncio.Task[None] | None = None
     try:
         while not server.started and not task.done() and not stop.is_set():
             # uvicorn exposes startup only as a flag: poll it, waking early on exit or stop.
             await asyncio.wait({task, stopper}, timeout=0.005)
         if task.done():
             _raise_startup_failure(task)
-        if server.started and on_bound is not None:
-            on_bound(bound_port)
+        if server.started:
+            sock.listen(bounds.backlog)
+            loop = asyncio.get_running_loop()
+
+            def make_protocol() -> asyncio.Protocol:
+                return config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config,
+                    server_state=server.server_state,
+                    app_state=server.lifespan.state,
+                    _loop=loop,
+                )
+
+            acceptor = asyncio.create_task(
+                http_limits.accept_loop(sock, slots, make_protocol),
+                name=f"http-{bound_port}-accept",
+            )
+            log.info(
+                "http.listening",
+                port=bound_port,
+                max_connections=bounds.max_connections,
+                max_long_polls=bounds.max_long_polls,
+                header_timeout=bounds.header_timeout,
+            )
+            if on_bound is not None:
+                on_bound(bound_port)
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopper.cancel()
+        if acceptor is not None:
+            acceptor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await acceptor
         if isinstance(app, Starlette):
             begin_shutdown(app)
         server.should_exit = True

@@ -1,6 +1,10 @@
 """The reference triage receiver: what an agent's endpoint must do with a triage request.
 
 Agent authors copy this. Invariants owned here:
+- given a Standard Webhooks secret, an unsigned, forged or stale request (outside the timestamp
+  tolerance) is refused with 401 before anything is parsed or stored, so nobody who merely knows
+  a delivery key (every topic subscriber does) can claim it first; without a secret every request
+  is accepted and `serve` warns at start;
 - a delivery key's receipt and its effect (the decision) commit in one SQLite transaction
   (BEGIN IMMEDIATE), so a crash leaves both or neither;
 - a repeat of a key with the same canonical body gets the *original* stored answer, byte for byte,
@@ -17,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import re
 import sqlite3
+import sys
 import threading
 import time
 import unicodedata
@@ -35,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ntfy_intake import _serve, db
+from ntfy_intake import _serve, db, jsonsafe, signing
 
 SCHEMA = "ntfy-intake.triage/1"
 MAX_BODY_BYTES = 1 << 20
@@ -258,14 +264,39 @@ def _validate(body: object, key: str) -> str | None:
     return None
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
+def _refusal(
+    request: Request, raw: bytes, key: str, secret: bytes | None, token: str | None, now: float
+) -> str | None:
+    """Why the request is not from the daemon (bad token or signature), or None."""
+    if token is not None:
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode("utf-8", "replace"), token.encode()
+        ):
+            return "missing or wrong bearer token"
+    if secret is None:
+        return None
+    if request.headers.get("webhook-id", key) != key:
+        return "webhook-id differs from Idempotency-Key"
+    return signing.verify(secret, request.headers, raw, now)
 
 
 def create_app(
-    db_path: Path, *, decide: Decide = default_decide, faults: ReceiverFaults | None = None
+    db_path: Path,
+    *,
+    decide: Decide = default_decide,
+    faults: ReceiverFaults | None = None,
+    secret: bytes | None = None,
+    token: str | None = None,
+    tolerance: float = signing.DEFAULT_TOLERANCE,
+    clock: Callable[[], float] = time.time,
 ) -> Starlette:
-    """The receiver as an ASGI app: `POST /triage` (and `POST /`), `GET /healthz`."""
+    """The receiver as an ASGI app: `POST /triage` (and `POST /`), `GET /healthz`.
+
+    With `secret` (the key bytes of a `whsec_` secret, `signing.parse_secret`) every triage
+    request must carry a valid Standard Webhooks signature no older or newer than `tolerance`
+    seconds by `clock`; with `token` it must carry `Authorization: Bearer <token>`.
+    """
     conn = db.connect(db_path)
     try:
         db.migrate(conn, _MIGRATIONS)
@@ -294,13 +325,18 @@ def create_app(
         raw = await request.body()
         if len(raw) > MAX_BODY_BYTES:
             return _error(413, "body_too_large", f"at most {MAX_BODY_BYTES} bytes")
+        refused = _refusal(request, raw, key, secret, token, clock())
+        if refused is not None:
+            log.warning("receiver.refused", reason=refused)
+            return _error(401, "unauthorized", refused)
         try:
-            body = json.loads(raw, parse_constant=_reject_constant)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            return _error(400, "bad_json", f"the body is not JSON: {exc}")
+            body = jsonsafe.loads(raw)  # strings valid UTF-8: a lone surrogate becomes U+FFFD
+        except jsonsafe.BadJson as exc:
+            return _error(400, "bad_json", f"the body is not acceptable JSON: {exc}")
         problem = _validate(body, key)
         if problem is not None:
             return _error(400, "bad_request", problem)
+        assert isinstance(body, dict)  # _validate checked it
         try:
             answer = await run_in_threadpool(_settle, db_path, key, body, decide)
         except Exception:
@@ -339,23 +375,54 @@ class ReceiverHandle:
 
 @contextlib.contextmanager
 def running(
-    db_path: Path, faults: ReceiverFaults | None = None, *, decide: Decide = default_decide
+    db_path: Path,
+    faults: ReceiverFaults | None = None,
+    *,
+    decide: Decide = default_decide,
+    secret: bytes | None = None,
+    token: str | None = None,
+    tolerance: float = signing.DEFAULT_TOLERANCE,
+    clock: Callable[[], float] = time.time,
 ) -> Iterator[ReceiverHandle]:
     """Run the receiver on 127.0.0.1:<free port> in a background thread (tests, demo)."""
     faults = faults if faults is not None else ReceiverFaults()
-    app = create_app(db_path, decide=decide, faults=faults)
+    app = create_app(
+        db_path,
+        decide=decide,
+        faults=faults,
+        secret=secret,
+        token=token,
+        tolerance=tolerance,
+        clock=clock,
+    )
     with _serve.serving(app, on_stop=app.state.stopping.set) as base:
         yield ReceiverHandle(url=f"{base}/triage", base_url=base, db_path=db_path, faults=faults)
 
 
-def serve(host: str, port: int, db_path: Path) -> None:
+def serve(
+    host: str,
+    port: int,
+    db_path: Path,
+    *,
+    secret: bytes | None = None,
+    token: str | None = None,
+    tolerance: float = signing.DEFAULT_TOLERANCE,
+) -> None:
     """Run the receiver in the foreground until SIGINT/SIGTERM (`ntfy-intake receiver`)."""
-    app = create_app(db_path)
+    app = create_app(db_path, secret=secret, token=token, tolerance=tolerance)
 
     def ready(base: str) -> None:
         print(
             f"ntfy-intake receiver: POST triage requests to {base}/triage (receipts: {db_path})",
             flush=True,
         )
+        if secret is None:
+            print(
+                "ntfy-intake receiver: warning: no secret (NTFY_INTAKE_RELAY_SECRET or "
+                "--secret-file): unsigned requests are accepted, so anyone who can reach this "
+                "port and knows a delivery key can claim it first",
+                file=sys.stderr,
+                flush=True,
+            )
 
     _serve.serve_forever(app, host=host, port=port, on_ready=ready, on_stop=app.state.stopping.set)

@@ -4,6 +4,12 @@ At-least-once with a stable key: every retry of a row carries the same `Idempote
 row is marked delivered only after the receiver answered 2xx. A crash after the POST and before
 the settle re-sends the same key, which a deduplicating receiver answers with its original reply.
 
+Each attempt is signed when it is sent (Standard Webhooks, `signing.py`) and has one total
+deadline, connect + send + the whole response, which a receiver trickling bytes cannot stretch.
+A 401 (a receiver whose clock is not synced yet, a secret being rotated) is retried with backoff
+like a 5xx and noticed to the owner once per streak, never dead at once. A reply is made valid
+UTF-8 where it is decoded: no value a receiver sends can stop the relay.
+
 `classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
 """
 
@@ -11,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -21,14 +26,15 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, db, notices, outbox
-from ntfy_intake.owner_queue import OwnerQueue, Record
+from ntfy_intake import audit, backoff, db, jsonsafe, notices, outbox, signing
+from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
 
 RETRY_BASE = 2.0
 RETRY_CAP = 300.0
 CLAIM_BATCH = 16
+MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +55,17 @@ def classify(
     if 200 <= status < 300:
         return Outcome("delivered", f"HTTP {status}", status, notify_text=_notify_text(body))
     retry_after = backoff.parse_retry_after(headers.get("Retry-After") if headers else None, now)
-    if status in (408, 429) or status >= 500:
+    if status in (401, 408, 429) or status >= 500:
+        # 401: the receiver refused the signature or token. Its clock may not be synced yet or a
+        # secret may be mid-rotation, both of which heal; `Relay` tells the owner once.
         return Outcome("retry", f"HTTP {status}", status, retry_after=retry_after)
     return Outcome("permanent", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}", status)
 
 
 def _notify_text(body: bytes) -> str | None:
     try:
-        parsed = json.loads(body) if body else None
-    except ValueError:
+        parsed = jsonsafe.loads(body) if body else None  # strings come back valid UTF-8
+    except jsonsafe.BadJson:
         return None
     if not isinstance(parsed, dict):
         return None
@@ -65,6 +73,17 @@ def _notify_text(body: bytes) -> str | None:
     if isinstance(notify, dict) and isinstance(notify.get("text"), str) and notify["text"].strip():
         return str(notify["text"])
     return None
+
+
+def unauthorized_notice(delivery_key: str, attempt: int, detail: str) -> Notice:
+    """Once per streak of 401s: the key of the attempt that started it keeps it stable."""
+    return Notice(
+        "relay_unauthorized",
+        f"The triage receiver refused triage request {delivery_key} ({detail}): check that "
+        "relay.secret (and relay.token) match the receiver's and that both clocks are synced. "
+        "The daemon keeps retrying with backoff; nothing is dropped.",
+        key=f"relay_unauthorized:{delivery_key}:{attempt}",
+    )
 
 
 def retry_delay(
@@ -101,6 +120,8 @@ class Relay:
         after_post: Callable[[], None] = lambda: None,
         rng: Callable[[], float] = random.random,
         retry_base: float = RETRY_BASE,
+        signing_key: bytes | None = None,
+        token: str | None = None,
     ) -> None:
         self.conn = conn
         self.run_db = run_db
@@ -114,11 +135,20 @@ class Relay:
         self.flush_audit = flush_audit
         self.after_post = after_post
         self.rng = rng
+        self.signing_key = signing_key
+        self.token = token
+        self.unauthorized_streak = False
         self.wakeup = asyncio.Event()
         self.stats = RelayStats()
         self.lease = timeout * 2 + 5.0
 
     async def run(self, stop: asyncio.Event) -> None:
+        if self.signing_key is None:
+            log.warning(
+                "relay.unsigned",
+                detail="relay.secret is not set: deliveries are unsigned, so a receiver cannot "
+                "tell them from forgeries (docs/triage-contract.md, section 5)",
+            )
         await self.run_db(outbox.release_leases, self.conn)
         while not stop.is_set():
             delivered_any = await self.run_once()
@@ -142,20 +172,43 @@ class Relay:
             await self.flush_audit()
         return bool(claims)
 
+    def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
+        """This attempt's headers, signed now (a retry carries a fresh timestamp)."""
+        headers = {"Idempotency-Key": claim.delivery_key, "Content-Type": "application/json"}
+        if self.signing_key is not None:
+            headers |= signing.sign(self.signing_key, claim.delivery_key, body, self.clock())
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
     async def attempt(self, claim: outbox.Claim) -> Outcome:
         self.stats.attempts += 1
-        headers = {"Idempotency-Key": claim.delivery_key, "Content-Type": "application/json"}
+        body = claim.payload.encode()
         try:
-            response = await self.client.post(
-                self.url, content=claim.payload.encode(), headers=headers, timeout=self.timeout
-            )
+            # One deadline for the whole attempt: httpx's timeouts are per read, so a receiver
+            # sending a byte every few seconds would otherwise hold the attempt indefinitely.
+            async with asyncio.timeout(self.timeout):
+                status, headers, reply = await self._post(body, self.headers_for(claim, body))
+        except TimeoutError:
+            return classify(None, None, b"", f"timeout after {self.timeout:g}s", self.clock())
         except httpx.TimeoutException as exc:
             return classify(None, None, b"", f"timeout ({type(exc).__name__})", self.clock())
         except httpx.HTTPError as exc:
             return classify(None, None, b"", f"{type(exc).__name__}: {exc}", self.clock())
-        return classify(
-            response.status_code, response.headers, response.content, None, self.clock()
-        )
+        return classify(status, headers, reply, None, self.clock())
+
+    async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
+        async with self.client.stream(
+            "POST", self.url, content=body, headers=headers, timeout=self.timeout
+        ) as response:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size >= MAX_REPLY_BYTES:
+                    break
+            return response.status_code, response.headers, b"".join(chunks)[:MAX_REPLY_BYTES]
 
     def _settle(self, claim: outbox.Claim, outcome: Outcome) -> None:
         now = self.clock()
@@ -176,6 +229,10 @@ class Relay:
                 )
                 settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
                 result = "retry"
+                if settled and outcome.status == 401 and not self.unauthorized_streak:
+                    records = self.owner_queue.notice(
+                        self.conn, unauthorized_notice(key, claim.attempt, outcome.detail), now
+                    )
             else:
                 settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
                 result = "dead"
@@ -199,6 +256,10 @@ class Relay:
         self.owner_queue.commit(records)
         if not settled:
             return
+        if outcome.status == 401:
+            self.unauthorized_streak = True
+        elif result == "delivered":
+            self.unauthorized_streak = False
         if result == "delivered":
             self.stats.delivered += 1
             log.info("relay.delivered", delivery_key=key, attempt=claim.attempt)

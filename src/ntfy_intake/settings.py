@@ -17,7 +17,9 @@ import dataclasses
 import difflib
 import ipaddress
 import math
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from typing import Literal, NoReturn
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ntfy_intake import signing
 from ntfy_intake.durations import format_duration, parse_duration
 from ntfy_intake.errors import ConfigError
 
@@ -75,6 +78,8 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
     ("relay", "max_attempts"): "int",
+    ("relay", "secret"): "str",
+    ("relay", "token"): "str",
     ("cadence", "debounce"): "duration",
     ("cadence", "cooldown"): "duration",
     ("cadence", "daily_cap"): "int",
@@ -90,7 +95,15 @@ _KINDS: dict[tuple[str, str], Kind] = {
 }
 ALL_KEYS: tuple[tuple[str, str], ...] = tuple(_KINDS)
 # A dead-man's-switch URL (healthchecks.io style) carries its check's secret in the path.
-SECRET_KEYS = frozenset({("ntfy", "token"), ("http", "token"), ("health", "ping_url")})
+SECRET_KEYS = frozenset(
+    {
+        ("ntfy", "token"),
+        ("http", "token"),
+        ("health", "ping_url"),
+        ("relay", "secret"),
+        ("relay", "token"),
+    }
+)
 _URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
 _SECTIONS: dict[str, tuple[str, ...]] = {}
 for _section, _key in ALL_KEYS:
@@ -146,6 +159,14 @@ class RelaySettings:
     url: str | None
     timeout: float
     max_attempts: int
+    secret: str | None = dataclasses.field(
+        default=None, repr=False
+    )  # `whsec_...`: Standard Webhooks signing
+    token: str | None = dataclasses.field(default=None, repr=False)  # optional receiver bearer
+
+    @property
+    def signing_key(self) -> bytes | None:
+        return None if self.secret is None else signing.parse_secret(self.secret)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,16 +277,33 @@ class _Value:
     file: Path | None = None  # read raw from this file (a `_file` / `_FILE` indirection)
 
 
-def load(path: Path | None, environ: Mapping[str, str]) -> Settings:
-    """Build Settings from the TOML file at `path` (else `$NTFY_INTAKE_CONFIG`, else none) and `environ`."""
+def load(
+    path: Path | None, environ: Mapping[str, str], *, allow_insecure_permissions: bool = False
+) -> Settings:
+    """Build Settings from the TOML file at `path` (else `$NTFY_INTAKE_CONFIG`, else none) and `environ`.
+
+    A config file holding a secret inline, or a secret file, that group or others can read is
+    refused (as ssh refuses such a key) unless `allow_insecure_permissions`.
+    """
     values: dict[tuple[str, str], _Value] = {}
     config_label = "config"
     if path is None and environ.get(CONFIG_ENV):
         path, config_label = Path(environ[CONFIG_ENV]), f"config ({CONFIG_ENV})"
     if path is not None:
-        values.update(_toml_values(_read_toml(path, config_label), path.parent))
+        toml = _toml_values(_read_toml(path, config_label), path.parent)
+        inline = sorted(
+            f"{s}.{k}" for (s, k), v in toml.items() if (s, k) in SECRET_KEYS and v.file is None
+        )
+        if inline and not allow_insecure_permissions:
+            _check_private(path, config_label, f"holds {inline[0]}")
+        values.update(toml)
     values.update(_env_values(environ))
-    reader = _Reader({key: _resolve_file(value) for key, value in values.items()})
+    reader = _Reader(
+        {
+            key: _resolve_file(value, check=key in SECRET_KEYS and not allow_insecure_permissions)
+            for key, value in values.items()
+        }
+    )
     ntfy = _ntfy(reader)
     return Settings(
         ntfy=ntfy,
@@ -348,12 +386,34 @@ def _env_values(environ: Mapping[str, str]) -> dict[tuple[str, str], _Value]:
     return values
 
 
-def _resolve_file(value: _Value) -> _Value:
+INSECURE_HINT = "chmod 600 it, or pass --allow-insecure-permissions"
+
+
+def _check_private(path: Path, label: str, holds: str = "holds a secret") -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(label, f"cannot stat {_show_path(path)}: {exc.strerror or exc}") from None
+    _refuse_readable(mode, path, label, holds)
+
+
+def _refuse_readable(mode: int, path: Path, label: str, holds: str = "holds a secret") -> None:
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        raise ConfigError(
+            label,
+            f"{_show_path(path)} {holds} and is readable by group or others "
+            f"(mode {stat.S_IMODE(mode):04o}): {INSECURE_HINT}",
+        )
+
+
+def _resolve_file(value: _Value, *, check: bool = False) -> _Value:
     if value.file is None:
         return value
     where = _show_path(value.file)
     try:
         with value.file.open("rb") as handle:
+            if check:
+                _refuse_readable(os.fstat(handle.fileno()).st_mode, value.file, value.label)
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(value.label, f"cannot read {where}: {exc.strerror or exc}") from None
@@ -592,10 +652,18 @@ def _relay(r: _Reader) -> RelaySettings:
     attempts = r.integer("relay", "max_attempts")
     if attempts is not None and attempts < 1:
         r.fail("relay", "max_attempts", f"must be at least 1, got {attempts}")
+    secret = r.text("relay", "secret")
+    if secret is not None:
+        try:
+            signing.parse_secret(secret)
+        except signing.SecretError as exc:
+            r.fail("relay", "secret", f"not a Standard Webhooks secret: {exc} (value not shown)")
     return RelaySettings(
         url=_url(r, "relay", "url", query=True),
         timeout=_duration(r, "relay", "timeout", 10.0, 0.0, strict=True),
         max_attempts=8 if attempts is None else attempts,
+        secret=secret,
+        token=_token(r, "relay"),
     )
 
 
@@ -764,3 +832,22 @@ def _type_name(value: object) -> str:
     if isinstance(value, dict):
         return "a table"
     return f"a TOML {type(value).__name__}"  # datetime, date, time
+
+
+def secret_from(
+    flag: str, path: Path | None, env: str, environ: Mapping[str, str], *, allow: bool = False
+) -> str | None:
+    """A secret for a helper command: from `path` (a `--...-file` flag), else `env`, else the
+    file named by `env`_FILE; a secret file readable by group or others is refused unless
+    `allow`. Never from argv itself."""
+    if path is not None:
+        label = flag
+    elif environ.get(env):
+        return environ[env].strip()
+    elif environ.get(env + "_FILE"):
+        path, label = Path(environ[env + "_FILE"]), f"{env}_FILE"
+    else:
+        return None
+    value = _resolve_file(_Value(label, None, textual=True, file=path), check=not allow)
+    assert isinstance(value.raw, str)
+    return value.raw.strip()

@@ -90,6 +90,7 @@ def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setattr(drill, "run", lambda **kw: seen.update(kw) or 0)
     token = tmp_path / "token"
     token.write_text("tk_secret\n")
+    token.chmod(0o600)
     args = parser.parse_args(
         [
             "--kills",
@@ -117,3 +118,24 @@ def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     }
     assert drill.main(parser.parse_args(["--ntfy-url", "https://ntfy.example"])) == 2
     assert drill.main(parser.parse_args(["--kills", "-1"])) == 2
+
+
+def test_drill_takes_its_token_from_the_environment_and_refuses_a_readable_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    drill.add_arguments(parser)
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(drill, "run", lambda **kw: seen.update(kw) or 0)
+    real = ["--ntfy-url", "https://ntfy.example", "--topic", "t"]
+    monkeypatch.setenv("NTFY_INTAKE_NTFY_TOKEN", "tk_from_env")
+    assert drill.main(parser.parse_args(real)) == 0
+    assert seen["token"] == "tk_from_env"
+    monkeypatch.delenv("NTFY_INTAKE_NTFY_TOKEN")
+    token = tmp_path / "token"
+    token.write_text("tk_in_file\n")
+    token.chmod(0o644)
+    assert drill.main(parser.parse_args([*real, "--token-file", str(token)])) == 2
+    assert "readable by group or others" in capsys.readouterr().err
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert "--token" not in options  # no way to put the token itself in argv

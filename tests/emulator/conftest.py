@@ -153,11 +153,19 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_emulator(clock: FakeClock) -> Iterator[Callable[..., NtfyEmulator]]:
-    """Start emulators (fake clock, 30 s keepalive unless overridden); all stop at teardown."""
+    """Start emulators (fake clock, 30 s keepalive, no rate limits unless overridden); all stop
+    at teardown."""
     with contextlib.ExitStack() as stack:
 
         def make(**overrides: Any) -> NtfyEmulator:
-            settings: dict[str, Any] = {"clock": clock, "keepalive_interval": 30.0}
+            # The suite makes many requests per test: ntfy's limits are off unless a test
+            # turns them on (the parity tests of the limits do).
+            settings: dict[str, Any] = {
+                "clock": clock,
+                "keepalive_interval": 30.0,
+                "request_limit": False,
+                "subscription_limit": None,
+            }
             settings.update(overrides)
             return stack.enter_context(NtfyEmulator(EmulatorConfig(**settings)).running())
 

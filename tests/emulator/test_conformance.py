@@ -538,7 +538,8 @@ def test_publish_params(emu: NtfyEmulator, client: httpx.Client) -> None:
         ["a", "b"],
     )
     assert client.get("/t/trigger").json()["message"] == "triggered"
-    assert client.post("/t/trigger").status_code == 404  # publish paths are GET-only
+    # Publish paths are GET-only; ntfy 2.16+ reads POST /t/trigger as sequence id "trigger".
+    assert client.post("/t/trigger").json()["sequence_id"] == "trigger"
     headers = {"X-Title": "hdr", "X-Tags": "warning, disk", "X-Priority": "low"}
     sent = client.post("/t", content=b"body", headers=headers).json()
     assert (sent["title"], sent["tags"], sent["priority"]) == ("hdr", ["warning", "disk"], 2)

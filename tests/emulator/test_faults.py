@@ -195,6 +195,11 @@ def test_clear_releases_a_held_message(emu: NtfyEmulator, open_stream: Any) -> N
         "swap_next_live": None,
         "holding": None,
         "duplicate_at_subscribe": False,
+        "lag_cache_writes": None,
+        "pending_cache_writes": 0,
+        "replay_after_live": None,
+        "shuffle_same_second": False,
+        "misbehave_inclusive_since_id": False,
     }
 
 

@@ -87,7 +87,12 @@ def test_query_string_like_go() -> None:
 
 def build(headers: dict[str, str], body: bytes = b"", query: dict[str, str] | None = None) -> Event:
     return build_event(
-        "t", Params(headers, query or {}), body, now=100, cache_duration=3600, size_limit=4096
+        "t",
+        Params(headers, query or {}),
+        body,
+        now_ns=100 * 10**9,
+        cache_duration=3600,
+        size_limit=4096,
     ).event
 
 
@@ -128,8 +133,10 @@ def test_build_event(headers: dict[str, str], body: bytes, expected: dict[str, o
         ({"Email": "a@b"}, b"", 40001),
         ({"Call": "yes"}, b"", 40032),
         ({"Delay": "10m", "Cache": "no"}, b"", 40002),
-        ({"Delay": "10m"}, b"", 40004),
-        ({"Actions": "view, x, https://x"}, b"", 40018),
+        ({"Delay": "tomorrow, 10am"}, b"", 40004),
+        ({"Delay": "9s"}, b"", 40005),
+        ({"Delay": "72h1s"}, b"", 40006),
+        ({"Actions": "view, x"}, b"", 40018),
         ({"Template": "yes"}, b"", 40043),
     ],
 )

@@ -111,6 +111,16 @@ def test_unit_runs_the_daemon_in_the_foreground(unit: dict[str, list[tuple[str, 
     assert int(one(service, "TimeoutStopSec")) >= 30
 
 
+def test_unit_raises_the_descriptor_limit_and_waits_for_the_clock(
+    unit: dict[str, list[tuple[str, str]]],
+) -> None:
+    # The sandbox forbids setrlimit in the process, so only the unit can raise the limit.
+    assert "@resources" in " ".join(values(unit["Service"], "SystemCallFilter"))
+    assert int(one(unit["Service"], "LimitNOFILE").split(":")[0]) >= 4096
+    after = " ".join(values(unit["Unit"], "After")).split()
+    assert "time-sync.target" in after and "network-online.target" in after
+
+
 def test_unit_secrets_come_from_credentials(unit: dict[str, list[tuple[str, str]]]) -> None:
     service = unit["Service"]
     loaded = {v.split(":", 1)[0] for v in values(service, "LoadCredential")}
@@ -409,6 +419,8 @@ def test_compose_config_is_accepted_by_the_daemon(tmp_path: Path) -> None:
     settings = pytest.importorskip("ntfy_intake.settings", reason="settings module not present")
     (tmp_path / "ntfy_token").write_text("tk_" + "a" * 29 + "\n")
     (tmp_path / "http_token").write_text("h" * 32 + "\n")
+    for name in ("ntfy_token", "http_token"):
+        (tmp_path / name).chmod(0o400)  # as docs/install.md has them
     environ = {
         "NTFY_INTAKE_NTFY_TOKEN_FILE": str(tmp_path / "ntfy_token"),
         "NTFY_INTAKE_HTTP_TOKEN_FILE": str(tmp_path / "http_token"),

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import receiver
+from ntfy_intake import receiver, signing
 from ntfy_intake.receiver import ReceiverFaults, ReceiverHandle
 
 
@@ -388,3 +388,165 @@ def test_faults_object_is_shared_with_handle(http: httpx.Client, tmp_path: Path)
         faults.fail_next(1, status=429, retry_after=2)
         limited = post(http, rx.url, triage_body())
     assert (limited.status_code, limited.headers["retry-after"]) == (429, "2")
+
+
+# -- signatures (Standard Webhooks) ----------------------------------------------------------------
+
+SECRET = signing.parse_secret(signing.new_secret(bytes(range(7, 39))))
+T0 = 1_800_000_000.0
+
+
+def signed_post(
+    http: httpx.Client, url: str, body: dict[str, object], at: float, key: bytes = SECRET
+) -> httpx.Response:
+    content = json.dumps(body).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": str(body["delivery_key"]),
+        **signing.sign(key, str(body["delivery_key"]), content, at),
+    }
+    return http.post(url, content=content, headers=headers)
+
+
+@pytest.fixture
+def signed_rx(tmp_path: Path) -> Iterator[tuple[ReceiverHandle, dict[str, float]]]:
+    clock = {"now": T0}
+    with receiver.running(
+        tmp_path / "receipts.sqlite3", secret=SECRET, clock=lambda: clock["now"]
+    ) as handle:
+        yield handle, clock
+
+
+def test_signed_request_replayed_outside_the_tolerance_is_refused(
+    http: httpx.Client, signed_rx: tuple[ReceiverHandle, dict[str, float]]
+) -> None:
+    rx, clock = signed_rx
+    clock["now"] = T0 + signing.DEFAULT_TOLERANCE + 1  # the same signed request, replayed later
+    late = signed_post(http, rx.url, triage_body("tri_late"), T0)
+    assert (late.status_code, late.json()["error"]) == (401, "unauthorized")
+    assert "tolerance" in late.json()["detail"]
+    early = signed_post(http, rx.url, triage_body("tri_late"), T0 + 3 * signing.DEFAULT_TOLERANCE)
+    assert early.status_code == 401
+    assert stored_keys(rx) == []
+    fresh = signed_post(http, rx.url, triage_body("tri_late"), clock["now"])
+    assert fresh.status_code == 200
+    assert stored_keys(rx) == ["tri_late"]
+
+
+def test_unsigned_or_forged_requests_are_refused_before_any_receipt(
+    http: httpx.Client, signed_rx: tuple[ReceiverHandle, dict[str, float]]
+) -> None:
+    rx, _ = signed_rx
+    body = triage_body("tri_forged")
+    content = json.dumps(body).encode()
+    good = signing.sign(SECRET, "tri_forged", content, T0)
+    tampered = json.dumps(triage_body("tri_forged", severity=5)).encode()
+    attempts: list[tuple[bytes, dict[str, str]]] = [
+        (content, {}),  # unsigned
+        (content, signing.sign(bytes(32), "tri_forged", content, T0)),  # wrong secret
+        (tampered, good),  # body changed after signing
+        (content, {**good, "webhook-signature": "v1,not base64!"}),
+        (content, {**good, "webhook-signature": "garbage"}),
+        (content, {**good, "webhook-timestamp": "nan"}),
+        (content, {**good, "webhook-id": "tri_other"}),
+        (b"\xff\xfe", signing.sign(SECRET, "tri_forged", b"", T0)),
+    ]
+    for payload, headers in attempts:
+        answer = http.post(
+            rx.url, content=payload, headers={"Idempotency-Key": "tri_forged", **headers}
+        )
+        assert answer.status_code == 401, (headers, answer.text)
+        assert answer.json()["error"] == "unauthorized"
+    assert stored_keys(rx) == []
+
+
+def test_a_wrong_bearer_token_is_refused_when_the_receiver_has_one(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    with receiver.running(tmp_path / "r.sqlite3", token="rx-token") as rx:
+        content = json.dumps(triage_body()).encode()
+        for auth in ("", "Bearer wrong", "Basic rx-token"):
+            answer = http.post(
+                rx.url,
+                content=content,
+                headers={"Idempotency-Key": "tri_0001", "Authorization": auth},
+            )
+            assert answer.status_code == 401
+        answer = http.post(
+            rx.url,
+            content=content,
+            headers={"Idempotency-Key": "tri_0001", "Authorization": "Bearer rx-token"},
+        )
+        assert answer.status_code == 200
+    assert [r.key for r in receiver.receipts(tmp_path / "r.sqlite3")] == ["tri_0001"]
+
+
+def test_lone_surrogate_in_a_triage_body_is_accepted_not_a_500(
+    http: httpx.Client, shared_rx: ReceiverHandle
+) -> None:
+    content = json.dumps(triage_body("tri_surrogate", message="Disk full \ud83d")).encode()
+    answer = post(http, shared_rx.url, content, "tri_surrogate")
+    assert answer.status_code == 200, answer.text
+    assert (
+        "\ufffd" in answer.json()["notify"]["text"]
+        or "Disk full" in answer.json()["notify"]["text"]
+    )
+
+
+@pytest.mark.parametrize(
+    "content", [b"[" * 100_000, b'{"a":' * 5000 + b"1" + b"}" * 5000, b"1e400", b"[NaN]"]
+)
+def test_deep_or_unrepresentable_json_is_400_not_500(
+    http: httpx.Client, shared_rx: ReceiverHandle, content: bytes
+) -> None:
+    answer = post(http, shared_rx.url, content, "tri_deep")
+    assert (answer.status_code, answer.json()["error"]) == (400, "bad_json")
+
+
+@pytest.mark.slow
+def test_receiver_cli_binds_loopback_and_warns_without_a_secret(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ntfy_intake",
+            "receiver",
+            "--port",
+            "0",
+            "--db",
+            str(tmp_path / "r.sqlite3"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert "http://127.0.0.1:" in proc.stdout.readline()
+        assert "warning: no secret" in proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_receiver_cli_refuses_a_readable_secret_file_with_one_line(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(signing.new_secret(bytes(32)) + "\n")
+    secret_file.chmod(0o644)
+    done = subprocess.run(
+        [sys.executable, "-m", "ntfy_intake", "receiver", "--secret-file", str(secret_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "readable by group or others" in done.stderr

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ntfy_intake import audit, db, inbox, outbox, receiver, relay
+from ntfy_intake import audit, db, inbox, outbox, receiver, relay, signing
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message, owner_queue
@@ -216,3 +219,206 @@ def test_kill9_after_post_before_settle_redelivers_the_same_key_with_one_receipt
         key = only_key(state)
         assert receipt.key == key and receipt.repeats == 1
         assert [d["result"] for d in deliveries(state, key)] == ["delivered"]
+
+
+# -- signed deliveries, a total deadline per attempt, replies that are not valid Unicode ----------
+
+SECRET = signing.new_secret(bytes(range(32)))
+
+
+async def _flushed() -> bool:
+    return True
+
+
+def _relay(store, client: httpx.AsyncClient, url: str, **kwargs) -> relay.Relay:  # type: ignore[no-untyped-def]
+    options = {
+        "timeout": 5.0,
+        "max_attempts": 8,
+        "clock": time.time,
+        "rng": lambda: 0.0,
+        "retry_base": 0.01,
+        **kwargs,
+    }
+    return relay.Relay(
+        store,
+        client,
+        run_db=db.run_inline,
+        owner_queue=owner_queue(),
+        url=url,
+        flush_audit=_flushed,
+        **options,
+    )
+
+
+def test_forged_delivery_under_a_guessed_key_is_refused_and_the_real_one_is_delivered(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    key_bytes = signing.parse_secret(SECRET)
+    with receiver.running(tmp_path / "receiver.sqlite3", secret=key_bytes) as triage:
+        config = settings_for(
+            emu.url, state, relay_url=triage.url, relay_secret=SECRET, cadence_debounce="2s"
+        )
+        with DaemonThread(config):
+            emu.wait_for_subscribers(1)
+            event_id = emu.publish("alerts", "disk full", title="Disk")["id"]
+            guessed = f"tri_{event_id}"  # every subscriber of the topic sees the id
+            forged = json.dumps(
+                {
+                    "schema": receiver.SCHEMA,
+                    "delivery_key": guessed,
+                    "incident": {"key": "x", "severity": 1, "status": "resolved"},
+                    "events": [],
+                }
+            ).encode()
+            attacker = signing.new_secret(b"\x01" * 32)  # a guessed secret
+            for headers in (
+                {},
+                signing.sign(signing.parse_secret(attacker), guessed, forged, time.time()),
+            ):
+                answer = httpx.post(
+                    triage.url,
+                    content=forged,
+                    headers={"Idempotency-Key": guessed, **headers},
+                    timeout=10,
+                )
+                assert answer.status_code == 401, answer.text
+                assert answer.json()["error"] == "unauthorized"
+            assert receiver.receipts(triage.db_path) == []
+            wait_until(lambda: delivered(state), timeout=30)
+        key = only_key(state)
+        assert key == guessed
+        (receipt,) = receiver.receipts(triage.db_path)
+        ((payload,),) = query(state, "SELECT payload FROM outbox")
+        assert receipt.key == key
+        assert receipt.body_sha256 == receiver.body_sha256(json.loads(payload))
+        assert [d["result"] for d in deliveries(state, key)] == ["delivered"]
+
+
+def test_each_attempt_is_signed_when_sent_and_keeps_its_idempotency_key(store) -> None:  # type: ignore[no-untyped-def]
+    key = _one_pending_row(store)
+    seen: list[httpx.Request] = []
+    now = {"t": 1_800_000_000.0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(503 if len(seen) == 1 else 200, json={})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = _relay(
+                store,
+                client,
+                "http://receiver.invalid/triage",
+                clock=lambda: now["t"],
+                signing_key=signing.parse_secret(SECRET),
+                token="rx-token",
+            )
+            assert await r.run_once()
+            now["t"] += 400.0  # later than the tolerance: a stale signature would be refused
+            assert await r.run_once()
+
+    asyncio.run(scenario())
+    assert [r.headers["webhook-timestamp"] for r in seen] == ["1800000000", "1800000400"]
+    for request, at in zip(seen, (1_800_000_000.0, 1_800_000_400.0), strict=True):
+        assert request.headers["Idempotency-Key"] == request.headers["webhook-id"] == key
+        assert request.headers["Authorization"] == "Bearer rx-token"
+        assert (
+            signing.verify(signing.parse_secret(SECRET), request.headers, request.content, at)
+            is None
+        )
+    assert tuple(store.execute("SELECT state FROM outbox").fetchone()) == ("delivered",)
+
+
+def test_401_from_the_receiver_is_retried_and_noticed_once_never_dead_at_once(store) -> None:  # type: ignore[no-untyped-def]
+    _one_pending_row(store)
+    answers = [401, 401, 401, 200]
+    now = {"t": 0.0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(answers.pop(0), json={"error": "unauthorized"})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = _relay(store, client, "http://receiver.invalid/triage", clock=lambda: now["t"])
+            for _ in range(4):
+                now["t"] += 1000.0
+                assert await r.run_once()
+
+    asyncio.run(scenario())
+    assert answers == []
+    assert tuple(store.execute("SELECT state, attempts FROM outbox").fetchone()) == ("delivered", 4)
+    notices = store.execute(
+        "SELECT key FROM owner_outbox WHERE key LIKE 'relay_unauthorized:%'"
+    ).fetchall()
+    assert len(notices) == 1
+
+
+def _trickling_server(stop: threading.Event) -> tuple[socket.socket, threading.Thread]:
+    """Answers every request with a 200 whose 1,000-byte body arrives one byte every 0.2 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+
+    def serve() -> None:
+        conns: list[socket.socket] = []
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = listener.accept()
+                conns.append(conn)
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+                for _ in range(1000):
+                    if stop.wait(0.2):
+                        break
+                    with contextlib.suppress(OSError):
+                        conn.sendall(b" ")
+        for conn in conns:
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_receiver_trickling_one_byte_at_a_time_cannot_stretch_an_attempt(store) -> None:  # type: ignore[no-untyped-def]
+    _one_pending_row(store)
+    stop = threading.Event()
+    listener, thread = _trickling_server(stop)
+    port = listener.getsockname()[1]
+    try:
+
+        async def scenario() -> tuple[float, relay.Outcome]:
+            async with httpx.AsyncClient() as client:
+                r = _relay(store, client, f"http://127.0.0.1:{port}/triage", timeout=1.0)
+                ((claim),) = outbox.claim_due(store, time.time(), limit=1, lease=60)
+                started = time.monotonic()
+                outcome = await r.attempt(claim)
+                return time.monotonic() - started, outcome
+
+        elapsed, outcome = asyncio.run(scenario())
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert outcome.kind == "retry" and "timeout" in outcome.detail
+    # The trickle would take 200 s; per-read timeouts never fire because a byte keeps coming.
+    assert elapsed < 20.0
+
+
+def test_lone_surrogate_in_receiver_reply_does_not_stop_the_relay(store) -> None:  # type: ignore[no-untyped-def]
+    key = _one_pending_row(store)
+    reply = b'{"notify":{"text":"Disk full \\ud83d"}}'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=reply, headers={"Content-Type": "application/json"})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            assert await _relay(store, client, "http://receiver.invalid/triage").run_once()
+
+    asyncio.run(scenario())
+    assert tuple(store.execute("SELECT state FROM outbox").fetchone()) == ("delivered",)
+    ((text,),) = store.execute(
+        "SELECT text FROM owner_outbox WHERE key = ?", (f"notify:{key}",)
+    ).fetchall()
+    assert text == "Disk full \ufffd"

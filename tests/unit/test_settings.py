@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 URL = "https://ntfy.example.com"
 BASE: dict[str, str] = {"NTFY_INTAKE_NTFY_URL": URL, "NTFY_INTAKE_NTFY_TOPICS": "alerts"}
 MINIMAL_TOML = f'[ntfy]\nurl = "{URL}"\ntopics = ["alerts"]\n'
+WEBHOOK_SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # 24 bytes of base64
+
+
+@pytest.fixture(autouse=True)
+def private_umask() -> Iterator[None]:
+    """Files written here are 0600, as an operator's secret files should be; the permission
+    tests chmod them open on purpose."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def env(**overrides: str) -> dict[str, str]:
@@ -153,6 +166,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
+        ("relay", "secret"): WEBHOOK_SECRET,
+        ("relay", "token"): "rx-token",
         ("cadence", "debounce"): "30s",
         ("cadence", "cooldown"): "2h",
         ("cadence", "daily_cap"): "0",
@@ -181,7 +196,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             first_start=FirstStart("history", 6 * 3600),
         ),
         state=settings.StateSettings(tmp_path),
-        relay=settings.RelaySettings("http://127.0.0.1:9000/triage", 3, 3),
+        relay=settings.RelaySettings(
+            "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token"
+        ),
         cadence=settings.CadenceSettings(30, 7200, 0, "Europe/Berlin"),
         owner=settings.OwnerSettings(
             "http://127.0.0.1:8080",
@@ -766,3 +783,82 @@ def test_the_sample_config_with_every_commented_key_enabled_loads(tmp_path: Path
 
 def test_an_empty_recipient_list_without_signal_is_fine(tmp_path: Path) -> None:
     assert load_toml(tmp_path, MINIMAL_TOML + "[owner]\nrecipients = []\n").owner.recipients == ()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Secrets in files others can read (refused, as ssh refuses such a key) and the webhook secret
+
+
+def test_config_with_an_inline_secret_readable_by_others_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL_TOML + 'token = "tk_inline"\n')
+    path.chmod(0o644)
+    message = error_of(lambda: load(path, {}), "config")
+    assert "holds ntfy.token" in message and "mode 0644" in message
+    assert "--allow-insecure-permissions" in message and "tk_inline" not in message
+    assert load(path, {}, allow_insecure_permissions=True).ntfy.token == "tk_inline"
+    path.chmod(0o600)
+    assert load(path, {}).ntfy.token == "tk_inline"
+
+
+def test_config_without_a_secret_may_be_world_readable(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL_TOML + 'token_file = "token"\n')
+    write(tmp_path, "tk_from_file\n", "token")
+    path.chmod(0o644)
+    assert load(path, {}).ntfy.token == "tk_from_file"
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
+def test_secret_file_readable_by_group_or_others_is_refused(tmp_path: Path, mode: int) -> None:
+    secret = write(tmp_path, "tk_secret_in_file\n", "token")
+    secret.chmod(mode)
+    message = error_of(lambda: load(None, env(HTTP_TOKEN_FILE=str(secret))), "http.token")
+    assert "readable by group or others" in message and "tk_secret_in_file" not in message
+    allowed = load(None, env(HTTP_TOKEN_FILE=str(secret)), allow_insecure_permissions=True)
+    assert allowed.http.token == "tk_secret_in_file"
+
+
+def test_a_non_secret_file_key_is_not_permission_checked(tmp_path: Path) -> None:
+    url = write(tmp_path, "https://ntfy.example.com\n", "url")
+    url.chmod(0o644)
+    assert load(None, {"NTFY_INTAKE_NTFY_URL_FILE": str(url), "NTFY_INTAKE_NTFY_TOPICS": "a"})
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "must start with 'whsec_'"),
+        ("whsec_not*base64*at*all", "not valid base64"),
+        ("whsec_c2hvcnQ=", "24-64 bytes"),
+    ],
+)
+def test_a_bad_webhook_secret_stops_start_up_without_echoing_it(value: str, why: str) -> None:
+    message = error_of(lambda: load(None, env(RELAY_SECRET=value)), "relay.secret")
+    assert why in message and value not in message
+
+
+def test_the_webhook_secret_and_relay_token_are_redacted() -> None:
+    s = load(None, env(RELAY_SECRET=WEBHOOK_SECRET, RELAY_TOKEN="rx-token"))
+    assert s.relay.signing_key is not None and len(s.relay.signing_key) == 24
+    assert s.redacted()["relay"] == {
+        "url": None,
+        "timeout": "10s",
+        "max_attempts": 8,
+        "secret": "***",
+        "token": "***",
+    }
+    assert WEBHOOK_SECRET not in repr(s) and "rx-token" not in repr(s)
+
+
+def test_cli_refuses_a_readable_secret_with_exit_2_and_one_line_and_honours_the_escape_hatch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ntfy_intake import cli  # noqa: PLC0415
+
+    path = write(tmp_path, MINIMAL_TOML + 'token = "tk_inline"\n[state]\ndir = "state"\n')
+    path.chmod(0o644)
+    assert cli.main(["status", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "readable by group or others" in err
+    # Past the check, status reports that there is no state yet (exit 1), not a config error.
+    assert cli.main(["status", "--config", str(path), "--allow-insecure-permissions"]) == 1
+    assert "no state yet" in capsys.readouterr().err

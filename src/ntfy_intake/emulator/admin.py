@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ntfy_intake.emulator import wire
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.app import Exchange
+    from ntfy_intake.emulator.exchange import Exchange
 
 PREFIX = "/v1/emulator/"
 

@@ -6,7 +6,12 @@ fault, reach the connection under a response. Invariants owned here (ntfy-spec.m
   429 42909, 401 40101), routing (404 40401), the request bucket (429 42901), topic read access
   (400 40009, then 403 40301), the subscription limit (429 42903), topics (400 40009), parameters
   (400 40008 / 40007);
-- every error body is ntfy's JSON with `Content-Type: application/json`;
+- every error body is ntfy's JSON with `Content-Type: application/json` (a bare status on a
+  WebSocket handshake, see exchange.py);
+- the routes of ntfy 2.16+ (`/<topic>/<sequence_id>`, its DELETE and `/clear|read`) exist only
+  with `ntfy_version="2.17"`; `/v1/...` is never a topic;
+- the lifespan runs ntfy's background jobs: the manager (prune, stats sample) and the delayed
+  sender;
 - the emulator-only admin routes (admin.py) are matched first and skip auth and limits.
 """
 
@@ -16,87 +21,26 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
-from ntfy_intake.emulator import access, admin, publish, wire
+from ntfy_intake.emulator import access, account, admin, publish, wire
+from ntfy_intake.emulator.exchange import Exchange, Receive, Scope, Send, WebSocketExchange
 from ntfy_intake.emulator.hub import Hub, Stream
 from ntfy_intake.emulator.params import Params, parse_query_filters
 from ntfy_intake.emulator.session import StreamSession, encoder
 from ntfy_intake.emulator.since import InvalidSince, parse_since
+from ntfy_intake.emulator.websocket import WebSocketSession
 from ntfy_intake.emulator.wire import NtfyError
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _T = r"[-_A-Za-z0-9]{1,64}"
 TOPIC_PATH = re.compile(rf"/({_T})", re.ASCII)
 PUBLISH_PATH = re.compile(rf"/({_T})/(?:publish|send|trigger)", re.ASCII)
 WEB_PATH = re.compile(r"/docs(?:/.*)?|/static/.+", re.DOTALL)  # web app routes, off here
 SUBSCRIBE_PATH = re.compile(rf"/({_T}(?:,{_T})*)/(json|sse|raw|ws|auth)", re.ASCII)
+SEQUENCE_PATH = re.compile(rf"/({_T})/({_T})", re.ASCII)  # ntfy 2.16+: /<topic>/<sequence_id>
+SEQUENCE_ACTION_PATH = re.compile(rf"/({_T})/({_T})/(clear|read)", re.ASCII)
 _log = logging.getLogger(__name__)
-
-
-class Exchange:
-    """One request and its response."""
-
-    def __init__(self, hub: Hub, scope: Scope, receive: Receive, send: Send) -> None:
-        self.hub = hub
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.receive = receive
-        self.send = send
-        self.params = Params.from_asgi(scope["headers"], scope.get("query_string", b""))
-        client = scope.get("client")
-        self.visitor: str = client[0] if client else "0.0.0.0"  # noqa: S104 - a key, not a bind
-        self.log_entry: dict[str, Any] | None = None
-        self.started = False
-
-    async def body(self) -> bytes:
-        chunks: list[bytes] = []
-        while True:
-            message = await self.receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.log_entry is not None:
-            self.hub.update_log(self.log_entry, status=status)
-        self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def respond(
-        self,
-        status: int,
-        body: bytes,
-        content_type: str = "application/json",
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        await self.start(
-            status,
-            [
-                (b"content-type", content_type.encode()),
-                (b"access-control-allow-origin", b"*"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        )
-        await self.send({"type": "http.response.body", "body": body})
-
-    async def respond_json(self, value: Any, status: int = 200) -> None:
-        await self.respond(status, (wire.go_json(value) + "\n").encode())
-
-    async def fail(self, error: NtfyError, retry_after: int | None = None) -> None:
-        if self.log_entry is not None:
-            self.hub.update_log(self.log_entry, code=error.code)
-        extra = () if retry_after is None else ((b"retry-after", str(retry_after).encode()),)
-        await self.respond(error.http, error.body(), headers=extra)
 
 
 class EmulatorApp:
@@ -109,9 +53,14 @@ class EmulatorApp:
         if scope["type"] == "lifespan":
             await _lifespan(self.hub, receive, send)
             return
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":
+            if (await receive())["type"] != "websocket.connect":
+                return
+            exchange: Exchange = WebSocketExchange(self.hub, scope, receive, send)
+        elif scope["type"] == "http":
+            exchange = Exchange(self.hub, scope, receive, send)
+        else:
             return
-        exchange = Exchange(self.hub, scope, receive, send)
         try:
             await self._handle(exchange)
         except NtfyError as error:
@@ -143,14 +92,22 @@ class EmulatorApp:
                 await ex.fail(failure.error, failure.retry_after)
                 return
         readable = self._authenticate(ex)
+        sequences = config.sequences
+        if ex.websocket and (subscribe is None or subscribe.group(2) != "ws"):
+            raise wire.NOT_FOUND  # the emulator speaks WebSocket on /<topics>/ws only
         if ex.method == "GET" and ex.path == "/v1/health":
             await ex.respond_json({"healthy": True})
+        elif ex.method == "GET" and ex.path == "/v1/account":
+            await ex.respond_json(account.anonymous_account(self.hub, ex.visitor))
+        elif ex.method == "GET" and ex.path == "/v1/stats":
+            interval = config.manager_interval or 60.0
+            await ex.respond_json(self.hub.stats(interval))
         elif ex.method == "OPTIONS":
             self._limit(ex)
             await ex.respond(
                 200,
                 b"",
-                "text/plain; charset=utf-8",
+                "",  # ntfy sends no Content-Type here
                 (
                     (b"access-control-allow-methods", b"GET, PUT, POST, PATCH, DELETE"),
                     (b"access-control-allow-headers", b"*"),
@@ -165,6 +122,12 @@ class EmulatorApp:
             await self._publish(ex, target, ex.params, await ex.body())
         elif subscribe is not None:
             await self._subscribe(ex, subscribe.group(1), subscribe.group(2), readable)
+        elif sequences and ex.method in ("PUT", "POST") and (match := _sequence(ex.path)):
+            await self._publish(ex, match.group(1), ex.params, await ex.body(), match.group(2))
+        elif sequences and ex.method == "DELETE" and (match := _sequence(ex.path)):
+            await self._sequence_event(ex, match.group(1), match.group(2), wire.MESSAGE_DELETE)
+        elif sequences and ex.method == "PUT" and (match := _sequence(ex.path, action=True)):
+            await self._sequence_event(ex, match.group(1), match.group(2), wire.MESSAGE_CLEAR)
         else:
             raise wire.NOT_FOUND
 
@@ -188,7 +151,9 @@ class EmulatorApp:
         if not self.hub.allow_request(ex.visitor):
             raise wire.TOO_MANY_REQUESTS
 
-    async def _publish(self, ex: Exchange, topic: str, params: Params, body: bytes) -> None:
+    async def _publish(
+        self, ex: Exchange, topic: str, params: Params, body: bytes, sequence_id: str = ""
+    ) -> None:
         if topic in publish.DISALLOWED_TOPICS:
             raise wire.TOPIC_DISALLOWED
         self._limit(ex)
@@ -197,11 +162,33 @@ class EmulatorApp:
             topic,
             params,
             body,
-            now=self.hub.now_s(),
+            now_ns=self.hub.now_ns(),
             cache_duration=config.cache_duration,
             size_limit=config.message_size_limit,
+            sequences=config.sequences,
+            sequence_id=sequence_id,
         )
-        event = self.hub.publish(built.event, cache=built.cache)
+        event = self.hub.publish(built.event, cache=built.cache, delayed=built.delayed)
+        self.hub.count_visitor_message(ex.visitor)
+        await ex.respond(200, event.line())
+
+    async def _sequence_event(self, ex: Exchange, topic: str, sequence_id: str, kind: str) -> None:
+        """ntfy 2.16+: DELETE /<topic>/<seq> and PUT /<topic>/<seq>/clear|read publish a cached
+        `message_delete`/`message_clear` event carrying the sequence id."""
+        if topic in publish.DISALLOWED_TOPICS:
+            raise wire.TOPIC_DISALLOWED
+        self._limit(ex)
+        now = self.hub.now_s()
+        event = wire.Event(
+            id=wire.new_id(),
+            time=now,
+            event=kind,
+            topic=topic,
+            expires=int(now + self.hub.config.cache_duration),
+            sequence_id=sequence_id,
+        )
+        self.hub.publish(event, cache=True)
+        self.hub.count_visitor_message(ex.visitor)
         await ex.respond(200, event.line())
 
     async def _subscribe(
@@ -216,13 +203,8 @@ class EmulatorApp:
         if kind == "auth":
             await ex.respond_json({"success": True})
             return
-        if kind == "ws":
-            if ex.params.header("upgrade").lower() != "websocket":
-                raise wire.WEBSOCKET_UPGRADE_MISSING
-            # No WebSocket support: answer as ntfy answers a failed handshake, status only.
-            await ex.start(400, [(b"content-length", b"0")])
-            await ex.send({"type": "http.response.body", "body": b""})
-            return
+        if kind == "ws" and not ex.websocket:
+            raise wire.WEBSOCKET_UPGRADE_MISSING
         if not self.hub.acquire_subscription(ex.visitor):
             raise wire.TOO_MANY_SUBSCRIPTIONS
         try:
@@ -244,8 +226,10 @@ class EmulatorApp:
                 filters=filters,
                 poll=poll,
                 encode=encoder(kind),
+                scheduled=ex.params.get_bool(False, "x-scheduled", "scheduled", "sched"),
             )
-            await StreamSession(ex, self.hub, stream, kind).run(since)
+            session = WebSocketSession if kind == "ws" else StreamSession
+            await session(ex, self.hub, stream, kind).run(since)
         finally:
             self.hub.release_subscription(ex.visitor)
 
@@ -257,6 +241,15 @@ def _publish_topic(method: str, path: str) -> str | None:
     if method == "GET" and (match := PUBLISH_PATH.fullmatch(path)):
         return match.group(1)
     return None
+
+
+def _sequence(path: str, *, action: bool = False) -> re.Match[str] | None:
+    """`/<topic>/<sequence_id>` (or `.../clear|read`) on a topic that may be published to
+    (`/v1/...` stays a 404)."""
+    match = (SEQUENCE_ACTION_PATH if action else SEQUENCE_PATH).fullmatch(path)
+    if match is None or match.group(1) in publish.DISALLOWED_TOPICS:
+        return None
+    return match
 
 
 def _check_topics(topics: list[str]) -> None:
@@ -299,7 +292,7 @@ async def _lifespan(hub: Hub, receive: Receive, send: Send) -> None:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 hub.loop = asyncio.get_running_loop()
-                manager = asyncio.create_task(_manage(hub))
+                manager = asyncio.create_task(_background(hub))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 hub.abort_streams()
@@ -313,10 +306,15 @@ async def _lifespan(hub: Hub, receive: Receive, send: Send) -> None:
         hub.loop = None
 
 
-async def _manage(hub: Hub) -> None:
-    interval = hub.config.manager_interval
+async def _background(hub: Hub) -> None:
+    async with asyncio.TaskGroup() as group:
+        group.create_task(_every(hub.config.manager_interval, hub.manage))
+        group.create_task(_every(hub.config.delayed_sender_interval, hub.send_delayed))
+
+
+async def _every(interval: float | None, work: Callable[[], object]) -> None:
     if interval is None:
         return
     while True:
         await asyncio.sleep(interval)
-        hub.prune()
+        work()

@@ -1,7 +1,8 @@
 """EmulatorConfig: every knob of the bundled ntfy-compatible server, validated once.
 
-Defaults are ntfy's defaults (keepalive 45 s, cache 12 h, manager every 60 s, 4096-byte messages)
-except where a test server needs the opposite: rate limits are off unless asked for, and the admin
+Defaults are ntfy's defaults (keepalive 45 s, cache 12 h, manager every 60 s, delayed sender every
+10 s, 4096-byte messages, the request limiter on and 30 subscriptions per visitor), so code that
+publishes or reconnects in bulk must turn the limits off explicitly. The emulator-only admin
 surface under /v1/emulator/ is on.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 TOKEN_PATTERN = re.compile(r"tk_[a-z0-9]{29}", re.ASCII)
+NTFY_VERSIONS = frozenset({"2.13", "2.17"})
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,14 @@ class EmulatorConfig:
         publish.
     clock: seconds since the epoch; message times, `expires`, duration-form `since`, pruning and
         the rate-limit buckets all read it.
-    request_limit: the per-visitor request bucket (burst 60, one token back every 5 s).
-    subscription_limit: concurrent subscriptions per visitor (ntfy's default is 30); None is off.
+    request_limit: the per-visitor request bucket (burst 60, one token back every 5 s), on by
+        default as in ntfy.
+    subscription_limit: concurrent subscriptions per visitor (30, ntfy's default); None is off.
+    delayed_sender_interval: seconds between runs of ntfy's delayed sender, which publishes
+        scheduled messages that have fallen due (by the injected clock); None disables the
+        background runs (call `NtfyEmulator.send_delayed()` instead).
+    ntfy_version: the server generation to model: "2.17" (sequence_id, message_delete and
+        message_clear) or "2.13" (none of those).
     auth_failure_limit: ntfy's (not configurable) 30 failed logins, one back per minute.
     manager_interval: seconds between background prune runs; None disables them.
     admin: serve the fault-injection and inspection endpoints under /v1/emulator/.
@@ -36,14 +44,21 @@ class EmulatorConfig:
     cache_duration: float = 43200.0
     tokens: Mapping[str, Collection[str]] | None = None
     clock: Callable[[], float] = time.time
-    request_limit: bool = False
+    request_limit: bool = True
     request_limit_burst: int = 60
     request_limit_replenish: float = 5.0
-    subscription_limit: int | None = None
+    subscription_limit: int | None = 30
     auth_failure_limit: bool = True
     manager_interval: float | None = 60.0
     message_size_limit: int = 4096
+    delayed_sender_interval: float | None = 10.0
+    ntfy_version: str = "2.17"
     admin: bool = True
+
+    @property
+    def sequences(self) -> bool:
+        """ntfy 2.16+: sequence_id, message_delete and message_clear exist."""
+        return self.ntfy_version != "2.13"
 
     def __post_init__(self) -> None:
         if self.keepalive_interval <= 0:
@@ -56,6 +71,10 @@ class EmulatorConfig:
             raise ValueError("subscription_limit must not be negative")
         if self.request_limit_burst < 1 or self.request_limit_replenish <= 0:
             raise ValueError("request limit burst and replenish must be positive")
+        if self.delayed_sender_interval is not None and self.delayed_sender_interval <= 0:
+            raise ValueError("delayed_sender_interval must be positive or None")
+        if self.ntfy_version not in NTFY_VERSIONS:
+            raise ValueError(f"ntfy_version must be one of {sorted(NTFY_VERSIONS)}")
         if self.message_size_limit < 1:
             raise ValueError("message_size_limit must be positive")
         for token in self.tokens or {}:

@@ -7,12 +7,20 @@ Invariants owned here:
   `force_400` only those whose `since` is a cursor (the probe `since=all` passes untouched);
 - `swap_next_live` holds the first of the next two published messages back from live delivery
   only; both are cached at once, in publish order;
-- `silence` turns streams into zombies: they write nothing (not even headers) until they close.
+- `silence` turns streams into zombies: they write nothing (not even headers) until they close;
+- `lag_cache_writes` models ntfy publishing live before its (batched) cache write: live delivery
+  is untouched, the cache row (and its row id) appears only when the lag ends or on release;
+- `replay_after_live` models ntfy writing `open` after registering the subscriber and querying the
+  cache only then: the next stream gets open, then the next live message, then its replay (taken
+  after that message, so the message comes twice, as it can on ntfy);
+- `shuffle_same_second` models Go's unstable sort of multi-topic replays: rows of one second come
+  in a random order on streams with several topics.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -22,6 +30,7 @@ from ntfy_intake.emulator import wire
 from ntfy_intake.emulator.wire import Event, NtfyError
 
 if TYPE_CHECKING:
+    from ntfy_intake.emulator.cache import Row
     from ntfy_intake.emulator.hub import Hub, Stream
 
 _KNOWN_ERRORS = {
@@ -72,6 +81,10 @@ class Faults:
         self._swap_delay: float | None = None
         self._held: tuple[Event, tuple[Stream, ...]] | None = None
         self._duplicate = False
+        self._cache_lag: float | None = None  # seconds; math.inf holds writes until released
+        self._pending_writes: list[tuple[float, Event]] = []
+        self._replay_after_live: float | None = None
+        self._shuffle: random.Random | None = None
 
     # -- the switches ---------------------------------------------------------------------------
     def silence(self, on: bool = True) -> None:
@@ -121,14 +134,52 @@ class Faults:
         with self._hub.lock:
             self._duplicate = True
 
+    def lag_cache_writes(self, seconds: float | None = math.inf) -> None:
+        """Messages published from now on reach live subscribers at once but are written to the
+        cache (and get their row id) only `seconds` later by the emulator's clock, or, with the
+        default, when `release_cache_writes()` is called. None turns the lag off (pending writes
+        stay pending until released or due)."""
+        with self._hub.lock:
+            self._cache_lag = seconds
+
+    def release_cache_writes(self) -> int:
+        """Write every pending (lagging) message to the cache now; returns how many."""
+        with self._hub.lock:
+            pending, self._pending_writes = self._pending_writes, []
+            for _, event in pending:
+                self._hub.cache.add(event)
+            return len(pending)
+
+    def replay_after_live(self, timeout: float = 1.0) -> None:
+        """The next stream writes `open`, then waits (up to `timeout` real seconds) for one live
+        message, and only then takes and sends its replay."""
+        with self._hub.lock:
+            self._replay_after_live = timeout
+
+    def shuffle_same_second(self, on: bool = True, seed: int | None = None) -> None:
+        """Replays on multi-topic streams come in a random order within each second."""
+        with self._hub.lock:
+            self._shuffle = random.Random(seed) if on else None
+
+    def misbehave_inclusive_since_id(self, on: bool = True) -> None:
+        """A deliberate bug, not a real-server behaviour: `since=<id>` also returns the cursor's
+        own message. For proving that conformance and differential tests can fail."""
+        with self._hub.lock:
+            self._hub.cache.inclusive_id_cursor = on
+
     def clear(self) -> None:
-        """Every switch off; a held-back message is delivered now."""
+        """Every switch off; a held-back message is delivered now, lagging writes are made."""
         self.silence(False)
+        self.release_cache_writes()
         with self._hub.lock:
             self._forced_400 = self._failures = 0
             self._failure_retry_after = None
             self._swap_delay = None
             self._duplicate = False
+            self._cache_lag = None
+            self._replay_after_live = None
+            self._shuffle = None
+            self._hub.cache.inclusive_id_cursor = False
             held, self._held = self._held, None
         if held is not None:
             self._hub.schedule([Delivery(0.0, *held)])
@@ -146,6 +197,13 @@ class Faults:
                 "swap_next_live": self._swap_delay,
                 "holding": None if self._held is None else self._held[0].id,
                 "duplicate_at_subscribe": self._duplicate,
+                "lag_cache_writes": (
+                    "until_released" if self._cache_lag == math.inf else self._cache_lag
+                ),
+                "pending_cache_writes": len(self._pending_writes),
+                "replay_after_live": self._replay_after_live,
+                "shuffle_same_second": self._shuffle is not None,
+                "misbehave_inclusive_since_id": self._hub.cache.inclusive_id_cursor,
             }
 
     def apply(self, spec: Mapping[str, Any]) -> None:
@@ -162,6 +220,13 @@ class Faults:
             "swap_next_live": lambda v: self.swap_next_live(0.2 if v is True else float(v)),
             "duplicate_at_subscribe": lambda v: self.duplicate_at_subscribe() if v else None,
             "inject_raw": lambda v: self.inject_raw(str(v).encode("utf-8", "surrogateescape")),
+            "lag_cache_writes": lambda v: self.lag_cache_writes(
+                math.inf if v is True else None if v is False else float(v)
+            ),
+            "release_cache_writes": lambda v: self.release_cache_writes() if v else None,
+            "replay_after_live": lambda v: self.replay_after_live(1.0 if v is True else float(v)),
+            "shuffle_same_second": lambda v: self.shuffle_same_second(bool(v)),
+            "misbehave_inclusive_since_id": lambda v: self.misbehave_inclusive_since_id(bool(v)),
         }
         unknown = set(spec) - set(actions)
         if unknown:
@@ -185,6 +250,42 @@ class Faults:
         with self._hub.lock:
             taken, self._duplicate = self._duplicate, False
             return taken
+
+    def take_replay_after_live(self) -> float | None:
+        with self._hub.lock:
+            taken, self._replay_after_live = self._replay_after_live, None
+            return taken
+
+    def cache_add(self, event: Event) -> None:
+        """The cache write of a published message, lagging when the switch is on."""
+        with self._hub.lock:
+            if self._cache_lag is None:
+                self._hub.cache.add(event)
+            else:
+                self._pending_writes.append((self._hub.now() + self._cache_lag, event))
+
+    def flush_due_cache_writes(self) -> None:
+        """Make the lagging writes whose time has come (called before every cache read)."""
+        with self._hub.lock:
+            now = self._hub.now()
+            while self._pending_writes and self._pending_writes[0][0] <= now:
+                self._hub.cache.add(self._pending_writes.pop(0)[1])
+
+    def visible_replay(self, rows: list[Row], *, topics: int) -> list[Row]:
+        """A replay as the client sees it: shuffled within each second on multi-topic streams
+        when the switch is on."""
+        with self._hub.lock:
+            if self._shuffle is None or topics < 2:
+                return rows
+            by_second: dict[int, list[Row]] = {}
+            for row in rows:
+                by_second.setdefault(row.event.time, []).append(row)
+            out: list[Row] = []
+            for second in sorted(by_second):
+                group = by_second[second]
+                self._shuffle.shuffle(group)
+                out.extend(group)
+            return out
 
     def is_silenced(self) -> bool:
         with self._hub.lock:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ntfy_intake.emulator.access import FixedLimiter, TokenBucket
-from ntfy_intake.emulator.cache import MessageCache
+from ntfy_intake.emulator.cache import MessageCache, Row
 from ntfy_intake.emulator.config import EmulatorConfig
 from ntfy_intake.emulator.faults import Delivery, Faults
 from ntfy_intake.emulator.params import QueryFilter
@@ -51,20 +51,27 @@ class Stream:
         topics_str: str,
         filters: QueryFilter,
         poll: bool,
-        encode: Callable[[Event], bytes],
+        encode: Callable[[Event], bytes | str],
+        scheduled: bool = False,
     ) -> None:
         self.topics = topics
         self.topics_str = topics_str
         self.filters = filters
         self.poll = poll
         self.encode = encode
-        self.queue: asyncio.Queue[bytes | Signal] = asyncio.Queue()
+        self.scheduled = scheduled
+        self.queue: asyncio.Queue[bytes | str | Signal] = asyncio.Queue()
         self.zombie = False
         self.closed = False
+        self.live_seen = asyncio.Event()
 
     def deliver(self, event: Event) -> None:
         if not self.closed and self.filters.passes(event.to_dict()):
             self.queue.put_nowait(self.encode(event))
+
+    def deliver_live(self, event: Event) -> None:
+        self.deliver(event)
+        self.live_seen.set()
 
     def signal(self, signal: Signal) -> None:
         self.queue.put_nowait(signal)
@@ -88,6 +95,9 @@ class Hub:
         self._requests: dict[str, TokenBucket] = {}
         self._subscriptions: dict[str, FixedLimiter] = {}
         self._auth_failures: dict[str, TokenBucket] = {}
+        self.published_count = 0  # ntfy's s.messages: every successful publish
+        self._published_history = [0]  # sampled on every manager run, for /v1/stats
+        self._visitor_messages: dict[str, int] = {}  # per visitor, for /v1/account
 
     # -- time -----------------------------------------------------------------------------------
     def now(self) -> float:
@@ -112,15 +122,65 @@ class Hub:
             self._offset += seconds
 
     # -- publishing -----------------------------------------------------------------------------
-    def publish(self, event: Event, *, cache: bool) -> Event:
-        """Deliver live to whoever is subscribed now, then cache (ntfy's order, atomically)."""
+    def publish(self, event: Event, *, cache: bool, delayed: bool = False) -> Event:
+        """Deliver live to whoever is subscribed now, then cache (ntfy's order, atomically).
+
+        A delayed message is only cached (unpublished); `send_delayed` delivers it when due."""
         with self.lock:
+            self.published_count += 1
+            if delayed:
+                self.cache.add(event, published=False)
+                return event
             targets = tuple(self._topics.get(event.topic, ()))
             deliveries = self.faults.route_live(event, targets)
             if cache:
-                self.cache.add(event)
+                self.faults.cache_add(event)
             self.schedule(deliveries)
         return event
+
+    def send_delayed(self) -> list[str]:
+        """ntfy's delayed sender: publish every scheduled message that has fallen due (by the
+        injected clock) live, in (time, insertion) order, and mark it published."""
+        with self.lock:
+            sent = []
+            for row in self.cache.due(self.now_s()):
+                self.cache.mark_published(row)
+                targets = tuple(self._topics.get(row.event.topic, ()))
+                self.schedule(self.faults.route_live(row.event, targets))
+                sent.append(row.event.id)
+            return sent
+
+    def manage(self) -> None:
+        """ntfy's manager run: prune, then sample the message counter for /v1/stats."""
+        self.prune()
+        self.sample_stats()
+
+    def sample_stats(self) -> None:
+        """The manager's stats sample (ntfy keeps the last 10)."""
+        with self.lock:
+            self._published_history = [*self._published_history, self.published_count][-10:]
+
+    def count_visitor_message(self, visitor: str) -> None:
+        """ntfy counts a visitor's messages only when its request limiter applies (exempt
+        hosts are not counted); request_limit=False is the emulator's "exempt"."""
+        if not self.config.request_limit:
+            return
+        with self.lock:
+            self._visitor_messages[visitor] = self._visitor_messages.get(visitor, 0) + 1
+
+    def visitor_messages(self, visitor: str) -> int:
+        with self.lock:
+            return self._visitor_messages.get(visitor, 0)
+
+    def stats(self, manager_interval: float) -> dict[str, Any]:
+        """GET /v1/stats: messages published since start, and messages per second over the
+        sampled history."""
+        with self.lock:
+            history = self._published_history
+            rate = 0.0
+            if len(history) > 1:
+                rate = (history[-1] - history[0]) / ((len(history) - 1) * manager_interval)
+            return {"messages": self.published_count, "messages_rate": rate}
 
     def schedule(self, deliveries: Iterable[Delivery]) -> None:
         loop = self.loop
@@ -140,22 +200,33 @@ class Hub:
                     )
 
     # -- subscriptions --------------------------------------------------------------------------
-    def open_stream(self, stream: Stream, since: Since) -> tuple[list[Event], Event | None]:
-        """Register (unless polling) and take the replay in one step; returns the replay and the
-        message to send twice when the duplicate fault fires."""
+    def open_stream(
+        self, stream: Stream, since: Since
+    ) -> tuple[list[Event], Event | None, float | None]:
+        """Register (unless polling) and take the replay in one step; returns the replay, the
+        message to send twice when the duplicate fault fires, and the `replay_after_live` wait
+        (None: send the replay now)."""
         with self.lock:
             stream.zombie = self.faults.is_silenced()
             if not stream.poll:
                 for topic in stream.topics:
                     self._topics.setdefault(topic, []).append(stream)
             self._streams[stream] = None
-            rows = self.cache.replay(stream.topics, since)
+            rows = self.take_replay(stream, since)
             duplicate = None
             passing = [row for row in rows if stream.filters.passes(row.event.to_dict())]
             if not stream.poll and passing and self.faults.take_duplicate():
                 duplicate = max(passing, key=lambda row: row.rowid).event
+            defer = None if stream.poll else self.faults.take_replay_after_live()
             self.changed.notify_all()
-            return [row.event for row in rows], duplicate
+            return [row.event for row in rows], duplicate, defer
+
+    def take_replay(self, stream: Stream, since: Since) -> list[Row]:
+        """The cache query of a subscribe (after any lagging writes that have come due)."""
+        with self.lock:
+            self.faults.flush_due_cache_writes()
+            rows = self.cache.replay(stream.topics, since, scheduled=stream.scheduled)
+            return self.faults.visible_replay(rows, topics=len(stream.topics))
 
     def close_stream(self, stream: Stream) -> None:
         with self.lock:
@@ -216,6 +287,7 @@ class Hub:
     def prune(self) -> list[str]:
         """ntfy's manager run: delete messages whose `expires <= now`."""
         with self.lock:
+            self.faults.flush_due_cache_writes()
             return self.cache.remove(self.cache.expired(self.now_s()))
 
     def evict(self, ids: Iterable[str] | None) -> list[str]:
@@ -224,6 +296,7 @@ class Hub:
 
     def messages(self, topic: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
+            self.faults.flush_due_cache_writes()
             return [row.event.to_dict() for row in self.cache.rows(topic)]
 
     # -- limiters (keyed by visitor, i.e. client IP) -------------------------------------------
@@ -285,4 +358,4 @@ class Hub:
 
 def _deliver_all(event: Event, targets: tuple[Stream, ...]) -> None:
     for stream in targets:
-        stream.deliver(event)
+        stream.deliver_live(event)

@@ -6,7 +6,8 @@ Pure. Invariants owned here:
 - a query value that is present but blank ends the search (Go checks before trimming);
 - the RFC 9218 form of the `Priority` header (`u=3, i`) is ignored;
 - booleans are true only for 1/yes/true (case-insensitive); priorities are 1-5 or their names;
-- subscribe filters (`id`, `message`, `title`, `priority`, `tags`) apply to `message` events only.
+- subscribe filters (`id`, `message`, `title`, `priority`, `tags`) apply to `message` events (and
+  ntfy 2.16+'s `message_delete`/`message_clear`) only.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ class QueryFilter:
     priorities: tuple[int, ...] = ()
 
     def passes(self, event: Mapping[str, object]) -> bool:
-        if event.get("event") != "message":
+        if event.get("event") not in ("message", "message_delete", "message_clear"):
             return True
         if self.id and event.get("id") != self.id:
             return False

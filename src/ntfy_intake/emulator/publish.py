@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ntfy_intake.emulator import wire
+from ntfy_intake.emulator import schedule, wire
+from ntfy_intake.emulator.actions import actions_from_json_values, parse_actions_param
 from ntfy_intake.emulator.params import Params, go_trim, parse_priority
 from ntfy_intake.emulator.wire import Event, NtfyError
 
@@ -42,6 +43,7 @@ _JSON_STRING_FIELDS = (
     "cache",
     "firebase",
     "delay",
+    "sequence_id",
 )
 _JSON_HEADERS = {
     "title": "X-Title",
@@ -54,6 +56,7 @@ _JSON_HEADERS = {
     "call": "X-Call",
     "cache": "X-Cache",
     "firebase": "X-Firebase",
+    "sequence_id": "X-Sequence-ID",
 }
 
 
@@ -61,12 +64,34 @@ _JSON_HEADERS = {
 class Published:
     event: Event
     cache: bool
+    delayed: bool = False  # held back until `event.time` (ntfy's published = 0)
+
+
+SEQUENCE_ID_INVALID = NtfyError(40049, 400, "invalid request: sequence ID invalid")
 
 
 def build_event(
-    topic: str, params: Params, body: bytes, *, now: int, cache_duration: float, size_limit: int
+    topic: str,
+    params: Params,
+    body: bytes,
+    *,
+    now_ns: int,
+    cache_duration: float,
+    size_limit: int,
+    sequences: bool = True,
+    sequence_id: str = "",
 ) -> Published:
-    """parsePublishParams + handlePublishBody. Raises NtfyError."""
+    """parsePublishParams + handlePublishBody. Raises NtfyError.
+
+    `sequences` (ntfy 2.16+) reads a sequence id from the path (`sequence_id`) or from
+    `X-Sequence-ID`/`Sequence-ID`/`SID`; without one the message's own id is its sequence id.
+    """
+    if sequences:
+        sequence_id = sequence_id or params.get("x-sequence-id", "sequence-id", "sid")
+        if sequence_id and TOPIC.fullmatch(sequence_id) is None:
+            raise SEQUENCE_ID_INVALID
+    else:
+        sequence_id = ""
     cache = params.get_bool(True, "x-cache", "cache")
     title = params.get("x-title", "title", "t")
     click = params.get("x-click", "click")
@@ -93,12 +118,15 @@ def build_event(
     except ValueError:
         raise wire.PRIORITY_INVALID from None
     tags = tuple(params.get_list("x-tags", "tags", "tag", "ta"))
-    if params.get("x-delay", "delay", "x-at", "at", "x-in", "in"):
+    now = now_ns // 1_000_000_000
+    due = now
+    delay = params.get("x-delay", "delay", "x-at", "at", "x-in", "in")
+    if delay:
         if not cache:
-            raise NtfyError(40002, 400, "cannot disable cache for delayed message")
-        raise wire.DELAY_CANNOT_PARSE.wrap(f"scheduled delivery is {_NOT_IMPLEMENTED}")
-    if params.get("x-actions", "actions", "action"):
-        raise wire.ACTIONS_INVALID.wrap(f"action buttons are {_NOT_IMPLEMENTED}")
+            raise schedule.DELAY_NO_CACHE
+        due = schedule.due_time(delay, now_ns)
+    actions_value = params.get("x-actions", "actions", "action")
+    actions = parse_actions_param(actions_value) if actions_value else ()
     markdown = params.get_bool(False, "x-markdown", "markdown", "md")
     content_type = params.get("content-type", "content_type")
     if params.get_bool(False, "x-template", "template", "tpl"):
@@ -134,23 +162,26 @@ def build_event(
         raise wire.ATTACHMENTS_DISALLOWED
     else:
         message = _text_body(body, message)
+    message_id = wire.new_id()
     event = Event(
-        id=wire.new_id(),
-        time=now,
+        id=message_id,
+        time=due,
         event=wire.MESSAGE,
         topic=topic,
-        expires=int(now + cache_duration) if cache else 0,
+        expires=int(due + cache_duration) if cache else 0,
         title=title,
         message=message or wire.EMPTY_MESSAGE_BODY,
         priority=priority,
         tags=tags,
         click=click,
         icon=icon,
+        actions=actions,
         attachment=tuple((attachment or {}).items()),
         content_type="text/markdown" if markdown or content_type.lower() == "text/markdown" else "",
         encoding=encoding,
+        sequence_id=(sequence_id or message_id) if sequences else "",
     )
-    return Published(event, cache)
+    return Published(event, cache, delayed=due > now)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -196,7 +227,11 @@ def parse_json_publish(body: bytes, size_limit: int) -> tuple[str, dict[str, str
     if fields.get("markdown"):
         headers["X-Markdown"] = "yes"
     if fields.get("actions"):
-        headers["X-Actions"] = "json"  # rejected later, in ntfy's order, as not implemented
+        try:
+            actions = actions_from_json_values(_plain(fields["actions"]))
+        except TypeError:
+            raise wire.JSON_INVALID from None
+        headers["X-Actions"] = wire.go_json(actions)
     message = str(fields.get("message") or "") or wire.EMPTY_MESSAGE_BODY
     return topic, headers, message.encode("utf-8")
 
@@ -227,6 +262,15 @@ def _decode_json_object(body: bytes) -> dict[str, Any]:
 
 class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its key/value pairs in order (so later duplicates win, as in Go)."""
+
+
+def _plain(value: Any) -> Any:
+    """Decoded JSON with every object as a dict (later duplicate keys win)."""
+    if isinstance(value, _Pairs):
+        return {key: _plain(item) for key, item in value}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _check_json_type(name: str, item: object) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import socket
 import threading
@@ -71,12 +72,16 @@ class NtfyEmulator:
         message_id: str | None = None,
         click: str = "",
         icon: str = "",
+        delay: float | None = None,
+        sequence_id: str | None = None,
     ) -> dict[str, Any]:
         """Publish as `PUT /<topic>` would (thread-safe, no HTTP); returns the event object.
 
         `time` backdates or postdates the message (ntfy does this for slow uploads);
         `message_id` forces an id (the real server never repeats one; tests of a client's
-        conflict handling may want it to).
+        conflict handling may want it to). `delay` schedules it (any positive number of
+        seconds, no 10 s minimum): it is cached unpublished with `time` = now + delay and
+        delivered by the delayed sender. `sequence_id` (ntfy 2.16+) updates that sequence.
         """
         if TOPIC.fullmatch(topic) is None or topic in DISALLOWED_TOPICS:
             raise ValueError(f"invalid topic {topic!r}")
@@ -84,9 +89,16 @@ class NtfyEmulator:
             raise ValueError(f"invalid priority {priority!r}")
         if message_id is not None and not valid_message_id(message_id):
             raise ValueError(f"invalid message id {message_id!r}")
+        if delay is not None and (delay <= 0 or not cache):
+            raise ValueError("a delay must be positive and needs the cache")
+        if sequence_id is not None and TOPIC.fullmatch(sequence_id) is None:
+            raise ValueError(f"invalid sequence id {sequence_id!r}")
         now = self._hub.now_s() if time is None else time
+        if delay is not None:
+            now = math.floor(self._hub.now() + delay)
+        event_id = message_id or wire.new_id()
         event = Event(
-            id=message_id or wire.new_id(),
+            id=event_id,
             time=now,
             event=wire.MESSAGE,
             topic=topic,
@@ -97,8 +109,14 @@ class NtfyEmulator:
             tags=tuple(tags),
             click=click,
             icon=icon,
+            sequence_id=(sequence_id or event_id) if self.config.sequences else "",
         )
-        return self._hub.publish(event, cache=cache).to_dict()
+        return self._hub.publish(event, cache=cache, delayed=delay is not None).to_dict()
+
+    def send_delayed(self) -> list[str]:
+        """Run ntfy's delayed sender now: deliver every scheduled message whose time has come
+        (by the emulator's clock); returns their ids."""
+        return self._hub.send_delayed()
 
     def messages(self, topic: str | None = None) -> list[dict[str, Any]]:
         """Cached messages in insertion order."""
@@ -122,6 +140,12 @@ class NtfyEmulator:
     def prune(self) -> list[str]:
         """Run ntfy's pruning now; returns the ids deleted."""
         return self._hub.prune()
+
+    def manage(self) -> list[str]:
+        """One run of ntfy's manager now: prune, then sample the counter /v1/stats reads."""
+        pruned = self._hub.prune()
+        self._hub.sample_stats()
+        return pruned
 
     def subscriber_count(self, topic: str | None = None) -> int:
         return self._hub.subscriber_count(topic)
@@ -221,7 +245,12 @@ class NtfyEmulator:
         config = uvicorn.Config(
             EmulatorApp(self._hub),
             http="h11",
-            ws="none",
+            # ntfy pings every keepalive interval and drops a client that has not answered
+            # within keepalive + 15 s; uvicorn's ping timeout counts from the ping.
+            ws="websockets-sansio",
+            ws_ping_interval=self.config.keepalive_interval,
+            ws_ping_timeout=15.0,
+            ws_max_size=64,  # ntfy reads at most 64 bytes per client frame (wsReadLimit)
             lifespan="on",
             loop="asyncio",
             log_config=None,

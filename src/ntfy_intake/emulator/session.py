@@ -26,7 +26,7 @@ from ntfy_intake.emulator.since import Since
 from ntfy_intake.emulator.wire import Event
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.app import Exchange
+    from ntfy_intake.emulator.exchange import Exchange
 
 CONTENT_TYPES = {
     "json": "application/x-ndjson; charset=utf-8",
@@ -35,8 +35,10 @@ CONTENT_TYPES = {
 }
 
 
-def encoder(kind: str) -> Callable[[Event], bytes]:
-    """The frame format of /json, /sse or /raw."""
+def encoder(kind: str) -> Callable[[Event], bytes | str]:
+    """The frame format of /json, /sse, /raw or /ws (a text frame)."""
+    if kind == "ws":
+        return Event.ws_frame
     if kind == "sse":
         return _sse
     if kind == "raw":
@@ -45,7 +47,7 @@ def encoder(kind: str) -> Callable[[Event], bytes]:
 
 
 def _sse(event: Event) -> bytes:
-    if event.event == wire.MESSAGE:
+    if event.event in wire.MESSAGE_EVENTS:
         return b"data: " + event.line() + b"\n"
     return b"event: " + event.event.encode() + b"\ndata: " + event.line() + b"\n"
 
@@ -63,15 +65,15 @@ class StreamSession:
         self._exchange = exchange
         self._hub = hub
         self._stream = stream
-        self._content_type = CONTENT_TYPES[kind]
+        self._content_type = CONTENT_TYPES.get(kind, "")
         self._started = False
 
     async def run(self, since: Since) -> None:
         stream = self._stream
         watcher = asyncio.create_task(self._watch_disconnect())
-        keepalive: asyncio.Task[None] | None = None
+        background: list[asyncio.Task[None]] = [watcher]
         try:
-            replay, duplicate = self._hub.open_stream(stream, since)
+            replay, duplicate, defer = self._hub.open_stream(stream, since)
             if stream.poll:
                 for event in replay:
                     stream.deliver(event)
@@ -80,17 +82,30 @@ class StreamSession:
                 stream.queue.put_nowait(stream.encode(self._control(wire.OPEN)))
                 if duplicate is not None:
                     stream.deliver(duplicate)  # as if published between registration and replay
-                for event in replay:
-                    stream.deliver(event)
-                keepalive = asyncio.create_task(self._keepalive())
+                if defer is None:
+                    for event in replay:
+                        stream.deliver(event)
+                else:
+                    background.append(asyncio.create_task(self._replay_after_live(since, defer)))
+                if self.sends_keepalive_events:
+                    background.append(asyncio.create_task(self._keepalive()))
             await self._pump(watcher)
         finally:
             self._hub.close_stream(stream)
-            for task in (keepalive, watcher):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    sends_keepalive_events = True
+
+    async def _replay_after_live(self, since: Since, wait: float) -> None:
+        """The `replay_after_live` fault: ntfy queries the cache only after writing `open`, so a
+        message published meanwhile is sent live first (and is in the replay too)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stream.live_seen.wait(), wait)
+        for row in self._hub.take_replay(self._stream, since):
+            self._stream.deliver(row.event)
 
     def _control(self, kind: str) -> Event:
         return wire.control_event(kind, self._stream.topics_str, self._hub.now_s())
@@ -124,11 +139,12 @@ class StreamSession:
                 return
             if stream.zombie:
                 continue
-            assert isinstance(item, bytes)
-            await self._start()
-            await self._exchange.send(
-                {"type": "http.response.body", "body": item, "more_body": True}
-            )
+            await self._write(item)
+
+    async def _write(self, item: bytes | str) -> None:
+        assert isinstance(item, bytes)
+        await self._start()
+        await self._exchange.send({"type": "http.response.body", "body": item, "more_body": True})
 
     async def _start(self) -> None:
         if not self._started:

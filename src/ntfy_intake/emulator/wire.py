@@ -2,8 +2,10 @@
 
 Pure. Invariants owned here (ntfy-spec.md sections 1.3-1.5):
 - an event serialises with the keys in ntfy's struct order and its omitempty rules: `id`, `time`,
-  `event` and `topic` always; `expires`, `title`, `message`, `priority` (0 left out, 3 kept), `tags`,
-  `click`, `icon`, `attachment`, `poll_id`, `content_type`, `encoding` only when set;
+  `event` and `topic` always; `sequence_id` (ntfy 2.16+) only when set and, except on WebSocket
+  frames, different from `id`; `expires`, `title`, `message`, `priority` (0 left out, 3 kept),
+  `tags`, `click`, `icon`, `actions`, `attachment`, `poll_id`, `content_type`, `encoding` only when
+  set;
 - JSON is compact like Go's encoder: `<`, `>`, `&`, U+2028 and U+2029 escaped, other non-ASCII raw;
 - an error body is `{"code","http","error","link"}` (code left out when 0, link when empty) + newline.
 """
@@ -21,6 +23,9 @@ OPEN = "open"
 KEEPALIVE = "keepalive"
 MESSAGE = "message"
 POLL_REQUEST = "poll_request"
+MESSAGE_DELETE = "message_delete"
+MESSAGE_CLEAR = "message_clear"
+MESSAGE_EVENTS = frozenset({MESSAGE, MESSAGE_DELETE, MESSAGE_CLEAR})
 EMPTY_MESSAGE_BODY = "triggered"
 _GO_HTML_ESCAPES = {
     "<": "\\u003c",
@@ -61,14 +66,20 @@ class Event:
     tags: tuple[str, ...] = ()
     click: str = ""
     icon: str = ""
+    actions: tuple[dict[str, Any], ...] = ()
     attachment: tuple[tuple[str, str | int], ...] = field(default=())
     poll_id: str = ""
     content_type: str = ""
     encoding: str = ""
+    sequence_id: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object in ntfy's key order, omitempty applied."""
-        out: dict[str, Any] = {"id": self.id, "time": self.time}
+    def to_dict(self, *, websocket: bool = False) -> dict[str, Any]:
+        """The JSON object in ntfy's key order, omitempty applied. ntfy (2.16+) leaves out a
+        `sequence_id` equal to `id` on json/sse and in publish responses, not on /ws."""
+        out: dict[str, Any] = {"id": self.id}
+        if self.sequence_id and (websocket or self.sequence_id != self.id):
+            out["sequence_id"] = self.sequence_id
+        out["time"] = self.time
         if self.expires:
             out["expires"] = self.expires
         out["event"] = self.event
@@ -80,6 +91,7 @@ class Event:
             ("tags", list(self.tags)),
             ("click", self.click),
             ("icon", self.icon),
+            ("actions", [dict(action) for action in self.actions]),
             ("attachment", dict(self.attachment)),
             ("poll_id", self.poll_id),
             ("content_type", self.content_type),
@@ -91,6 +103,10 @@ class Event:
     def line(self) -> bytes:
         """One NDJSON line, as json.Encoder.Encode writes it."""
         return (go_json(self.to_dict()) + "\n").encode("utf-8")
+
+    def ws_frame(self) -> str:
+        """One WebSocket text frame, as gorilla's WriteJSON writes it (JSON + newline)."""
+        return go_json(self.to_dict(websocket=True)) + "\n"
 
     def with_expires(self, expires: int) -> Event:
         return replace(self, expires=expires)
@@ -137,12 +153,6 @@ EMAIL_DISABLED = NtfyError(
     "e-mail notifications are not enabled",
     "https://ntfy.sh/docs/config/#e-mail-notifications",
 )
-DELAY_CANNOT_PARSE = NtfyError(
-    40004,
-    400,
-    "invalid delay parameter: unable to parse delay",
-    "https://ntfy.sh/docs/publish/#scheduled-delivery",
-)
 PRIORITY_INVALID = NtfyError(
     40007, 400, "invalid priority parameter", "https://ntfy.sh/docs/publish/#message-priority"
 )
@@ -172,9 +182,6 @@ WEBSOCKET_UPGRADE_MISSING = NtfyError(
     400,
     "invalid request: client not using the websocket protocol",
     "https://ntfy.sh/docs/subscribe/api/#websockets",
-)
-ACTIONS_INVALID = NtfyError(
-    40018, 400, "invalid request: actions invalid", "https://ntfy.sh/docs/publish/#action-buttons"
 )
 ICON_URL_INVALID = NtfyError(
     40021, 400, "invalid request: icon URL is invalid", "https://ntfy.sh/docs/publish/#icons"
