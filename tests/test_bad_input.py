@@ -7,11 +7,13 @@ control character reaches a log line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import sqlite3
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import inbox, logs
+from ntfy_intake import db, inbox, logs, owner
+from ntfy_intake.daemon import migrations
 from ntfy_intake.frames import DeviceAction, Ignored, Junk, Message, decode_line
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -30,8 +33,15 @@ from .harness import DaemonThread, daemon_process, env_for, query, settings_for,
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
+# Lone surrogates are valid ASCII on the wire (a JSON "\\ud83d" escape) and a crash at the first
+# UTF-8 write: st.text() leaves them out unless asked.
+surrogate_text = st.text(
+    st.one_of(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.characters()),
+    max_size=12,
+)
 nasty_text = st.one_of(
     st.text(max_size=40),
+    surrogate_text,
     st.sampled_from(
         [
             "",
@@ -41,9 +51,20 @@ nasty_text = st.one_of(
             "a\nb\rc",
             "\u202eevil",
             "\x00\x01\x9b",
+            "disk \ud83d",
+            "\udc00\x00\x1b[2J",
             "x" * 5000,
+            "\ud83d" * 70_000,
         ]
     ),
+)
+deep = st.sampled_from(
+    [
+        '{"incident":"disk \\ud83d","severity":5,"status":"firing"}',  # issue 12, finding 1
+        '{"incident":["\\udc00"],"severity":"\\ud800"}',
+    ]
+) | st.sampled_from(
+    [json.dumps([[[[["\ud83d"]]]]]), "[" * 5000 + "]" * 5000, '{"a":' * 800 + "1" + "}" * 800]
 )
 ids = st.one_of(
     st.text(ALNUM, min_size=12, max_size=12), st.text(max_size=14), st.integers(), st.none()
@@ -59,7 +80,7 @@ envelopes = st.builds(
     lambda incident, severity, status: json.dumps(
         {"incident": incident, "severity": severity, "status": status}
     ),
-    st.one_of(nasty_text, st.integers()),
+    st.one_of(nasty_text, st.integers(), st.lists(surrogate_text, max_size=2)),
     st.one_of(st.integers(-3, 9), st.booleans(), st.text(max_size=3)),
     st.sampled_from(["firing", "resolved", "pwned", 3]),
 )
@@ -91,7 +112,7 @@ def frames(draw: Any) -> dict[str, Any]:
         frame["expires"] = draw(ints)
     if draw(st.booleans()):
         frame["title"] = draw(st.one_of(nasty_text, st.integers()))
-    frame["message"] = draw(st.one_of(nasty_text, envelopes, st.integers()))
+    frame["message"] = draw(st.one_of(nasty_text, envelopes, deep, st.integers()))
     if draw(st.booleans()):
         frame["priority"] = draw(st.one_of(st.integers(-1, 7), st.booleans(), st.text(max_size=2)))
     if draw(st.booleans()):
@@ -103,8 +124,27 @@ def frames(draw: Any) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if v is not None}
 
 
+# Well-formed message frames whose *values* are hostile: they pass validation and reach storage.
+well_formed = st.builds(
+    lambda event_id, title, message, tags: {
+        "id": event_id,
+        "time": 1_764_470_000,
+        "expires": 1_764_513_200,
+        "event": "message",
+        "topic": "alerts",
+        "title": title,
+        "message": message,
+        "tags": tags,
+    },
+    st.text(ALNUM, min_size=12, max_size=12),
+    nasty_text,
+    st.one_of(nasty_text, envelopes, deep),
+    st.lists(nasty_text, max_size=2),
+)
+
 raw_lines = st.one_of(
     frames().map(lambda f: json.dumps(f).encode()),
+    well_formed.map(lambda f: json.dumps(f).encode()),
     st.binary(max_size=60).filter(lambda b: b"\n" not in b),
     st.sampled_from(
         [b"{", b"[]", b"null", b'{"event":"message"}', b"\xff\xfe", b'"just a string"']
@@ -145,6 +185,84 @@ def test_inbox_records_or_quarantines_every_line_and_never_raises(
     queue.commit(result.records)
     for line in lines:
         assert accounted(store, line), line
+
+
+@contextlib.contextmanager
+def fresh_store() -> Iterator[sqlite3.Connection]:
+    """One empty database per hypothesis example (a fixture would be shared by all of them)."""
+    with tempfile.TemporaryDirectory() as directory:
+        conn = db.connect(Path(directory) / "intake.sqlite3")
+        try:
+            db.migrate(conn, migrations())
+            yield conn
+        finally:
+            conn.close()
+
+
+def event_outcomes(conn: sqlite3.Connection) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for (line,) in conn.execute("SELECT line FROM audit_journal"):
+        record = json.loads(line)
+        if record.get("kind") == "event":
+            counts[record["event_id"]] = counts.get(record["event_id"], 0) + 1
+    return counts
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.one_of(well_formed, frames()).map(lambda f: json.dumps(f).encode()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_hostile_values_never_escape_and_each_event_has_exactly_one_outcome(
+    lines: list[bytes],
+) -> None:
+    """The boundary rule (issue 12): surrogates, deep nesting, huge strings, wrong types, NUL and
+    ANSI go through decode and the inbox without an exception, and each event id gets one
+    outcome record however often the batch is replayed."""
+    with fresh_store() as store:
+        queue = owner_queue()
+        decoded = [decode_line(line, TOPICS) for line in lines]
+        batch = [f for f in decoded if isinstance(f, Message | Junk)]
+        for _ in range(2):  # the second pass is ntfy replaying the same frames
+            result = inbox.record_batch(
+                store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True
+            )
+            queue.commit(result.records)
+        ids = {f.id for f in batch if isinstance(f, Message)}
+        outcomes = event_outcomes(store)
+        assert set(outcomes) == ids
+        assert all(count == 1 for count in outcomes.values()), outcomes
+        for frame in batch:
+            if isinstance(frame, Message):
+                for text in (frame.message, frame.title or "", *frame.tags):
+                    text.encode("utf-8")  # valid UTF-8 after decode: never raises
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(nasty_text, min_size=1, max_size=6))
+def test_hostile_owner_message_text_is_queued_once_and_sendable(texts: list[str]) -> None:
+    """An agent's or receiver's reply with a lone surrogate or controls: queued, never a crash."""
+    with fresh_store() as store:
+        queue = owner_queue(daily_cap=100)
+        for attempt in range(2):  # the agent retries with the same key
+            for index, text in enumerate(texts):
+                with db.write_txn(store):
+                    result, records = queue.triage_message(
+                        store, f"k{index}", text, 1_764_470_000.0
+                    )
+                queue.commit(records)
+                assert result == ("duplicate" if attempt else "queued")
+        rows = store.execute("SELECT key, text FROM owner_outbox WHERE kind = 'triage'").fetchall()
+        assert len(rows) == len(texts)
+        for _, text in rows:
+            owner.prepare_text(text).encode("utf-8")
 
 
 @settings(max_examples=200, deadline=None)

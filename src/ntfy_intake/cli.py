@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ntfy_intake import __version__
-from ntfy_intake.errors import ConfigError, IntakeError
+from ntfy_intake.errors import ConfigError, IntakeError, StartupError
 
 if TYPE_CHECKING:
     from ntfy_intake.daemon import Daemon
@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
+        return 2
+    except StartupError as exc:  # a permanent cause: exit 2 ends systemd's restart loop
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except IntakeError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -253,8 +256,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     settings = _load_settings(args)
     check_state_dir(settings.state.dir)
     logs.configure()
+    from ntfy_intake import clock  # noqa: PLC0415
+
     daemon = Daemon(
         settings,
+        clock=clock.from_environ(),  # the system clock unless a drill injects an offset
         crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")),
         notifier=Notifier.from_environ(os.environ),
         watchdog_interval=watchdog_interval(os.environ, os.getpid()),

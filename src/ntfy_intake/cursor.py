@@ -82,18 +82,26 @@ def backfill_since(cursor: Cursor, open_time: int, overlap: float) -> int:
 
 
 def gap_window(
-    gap_from: int, open_time: int, held: list[tuple[int, int | None]], cache_duration: float
+    gap_from: int,
+    open_time: int,
+    held: list[tuple[int, int | None]],
+    cache_duration: float,
+    cursor_time: int | None = None,
 ) -> tuple[int, int] | None:
     """What may be lost after the server dropped the cursor message, or None if nothing can be.
 
-    `held` is (time, expires) of every message the backfill found. The server still holds all it
-    has not pruned: anything published after the oldest held message, and anything younger than
-    its cache duration (ntfy prunes by `expires` = time + duration; the shortest the server shows
-    us bounds it, so a daemon configured longer than the server cannot hide a loss). Only what
-    came after the last frame seen and before both of those bounds can be gone."""
+    `held` is (time, expires) of every message the backfill found. A server that prunes only by
+    `expires` (= time + its cache duration; the shortest it shows us bounds it, so a daemon
+    configured longer than the server cannot hide a loss) still holds anything published after
+    the oldest held message and anything younger than that duration: only what came after the
+    last frame seen and before both bounds can be gone. But when the cursor message itself was
+    young enough to be held (`cursor_time` + duration still ahead of `open`), the server lost
+    what it should have kept (restarted without its cache, evicted): then only the messages it
+    does hold bound the window."""
     durations = [expires - at for at, expires in held if expires is not None]
     duration = int(min([cache_duration, *durations]))
-    end = open_time - duration
+    lost_early = cursor_time is not None and cursor_time + duration > open_time
+    end = open_time if lost_early else open_time - duration
     if held:
         end = min([end, *(at for at, _ in held)])
     return (gap_from, end) if end > gap_from else None

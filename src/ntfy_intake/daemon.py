@@ -46,14 +46,17 @@ from ntfy_intake import (
     notices,
     outbox,
     owner,
+    rebuild,
     refusals,
     rehydrate,
     relay,
     retention,
     schema,
+    storage,
     watchdog,
 )
 from ntfy_intake import health as health_model
+from ntfy_intake.clock import TrustedClock
 from ntfy_intake.cursor import (
     Cursor,
     Owed,
@@ -66,7 +69,7 @@ from ntfy_intake.cursor import (
 from ntfy_intake.cursor import backfill_done as clear_backfill
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
-from ntfy_intake.errors import AuditWriteError, StateLockedError
+from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
 from ntfy_intake.frames import Event, Junk
 from ntfy_intake.owner_queue import Notice, OwnerQueue
 from ntfy_intake.sdnotify import Notifier
@@ -75,6 +78,8 @@ from ntfy_intake.settings import Settings
 log = structlog.get_logger("ntfy_intake.daemon")
 
 MAX_BATCH = 500
+STORAGE_RETRY_BASE = 0.1
+STORAGE_RETRY_CAP = 5.0
 TICK_SECONDS = 0.05
 HEALTH_EVERY = 2.0
 HEALTH_KEY = "health"
@@ -143,7 +148,10 @@ class Daemon:
         watchdog_interval: float | None = None,
     ) -> None:
         self.settings = settings
-        self.clock = clock
+        # Every wall-clock reading goes through the server-checked clock (clock.py): a local
+        # clock jump never moves cadence windows, the daily cap, retention or audit days.
+        self.trusted_clock = TrustedClock(clock)
+        self.clock: Callable[[], float] = self.trusted_clock
         self.crash = crash_points or CrashPoints(None)
         self.transport = transport
         # Test seams, not configuration: tests shorten the backoff schedules.
@@ -173,7 +181,7 @@ class Daemon:
         self.relay: relay.Relay | None = None
         self.owner: owner.OwnerSender | None = None
         self._next_release: float | None = None
-        self._audit = audit.AuditLog(settings.state.audit_dir, clock)
+        self._audit = audit.AuditLog(settings.state.audit_dir, self.clock)
         self._cursor: Cursor | None = None
         self.ready = asyncio.Event()
         self.notifier = notifier or Notifier(None)
@@ -201,6 +209,11 @@ class Daemon:
         self.degraded: dict[str, str] = {}  # source -> one-line reason (other modules may set)
         self._error_seen: tuple[int, str | None] = (0, None)
         self.last_error_wall: float | None = None
+        # A transient storage failure being waited out (None: storage is fine).
+        self.storage_wait: storage.StorageFault | None = None
+        self.storage_episodes = 0
+        self._storage_failed_fn: object = None
+        self._storage_notices: list[Notice] = []
 
     # -- database access: one lock, one worker thread at a time ------------------------------
 
@@ -210,18 +223,106 @@ class Daemon:
         return self._conn
 
     async def _db(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        async with self._db_lock:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+        """Run `fn` in the worker thread. A transient storage failure (the database locked by
+        another process past the busy timeout, a full disk, an I/O error) is waited out with
+        backoff and `fn` run again: every database function here is one transaction that
+        rolled back whole. Health is degraded meanwhile; nothing exits."""
+        delay = STORAGE_RETRY_BASE
+        while True:
+            async with self._db_lock:
+                try:
+                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                except sqlite3.OperationalError as exc:
+                    fault = storage.classify(exc, str(self.settings.state.database))
+                    if not fault.transient:
+                        raise
+                else:
+                    # Only the work that failed proves recovery (reads succeed on a full disk).
+                    if self.storage_wait is not None and fn == self._storage_failed_fn:
+                        self._storage_recovered()
+                    return result
+            self._storage_failed_fn = fn
+            self._storage_waiting(fault)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORAGE_RETRY_CAP)
+
+    async def _observe_server_time(self, response: httpx.Response) -> None:
+        """ntfy's `Date` header: the server time the local clock is checked against."""
+        if str(response.request.url).startswith(self.settings.ntfy.url):
+            self.trusted_clock.observe_date_header(response.headers.get("date"))
+
+    async def _notice_clock_jumps(self) -> None:
+        for detail in self.trusted_clock.take_jumps():
+            log.error("clock.jump", detail=detail)
+            count = self.trusted_clock.jumps
+            await self._db(self._record_notice, storage.clock_jump(detail, self.boot_id, count))
+            await self._flush_audit()
+
+    def _storage_waiting(self, fault: storage.StorageFault) -> None:
+        # Waiting on schedule is progress: the watchdog keeps pinging (DESIGN.md section 2).
+        self.heartbeat_at = time.monotonic()
+        if self.storage_wait is None:
+            log.error("storage.waiting", fault=str(fault), transient=True)
+            self.storage_episodes += 1
+        self.storage_wait = fault
+        self.degraded["storage"] = f"{fault}; waiting"
+
+    def _storage_recovered(self) -> None:
+        fault = self.storage_wait
+        self.storage_wait = None
+        self.degraded.pop("storage", None)
+        if fault is None:
+            return
+        log.warning("storage.recovered", fault=str(fault))
+        episode = f"{self.boot_id}:{self.storage_episodes}"
+        self._storage_notices.append(
+            storage.database_locked(fault.detail, episode)
+            if fault.kind == "locked"
+            else storage.storage_fault(fault, episode)
+        )
+
+    async def _send_storage_notices(self) -> None:
+        """One owner notice per storage episode, recorded once the database takes writes."""
+        while self._storage_notices:
+            notice = self._storage_notices.pop(0)
+            await self._db(self._record_notice, notice)
+            await self._flush_audit()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Local recovery, before READY: open the store, migrate, replay unwritten audit records."""
-        self.settings.state.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Local recovery, before READY: open the store, migrate, replay unwritten audit records.
+
+        A storage failure here names itself; a permanent one is a StartupError (exit 2)."""
+        problem = storage.check_state_dir(self.settings.state.dir)
+        if problem is not None:
+            raise StartupError(problem)
+        try:
+            self._recover()
+        except (sqlite3.Error, OSError) as exc:
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            raise storage.startup_error(exc, self.settings.state.database) from exc
+
+    def _recover(self) -> None:
+        problem = storage.check_audit_files(
+            self.settings.state.audit_dir, audit.log_files(self.settings.state.audit_dir)[-1:]
+        )
+        if problem is not None:
+            raise StartupError(problem)
         self._lock_fd = _exclusive_lock(self.settings.state.dir / "daemon.lock")
+        rebuild.remove_orphan_wal(self.settings.state.database)
         self._conn = db.connect(self.settings.state.database)
         db.migrate(self._conn, migrations())
+        rebuilt = self._rebuild_from_audit()
         self._rehydrate_cadence()
+        if rebuilt is not None:
+            self._record_notice(storage.rebuilt_from_audit(str(rebuilt), self.boot_id))
         try:
             written = audit.recover(self._conn, self._audit)
             if written:
@@ -236,11 +337,31 @@ class Daemon:
         self._cursor = cursor
         self._next_release = outbox.next_release_at(self._conn)
 
+    def _rebuild_from_audit(self) -> rebuild.Summary | None:
+        """A missing or empty database beside an audit log is not a first start."""
+        if not rebuild.is_empty(self.conn):
+            return None
+        summary = rebuild.from_audit(
+            self.conn,
+            self.settings.state.audit_dir,
+            self.clock(),
+            debounce=self.policy.debounce,
+            relay_enabled=self.settings.relay.url is not None,
+            feed_append=_feed_append,
+        )
+        if summary is not None:
+            log.warning("database.rebuilt_from_audit", summary=str(summary))
+        return summary
+
     def _rehydrate_cadence(self) -> None:
         """Cadence state from the audit log (only the files the longest window needs), plus the
         records that reached SQLite but not yet the log: together, every recorded outcome."""
         started = time.monotonic()
-        loaded = rehydrate.load(self.settings.state.audit_dir, self.policy, self.clock())
+        # Before ntfy answers, the newest server time recorded bounds a local clock that jumped
+        # ahead while we were down: pruning by it keeps cooldowns and the day's cap (clock.py).
+        now = self.clock()
+        newest = self.conn.execute("SELECT max(time) FROM inbox").fetchone()[0]
+        loaded = rehydrate.load(self.settings.state.audit_dir, self.policy, min(now, newest or now))
         state = loaded.state
         mark = audit.flushed_seq(self.conn)
         pending = 0
@@ -283,7 +404,9 @@ class Daemon:
                 since=self._cursor.since if self._cursor is not None else "first start",
             ),
         )
-        async with httpx.AsyncClient(transport=self.transport) as client:
+        async with httpx.AsyncClient(
+            transport=self.transport, event_hooks={"response": [self._observe_server_time]}
+        ) as client:
             reader = intake.Intake(
                 intake.IntakeConfig(
                     base_url=self.settings.ntfy.url,
@@ -613,10 +736,23 @@ class Daemon:
             self.owner.wakeup.set()  # a flush follows every write that may queue an owner row
         try:
             await self._db(audit.flush, self.conn, self._audit)
+            if await self._db(self._note_replaced_audit_files):
+                await self._db(audit.flush, self.conn, self._audit)
         except AuditWriteError as exc:
             await self._db(self._trip_latch_sync, str(exc))
             return False
         return True
+
+    def _note_replaced_audit_files(self) -> bool:
+        """An audit file deleted or replaced under us: one notice per time it happened."""
+        replaced = self._audit.take_replacements()
+        for detail in replaced:
+            self.counters.extra["audit_file_replaced"] = count = (
+                self.counters.extra.get("audit_file_replaced", 0) + 1
+            )
+            log.error("audit.file_replaced", detail=detail)
+            self._record_notice(storage.audit_file_replaced(detail, self.boot_id, count))
+        return bool(replaced)
 
     def _trip_latch_sync(self, detail: str) -> None:
         """Freeze the cursor for this process and queue exactly one owner notice."""
@@ -636,6 +772,9 @@ class Daemon:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
             self.heartbeat_at = time.monotonic()
             self._stamp_error()
+            if self._storage_notices:
+                await self._send_storage_notices()
+            await self._notice_clock_jumps()
             await self._settle_cursor()
             await self._save_frame_time()
             await self._observe_liveness()
@@ -897,6 +1036,7 @@ class Daemon:
             "last_error_wall": self.last_error_wall,
             "started_at": self.started_wall,
             "latch": self.latched,
+            "storage": None if self.storage_wait is None else str(self.storage_wait),
             "http_port": self.http_port,
             "http_error": self.http_error,
             "degraded": sorted(self.degraded.values()),

@@ -79,7 +79,11 @@ def write_txn(
             before_commit()
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # On a full disk, an I/O error or a busy deadlock SQLite may already have rolled the
+        # transaction back; a failing ROLLBACK must not replace the cause with its own message.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
 
 

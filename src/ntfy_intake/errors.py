@@ -2,6 +2,8 @@
 
 IntakeError
 ├── ConfigError        a bad setting; the CLI prints one line naming the key and exits 2
+├── StartupError       a permanent cause at start-up (corrupt database, unusable state dir):
+│                      the CLI prints one line and exits 2, so systemd stops restarting
 ├── StoreError         SQLite refused a statement (wrapped, original in __cause__)
 │   └── InjectedFault  a test-only fault raised between the last statement and COMMIT
 ├── AuditWriteError    the JSONL audit log could not be appended or fsynced (trips the latch)
@@ -25,6 +27,10 @@ class ConfigError(IntakeError):
         self.key = key
         self.problem = problem
         super().__init__(f"config error: {key}: {problem}")
+
+
+class StartupError(IntakeError):
+    """Start-up cannot succeed until someone fixes the cause; restarting cannot help."""
 
 
 class StoreError(IntakeError):

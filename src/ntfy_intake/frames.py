@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from ntfy_intake import sanitize
 
 # ntfy's largest configurable message is 5 MiB (`message-size-limit`, cmd/serve.go). JSON escaping
 # can write one byte as six (`\u003c`), so a line up to six times that, plus the other fields, may
@@ -190,6 +193,19 @@ def decode_line(line: bytes, topics: frozenset[str]) -> Frame:
         return Junk(text, "not JSON")
     if not isinstance(obj, dict):
         return Junk(text, "not a JSON object")
+    clean = sanitize.valid_utf8(obj)  # the boundary rule; the raw below keeps the original
+    if clean is not obj:
+        frame = decode_object(clean, text, topics)
+        if not isinstance(frame, Message):
+            return frame
+        canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        raw_sha256 = hashlib.sha256(canonical.encode()).hexdigest()
+        return dataclasses.replace(frame, raw=canonical, raw_sha256=raw_sha256)
+    return decode_object(obj, text, topics)
+
+
+def decode_object(obj: dict[str, Any], text: str, topics: frozenset[str]) -> Frame:
+    """One decoded JSON object (strings already valid UTF-8) as a typed frame."""
     event = obj.get("event")
     if not isinstance(event, str):
         return Junk(text, "missing or non-string 'event'")

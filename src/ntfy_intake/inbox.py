@@ -18,13 +18,22 @@ after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ntfy_intake import audit, cadence, db, incidents, outbox
+import structlog
+
+from ntfy_intake import audit, cadence, db, incidents, outbox, quarantine
 from ntfy_intake.frames import DeviceAction, Event, Ignored, Junk, Message
 from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
+
+log = structlog.get_logger("ntfy_intake.inbox")
+
+# An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
+# it counts as a duplicate (the safe direction: it already has its one outcome).
+REBUILT_UNKNOWN_SHA256 = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +78,48 @@ def record_batch(
     also: InTransaction | None = None,
     note_append: NoteAppend | None = None,
 ) -> BatchResult:
-    batch = _Batch(conn, now, queue.policy, queue.state.fork())
+    """Record a batch in one transaction. When a value in it breaks processing (the transaction
+    rolled back, nothing recorded), the frames are recorded one transaction each instead, and
+    the frame that still fails alone gets outcome `quarantined` with the error: no value read
+    from ntfy can stop intake. Storage failures are not blamed on a value and propagate.
+    `also` runs once, in the batch's transaction, or after the last frame's when one by one."""
+    record = functools.partial(
+        _record_batch,
+        conn,
+        now=now,
+        queue=queue,
+        relay_enabled=relay_enabled,
+        feed_append=feed_append,
+        before_commit=before_commit,
+        note_append=note_append,
+    )
+    try:
+        return record(frames, queue.state, also=also)
+    except Exception as exc:
+        if not quarantine.blames_the_value(exc):
+            raise
+        log.warning("inbox.batch_failed_one_by_one", frames=len(frames), error=repr(exc))
+    total = _one_by_one(conn, frames, now, queue.state, record)
+    if also is not None:
+        with db.write_txn(conn, before_commit=before_commit):
+            also(conn, total)
+    return total
+
+
+def _record_batch(
+    conn: sqlite3.Connection,
+    frames: Sequence[Event | Junk | Notice],
+    state: cadence.CadenceState,
+    *,
+    now: float,
+    queue: OwnerQueue,
+    relay_enabled: bool,
+    feed_append: outbox.FeedAppend | None = None,
+    before_commit: db.BeforeCommit | None = None,
+    also: InTransaction | None = None,
+    note_append: NoteAppend | None = None,
+) -> BatchResult:
+    batch = _Batch(conn, now, queue.policy, state.fork())
     batch.note_append = note_append
     with db.write_txn(conn, before_commit=before_commit):
         events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
@@ -95,6 +145,63 @@ def record_batch(
         )
     batch.result.state = batch.work
     return batch.result
+
+
+def _one_by_one(
+    conn: sqlite3.Connection,
+    frames: Sequence[Event | Junk | Notice],
+    now: float,
+    state: cadence.CadenceState,
+    record: Callable[[Sequence[Event | Junk | Notice], cadence.CadenceState], BatchResult],
+) -> BatchResult:
+    total = BatchResult(state=state)
+    for index, frame in enumerate(frames):
+        try:
+            result = record([frame], state)
+        except Exception as exc:
+            if not quarantine.blames_the_value(exc):
+                raise
+            _quarantine_failed(conn, frame, exc, now, total, index)
+            continue
+        state = result.state or state
+        total.state = state
+        total.candidates.extend(replace(c, index=index) for c in result.candidates)
+        total.recorded += result.recorded
+        total.duplicates += result.duplicates
+        total.conflicts += result.conflicts
+        total.quarantined += result.quarantined
+        total.released.extend(result.released)
+        total.records.extend(result.records)
+    return total
+
+
+def _quarantine_failed(
+    conn: sqlite3.Connection,
+    frame: Event | Junk | Notice,
+    exc: Exception,
+    now: float,
+    total: BatchResult,
+    index: int,
+) -> None:
+    """The frame failed on its own: record that, in its own small transaction."""
+    error = quarantine.describe(exc)
+    log.error("inbox.event_quarantined", error=error, event_id=getattr(frame, "id", None))
+    try:
+        with db.write_txn(conn):
+            if isinstance(frame, Message | DeviceAction | Ignored):
+                quarantine.record_failed_event(conn, frame, error, now)
+            elif isinstance(frame, Junk):
+                quarantine.record_failed_junk(conn, frame, error, now)
+            else:
+                return  # a notice is ours, not read from anyone: logged above, never retried
+    except Exception as again:
+        if not quarantine.blames_the_value(again):
+            raise
+        log.error("inbox.quarantine_failed", error=quarantine.describe(again))
+        return
+    total.quarantined += 1
+    if isinstance(frame, Message | DeviceAction):
+        total.candidates.append(Candidate(index, frame.id, frame.time, frame.cached))
 
 
 _INSERT_INBOX = (
@@ -170,7 +277,7 @@ class _Batch:
             self.known[event.id] = event.raw_sha256
             return False
         result = self.result
-        if known == event.raw_sha256:
+        if known in (event.raw_sha256, REBUILT_UNKNOWN_SHA256):
             result.duplicates += 1
             if event.time is not None:
                 result.candidates.append(Candidate(index, event.id, event.time, event.cached))
@@ -328,6 +435,7 @@ class _Batch:
             time=message.time,
             expires=message.expires,
             sequence_id=message.sequence_id,
+            sha256=message.raw_sha256,
         )
         self.journal.append(audit.encode(record))
         self.work.apply(record)

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ntfy_intake import sanitize
 from ntfy_intake.frames import Message
 
 Status = Literal["firing", "resolved"]
@@ -130,7 +131,8 @@ def _envelope(body: str) -> dict[str, Any] | None:
         obj = json.loads(stripped)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
+    # The envelope is a decode boundary too: its strings are made valid UTF-8 here.
+    return sanitize.valid_utf8(obj) if isinstance(obj, dict) else None
 
 
 def merge(before: IncidentState | None, signal: Signal, message: Message) -> IncidentState:

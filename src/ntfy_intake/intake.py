@@ -375,7 +375,9 @@ class Intake:
         gap = None
         if owed.gap_from is not None:
             held = [(e.time, e.expires) for e in events if isinstance(e, Message)]
-            window = gap_window(owed.gap_from, opened, held, self.config.cache_duration)
+            window = gap_window(
+                owed.gap_from, opened, held, self.config.cache_duration, cursor.message_time
+            )
             if window is None:
                 log.warning("intake.cursor_evicted_no_gap", cursor=cursor.value)
             else:

@@ -74,6 +74,8 @@ def release_due(
         )
         if feed_append is not None:
             feed_append(conn, key, payload, summary, now)
+        # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
+        audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
     return keys
 
 

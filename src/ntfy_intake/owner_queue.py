@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ntfy_intake import audit, cadence
+from ntfy_intake import audit, cadence, sanitize
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,12 @@ class OwnerQueue:
         decision = (state or self.state).decide_owner_message(self.policy, now)
         _insert(conn, key, "triage", "triage", text, decision, now)
         record = cadence.owner_record(
-            key, now, message_kind="triage", result=decision.result, reason=decision.reason
+            key,
+            now,
+            message_kind="triage",
+            result=decision.result,
+            reason=decision.reason,
+            text=sanitize.valid_utf8(text),  # the audit log can rebuild the message (rebuild.py)
         )
         _stage(conn, record, now)
         return decision.result, [record]
@@ -119,6 +124,8 @@ def _insert(
     now: float,
 ) -> None:
     # A suppressed message is kept (and audited) so the owner can see what the cap held back.
+    # The text may come from a receiver or an agent: made valid UTF-8 before SQLite sees it.
+    text = sanitize.valid_utf8(text)
     conn.execute(
         "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at, created_at, last_error,"
         " settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -4,7 +4,8 @@ The inbox must remember every id at least as long as ntfy can replay it (its cac
 plus a margin, or a replay after an evicted cursor would record old events a second time. So
 inbox rows live for `max(7 days, 2 x ntfy.cache_duration)`. Settled outbox rows, sent owner
 messages and feed entries live for 30 days (long enough to investigate); quarantined frames
-too. Rows that something still needs (a request still collecting events, an undelivered row,
+too. An inbox id also outlives its expiry on the *server's* clock (see `prune`), so a local
+clock that jumps forward never prunes what ntfy still holds. Rows that something still needs (a request still collecting events, an undelivered row,
 a dead row waiting for redrive) are never pruned.
 """
 
@@ -17,6 +18,9 @@ from ntfy_intake import db
 
 HISTORY_SECONDS = 30 * 86400.0
 MIN_INBOX_SECONDS = 7 * 86400.0
+# Past an id's expiry by the server's clock: ntfy's pruning period (1 min: expired rows replay
+# until pruned), the backfill overlap (30 s) and the reorder window, with room to spare.
+SERVER_MARGIN = 3600
 
 
 def inbox_retention(cache_duration: float) -> float:
@@ -36,6 +40,10 @@ def prune(conn: sqlite3.Connection, now: float, *, cache_duration: float) -> Pru
     inbox_before = now - inbox_retention(cache_duration)
     history_before = now - HISTORY_SECONDS
     with db.write_txn(conn):
+        # Judged by the server's time as well as ours: the newest ntfy `time` recorded is a
+        # lower bound of the server's clock, so a local clock that jumped forward cannot prune
+        # an id the server may still replay (held until its expiry, or time + cache_duration).
+        server_now = conn.execute("SELECT max(time) FROM inbox").fetchone()[0] or 0
         outbox_keys = [
             row[0]
             for row in conn.execute(
@@ -49,10 +57,12 @@ def prune(conn: sqlite3.Connection, now: float, *, cache_duration: float) -> Pru
         )
         conn.executemany("DELETE FROM outbox WHERE delivery_key = ?", [(k,) for k in outbox_keys])
         inbox = conn.execute(
-            "DELETE FROM inbox WHERE received_at < ? AND event_id NOT IN ("
+            "DELETE FROM inbox WHERE received_at < ?"
+            " AND max(coalesce(expires, 0), time + ?) + ? < ?"
+            " AND event_id NOT IN ("
             " SELECT e.event_id FROM outbox_events e JOIN outbox o USING (delivery_key)"
             " WHERE o.state = 'collecting')",
-            (inbox_before,),
+            (inbox_before, int(cache_duration), SERVER_MARGIN, server_now),
         ).rowcount
         owner = conn.execute(
             "DELETE FROM owner_outbox WHERE state IN ('sent', 'suppressed') AND created_at < ?",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import operator
 import re
+from typing import Any
 
 __all__ = [
     "SUMMARY_LIMIT",
@@ -35,6 +36,7 @@ __all__ = [
     "one_line",
     "quote_untrusted",
     "strip_control",
+    "valid_utf8",
     "wake_line",
 ]
 
@@ -130,3 +132,65 @@ def wake_line(channel: str, seq: int, sender: str, summary: str) -> str:
         f" from {quote_untrusted(one_line(sender, _NAME_LIMIT))}:"
         f" {UNTRUSTED_LABEL} {quote_untrusted(one_line(summary, SUMMARY_LIMIT))}"
     )
+
+
+def valid_utf8(value: Any) -> Any:
+    """`value` (a decoded JSON document) with every lone surrogate in its strings, keys included,
+    replaced by U+FFFD, so that any UTF-8 writer (SQLite, a log, a socket) accepts it.
+
+    The decode boundary's rule: a JSON ``\\ud83d`` escape with no partner is valid ASCII on the
+    wire and a crash at the first write. Returns `value` itself when nothing needed replacing
+    (the common case costs one scan). Iterative, so a deeply nested document cannot exhaust
+    the stack.
+    """
+    if not _holds_surrogate(value):
+        return value
+    return _rebuild(value)
+
+
+def _fix(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _holds_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _rebuild(value: Any) -> Any:
+    if isinstance(value, str):
+        return _fix(value)
+    if not isinstance(value, dict | list | tuple):
+        return value
+    root: Any = {} if isinstance(value, dict) else []
+    # (source container, its copy): children are copied into their parent's copy in order.
+    work: list[tuple[Any, Any]] = [(value, root)]
+    while work:
+        source, target = work.pop()
+        pairs = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, child in pairs:
+            if isinstance(child, str):
+                copy: Any = _fix(child)
+            elif isinstance(child, dict):
+                copy = {}
+                work.append((child, copy))
+            elif isinstance(child, list | tuple):
+                copy = []
+                work.append((child, copy))
+            else:
+                copy = child
+            if isinstance(target, dict):
+                target[_fix(key) if isinstance(key, str) else key] = copy
+            else:
+                target.append(copy)
+    return root

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 from pathlib import Path
 
@@ -20,7 +22,7 @@ def record(conn: sqlite3.Connection, *ids: str) -> None:
         conn,
         [make_message(i, title=i) for i in ids],
         NOW,
-        queue=owner_queue(),
+        queue=owner_queue(debounce=60.0),  # no release record: one journal row per event
         relay_enabled=True,
     )
 
@@ -115,3 +117,118 @@ def test_files_are_named_by_utc_day_and_private(store: sqlite3.Connection, tmp_p
     (path,) = audit.log_files(tmp_path / "audit")
     assert path.name == "audit-2025-11-30.jsonl"
     assert path.stat().st_mode & 0o077 == 0
+
+
+def seqs(directory: Path) -> list[int]:
+    return [int(r["seq"]) for r in audit.read_records(directory)]
+
+
+def test_failed_mark_after_fsync_never_writes_a_line_twice(
+    store: sqlite3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 3: lines written and fsynced, then moving the mark fails (SQLite's disk full);
+    the next flush in the same process (the shutdown flush) wrote them all again."""
+    directory = tmp_path / "audit"
+    record(store, "aaaaaaaaaaa1", "bbbbbbbbbbb2")
+    real = audit._mark_flushed
+
+    def disk_full(conn: sqlite3.Connection, seq: int) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    with audit.AuditLog(directory, lambda: NOW) as log:
+        monkeypatch.setattr(audit, "_mark_flushed", disk_full)
+        with pytest.raises(sqlite3.OperationalError):
+            audit.flush(store, log)
+        monkeypatch.setattr(audit, "_mark_flushed", real)
+        record(store, "ccccccccccc3")
+        audit.flush(store, log)
+    assert seqs(directory) == [1, 2, 3]
+    assert audit.flushed_seq(store) == 3
+
+
+def test_partial_write_on_a_full_disk_is_cut_back_not_glued_to_the_next_line(
+    store: sqlite3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 3: ENOSPC/EFBIG after part of a batch reached the file left half a line, and the
+    next append glued a whole line onto it (both unreadable)."""
+    directory = tmp_path / "audit"
+    record(store, "aaaaaaaaaaa1")
+    real_write = os.write
+
+    def short_then_full(fd: int, data: bytes) -> int:
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with audit.AuditLog(directory, lambda: NOW) as log:
+        monkeypatch.setattr(audit.os, "write", short_then_full)
+        with pytest.raises(AuditWriteError):
+            audit.flush(store, log)
+        monkeypatch.setattr(audit.os, "write", real_write)
+        record(store, "bbbbbbbbbbb2")
+        audit.flush(store, log)
+    assert event_ids(directory) == ["aaaaaaaaaaa1", "bbbbbbbbbbb2"]
+    assert audit.log_files(directory)[0].read_bytes().count(b"\n") == 2
+
+
+def test_deleted_audit_file_is_reopened_with_one_notice_and_loses_nothing(
+    store: sqlite3.Connection, tmp_path: Path
+) -> None:
+    """Finding 4: after the audit file was deleted, writes went on to the deleted inode."""
+    directory = tmp_path / "audit"
+    with audit.AuditLog(directory, lambda: NOW) as log:
+        record(store, "aaaaaaaaaaa1")
+        audit.flush(store, log)
+        audit.log_files(directory)[0].unlink()
+        record(store, "bbbbbbbbbbb2")
+        audit.flush(store, log)
+        record(store, "ccccccccccc3")
+        audit.flush(store, log)
+        replaced = log.take_replacements()
+    assert event_ids(directory) == ["aaaaaaaaaaa1", "bbbbbbbbbbb2", "ccccccccccc3"]
+    assert len(replaced) == 1 and "deleted" in replaced[0]
+
+
+def test_replaced_audit_file_is_reopened_with_one_notice(
+    store: sqlite3.Connection, tmp_path: Path
+) -> None:
+    """Finding 4: a file moved away and replaced (rotation) kept receiving nothing we could see."""
+    directory = tmp_path / "audit"
+    with audit.AuditLog(directory, lambda: NOW) as log:
+        record(store, "aaaaaaaaaaa1")
+        audit.flush(store, log)
+        path = audit.log_files(directory)[0]
+        kept = path.read_bytes()
+        path.rename(tmp_path / "rotated.jsonl")
+        path.write_bytes(kept)  # the operator's copy stands in its place
+        record(store, "bbbbbbbbbbb2")
+        audit.flush(store, log)
+        replaced = log.take_replacements()
+    assert event_ids(directory) == ["aaaaaaaaaaa1", "bbbbbbbbbbb2"]
+    assert len(replaced) == 1 and "replaced" in replaced[0]
+
+
+def test_torn_line_repair_goes_by_seq_across_all_files_not_by_file_names(
+    store: sqlite3.Connection, tmp_path: Path
+) -> None:
+    """Finding 7: after the clock stepped back across two days, the torn line sat in a file that
+    is not among the two newest names; the next line was glued onto the fragment."""
+    directory = tmp_path / "audit"
+    day = 86400.0
+    record(store, "aaaaaaaaaaa1")
+    with audit.AuditLog(directory, lambda: NOW) as log:
+        audit.flush(store, log)
+    for later in (1, 2):  # two newer, unrelated days exist
+        (directory / f"audit-2025-12-0{later}.jsonl").write_bytes(b"")
+    record(store, "bbbbbbbbbbb2", "ccccccccccc3")
+    stepped_back = NOW - 3 * day
+    older = audit.AuditLog(directory, lambda: stepped_back).path_for("2025-11-27")
+    rows = store.execute(
+        "SELECT seq, line FROM audit_journal WHERE seq > 1 ORDER BY seq"
+    ).fetchall()
+    whole = audit._line(rows[0][0], rows[0][1])
+    torn = audit._line(rows[1][0], rows[1][1])[:25]
+    older.write_bytes((whole + torn).encode())  # a crash after seq 2 and mid seq 3, mark at 1
+    with audit.AuditLog(directory, lambda: stepped_back) as log:
+        assert audit.recover(store, log) == 1  # seq 3 only: seq 2 is already in a file
+    assert sorted(seqs(directory)) == [1, 2, 3]
+    assert older.read_bytes().count(b"\n") == older.read_bytes().count(b'"seq"')

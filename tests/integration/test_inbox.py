@@ -157,9 +157,12 @@ def test_audit_records_carry_event_outcome_and_delivery_key(
 ) -> None:  # type: ignore[no-untyped-def]
     record(store, [make_message("aaaaaaaaaaa1")])
     with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
-        assert audit.flush(store, log) == 1
-    (line,) = list(audit.read_records(tmp_path / "audit"))
+        assert audit.flush(store, log) == 2
+    line, release = list(audit.read_records(tmp_path / "audit"))
+    assert release["kind"] == "release" and release["delivery_key"] == "tri_aaaaaaaaaaa1"
+    assert release["payload"]["events"][0]["id"] == "aaaaaaaaaaa1"  # rebuild needs the payload
     assert line["kind"] == "event" and line["event_id"] == "aaaaaaaaaaa1"
+    assert line["expires"] == 1_764_470_000 + 43200 and len(line["sha256"]) == 64
     assert line["outcome"] == "triage_requested" and line["delivery_key"] == "tri_aaaaaaaaaaa1"
     assert line["v"] == 1 and line["seq"] == 1 and line["incident"] == "alerts:disk full"
 

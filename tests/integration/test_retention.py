@@ -17,7 +17,11 @@ def record(
 ) -> None:
     queue = owner_queue(debounce=debounce)
     result = inbox.record_batch(
-        conn, [make_message(event_id, title=title)], at, queue=queue, relay_enabled=True
+        conn,
+        [make_message(event_id, title=title, time=int(at))],  # ntfy's time: when it was recorded
+        at,
+        queue=queue,
+        relay_enabled=True,
     )
     queue.adopt(result.state)
 
@@ -70,3 +74,14 @@ def test_feed_keeps_its_newest_entry_so_the_head_never_goes_back(
     with feed.FeedStore.open(path) as after:
         assert after.head("triage") == head == 3
         assert after.post("triage", {"n": 3}, sender="test", summary="n3").seq == 4
+
+
+def test_forward_clock_jump_never_prunes_ids_the_server_still_holds(
+    store: sqlite3.Connection,
+) -> None:
+    """Issue 12, finding 6: the local clock jumped 8 days ahead; ntfy still holds the ids (its
+    newest frame time says so), so a full replay would record them a second time."""
+    record(store, "held00000001", NOW, title="held")  # ntfy time NOW, expires NOW + 12 h
+    jumped = NOW + 8 * DAY
+    assert retention.prune(store, jumped, cache_duration=12 * 3600).inbox == 0
+    assert ids(store) == {"held00000001"}

@@ -48,6 +48,20 @@ def test_a_server_with_a_shorter_cache_than_configured_cannot_hide_a_loss() -> N
     assert gap_window(0, 20 * HOUR, held, 12 * HOUR) == (0, 19 * HOUR)
 
 
+def test_server_that_lost_its_cache_reports_the_window_up_to_what_it_still_holds() -> None:
+    """ntfy restarted without its cache file: the cursor message was 10 minutes old, so a
+    healthy server would still hold it; what it holds now starts with a message 5 s ago."""
+    cursor_time, last_frame, opened = 100 * HOUR, 100 * HOUR + 60, 100 * HOUR + 600
+    after = (opened - 5, opened - 5 + 12 * HOUR)
+    assert gap_window(last_frame, opened, [after], 12 * HOUR, cursor_time) == (
+        last_frame,
+        opened - 5,
+    )
+    assert gap_window(last_frame, opened, [], 12 * HOUR, cursor_time) == (last_frame, opened)
+    # The same server, but the cursor message had expired normally: nothing can be gone.
+    assert gap_window(last_frame, opened, [after], 12 * HOUR, cursor_time - 13 * HOUR) is None
+
+
 @given(
     st.integers(0, 10**6),
     st.integers(0, 10**6),

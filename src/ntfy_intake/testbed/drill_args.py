@@ -42,3 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep", action="store_true", help="keep the temp dir (state, audit log, daemon.log)"
     )
+    parser.add_argument(
+        "--faults",
+        choices=("kill", "storage"),
+        default="kill",
+        help="kill: kill -9 and crash points (default); storage: disk full, RLIMIT_FSIZE, audit"
+        " file deleted, database deleted, write lock held, clock jumps",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=20,
+        help="--faults storage: faults of each kind (default 20)",
+    )

@@ -1,0 +1,201 @@
+"""Storage and environment failures, named: what went wrong, where, and whether waiting helps.
+
+Pure, except `check_state_dir` (a few stat/open calls at start-up). SQLite reports a full disk,
+a lock held by another process and a corrupt file as bare `OperationalError`/`DatabaseError`
+strings, and a failed statement inside a transaction often surfaces as the ROLLBACK's "cannot
+rollback - no transaction is active" instead of its cause; `classify` maps both the exception
+and its cause chain to one of a few named kinds, so logs, notices and the start-up line say
+"disk full" and not a SQLite internals message.
+
+Permanent causes (a state dir that is not a writable directory, a corrupt database, a
+read-only audit file) stop start-up with exit 2 and one line; transient ones (disk full, the
+database locked by another process) are waited out by the daemon and never exit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ntfy_intake.errors import IntakeError, StartupError
+from ntfy_intake.owner_queue import Notice
+
+Kind = Literal["disk_full", "file_too_large", "locked", "corrupt", "permission", "io", "other"]
+TRANSIENT: frozenset[Kind] = frozenset({"disk_full", "file_too_large", "locked", "io"})
+
+_WORDS: dict[Kind, str] = {
+    "disk_full": "disk full",
+    "file_too_large": "file size limit reached",
+    "locked": "database locked by another process",
+    "corrupt": "database file is corrupt",
+    "permission": "permission denied",
+    "io": "I/O error",
+    "other": "storage error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StorageFault:
+    kind: Kind
+    where: str  # a path or a short name ("database", "audit log")
+    detail: str  # the original error text
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT
+
+    def __str__(self) -> str:
+        return f"{_WORDS[self.kind]} on {self.where} ({self.detail})"
+
+
+def classify(exc: BaseException, where: str) -> StorageFault:
+    """The named cause of `exc`, looking through its __cause__/__context__ chain."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for item in chain:
+        kind = _kind_of(item)
+        if kind != "other":
+            return StorageFault(kind, where, _text(item))
+    return StorageFault("other", where, _text(exc))
+
+
+_ERRNO_KINDS: dict[int, Kind] = {
+    errno.ENOSPC: "disk_full",
+    errno.EDQUOT: "disk_full",
+    errno.EFBIG: "file_too_large",
+    errno.EACCES: "permission",
+    errno.EPERM: "permission",
+    errno.EROFS: "permission",
+    errno.EIO: "io",
+}
+
+
+def _kind_of(exc: BaseException) -> Kind:
+    if isinstance(exc, OSError):
+        return _ERRNO_KINDS.get(exc.errno or 0, "other")
+    if isinstance(exc, sqlite3.Error):
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        text = str(exc).lower()
+        if name == "SQLITE_FULL" or "disk is full" in text:
+            return "disk_full"
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+            return "locked"
+        if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in text:
+            return "corrupt"
+        if "not a database" in text:
+            return "corrupt"
+        if name.startswith(("SQLITE_READONLY", "SQLITE_PERM", "SQLITE_CANTOPEN")):
+            return "permission"
+        if "readonly" in text or "unable to open" in text:
+            return "permission"
+        if name.startswith("SQLITE_IOERR") or "disk i/o error" in text:
+            return "io"
+    return "other"
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def startup_error(exc: BaseException, database: Path) -> IntakeError:
+    """The one line a storage failure at start-up becomes: StartupError (exit 2) when only a
+    person can fix it, a plain IntakeError (exit 1: a restart may help) when it is transient."""
+    where = (
+        str(database)
+        if isinstance(exc, sqlite3.Error)
+        else str(getattr(exc, "filename", None) or database.parent)
+    )
+    fault = classify(exc, where)
+    if fault.kind == "corrupt":
+        return StartupError(
+            f"database {database} is corrupt ({fault.detail}): move it aside"
+            f" (mv {database} {database}.corrupt) and start again; the next start rebuilds it"
+            " from the audit log"
+        )
+    if fault.kind == "permission":
+        return StartupError(str(fault))
+    return IntakeError(str(fault))
+
+
+def check_state_dir(directory: Path) -> str | None:
+    """Why `directory` cannot hold the state (one line), or None when it can."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except FileExistsError:
+        return f"state dir {directory} is not a directory"
+    except OSError as exc:
+        return f"state dir {directory} cannot be created: {_text(exc)}"
+    if not directory.is_dir():
+        return f"state dir {directory} is not a directory"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"state dir {directory} is not writable: permission denied"
+    return None
+
+
+def check_audit_files(audit_dir: Path, files: list[Path]) -> str | None:
+    """A read-only audit directory or newest audit file cannot be repaired or appended to."""
+    if audit_dir.exists() and not audit_dir.is_dir():
+        return f"audit dir {audit_dir} is not a directory"
+    if audit_dir.is_dir() and not os.access(audit_dir, os.W_OK | os.X_OK):
+        return f"audit dir {audit_dir} is not writable: permission denied"
+    for path in files:
+        if not os.access(path, os.W_OK):
+            return f"audit file {path} is read-only: permission denied"
+    return None
+
+
+# -- the owner notices of storage trouble ---------------------------------------------------------
+
+
+def audit_file_replaced(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "audit_file_replaced",
+        f"The audit log was changed under the running daemon: {detail}. Recording goes on in "
+        "the file at its path; nothing recorded is lost.",
+        key=f"audit_file_replaced:{boot_id}:{count}",
+    )
+
+
+def database_locked(holder: str, boot_id: str) -> Notice:
+    return Notice(
+        "db_locked",
+        f"The database is locked by another process ({holder}); intake waits with backoff and "
+        "loses nothing. Health is degraded until the lock is released.",
+        key=f"db_locked:{boot_id}",
+    )
+
+
+def storage_fault(fault: StorageFault, boot_id: str) -> Notice:
+    return Notice(
+        "storage_fault",
+        f"Storage trouble: {fault}. Intake waits and retries; free space or fix the cause.",
+        key=f"storage_fault:{fault.kind}:{boot_id}",
+    )
+
+
+def rebuilt_from_audit(summary: str, boot_id: str) -> Notice:
+    return Notice(
+        "rebuilt_from_audit",
+        f"The database was missing or empty and was rebuilt from the audit log ({summary}). "
+        "Agent feed cursors cannot be known and restart at each channel's head; undelivered "
+        "triage requests and owner messages are pending again under their old keys.",
+        key=f"rebuilt_from_audit:{boot_id}",
+    )
+
+
+def clock_jump(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "clock_jump",
+        f"The local clock disagrees with ntfy's frame times ({detail}); cadence and retention "
+        "follow the server's time until they agree again.",
+        key=f"clock_jump:{boot_id}:{count}",
+    )

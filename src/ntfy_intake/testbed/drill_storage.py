@@ -1,0 +1,425 @@
+"""`ntfy-intake drill --faults storage`: storage and clock faults under a live stream, same verdict.
+
+The real daemon runs as a subprocess against the bundled emulator and the reference receiver, as
+in the kill drill (drill.py), while the drill works through a shuffled plan of `--rounds` faults
+of each kind:
+
+- `disk_full`: the state directory is a small tmpfs of its own (root mounts it; without the right
+  to mount, this kind is skipped and says why); the drill fills it to ENOSPC under both the
+  database and the audit directory, holds it full while events arrive, then frees it. A daemon
+  that latched the audit log is restarted (the latch notice advises it);
+- `rlimit_fsize`: the daemon's RLIMIT_FSIZE (prlimit) is set just above its audit file's size,
+  so writes fail with EFBIG (not ENOSPC: CPython ignores SIGXFSZ); then lifted;
+- `audit_deleted`: an audit file the daemon holds open is deleted under it;
+- `db_deleted`: between two runs (SIGTERM, delete intake.sqlite3 and its WAL, start): the daemon
+  must rebuild from the audit log;
+- `write_lock`: another process holds the database's write lock for 2-12 s (past the 10 s busy
+  timeout at times);
+- `clock_jump`: the daemon's clock jumps 8 days ahead or back (an injected offset, the machine's
+  clock untouched), sometimes across a restart, then returns.
+
+Each fault records what the daemon did about it (from its log). The verdict is the kill drill's
+(drill_report.py): 0 lost, 0 doubled, every triage request receipted once as an effect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, TextIO
+
+from ntfy_intake import audit
+from ntfy_intake.testbed import drill, drill_parts
+from ntfy_intake.testbed.drill_report import Tally, check, render
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+
+KINDS = ("disk_full", "rlimit_fsize", "audit_deleted", "db_deleted", "write_lock", "clock_jump")
+TMPFS_SIZE = (
+    "512m"  # a cap, not a fault: the state of a long run must fit; the fault fills the rest
+)
+JUMP_S = 8 * 86400.0
+CLOCK_ENV = "NTFY_INTAKE_TEST_CLOCK_OFFSET_FILE"
+LOCK_SECONDS = (2.0, 12.0)
+
+# What the daemon logs when it meets each fault (counted in its log, before and after).
+EFFECTS = {
+    "storage.waiting": "waited on storage",
+    "audit.latched": "audit latched",
+    "audit.file_replaced": "audit file reopened",
+    "database.rebuilt_from_audit": "rebuilt from audit",
+    "clock.jump": "clock jump noticed",
+}
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("ROLLBACK")
+"""
+
+
+class PipedDaemon(drill_parts.DaemonProcess):
+    """The daemon with its output through a pipe the drill copies to daemon.log: RLIMIT_FSIZE
+    limits regular files only, so the limit falls on the state files, not on the log."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(env, log_path)
+        self._copier: threading.Thread | None = None
+        self._log_lock = threading.Lock()
+
+    def start(self, crash_at: str | None = None) -> float:
+        assert not self.alive(), "a daemon is already running"
+        self._join_copier()
+        self.starts += 1
+        if self._log is None:
+            self._log = self.log_path.open("ab")
+        self._write(f"--- drill: start #{self.starts} (storage faults) ---\n".encode())
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ntfy_intake", "run"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        stream = self.proc.stdout
+        assert stream is not None
+        self._copier = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self._copier.start()
+        return started
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self._write(line)
+        stream.close()
+
+    def _write(self, data: bytes) -> None:
+        with self._log_lock:
+            if self._log is not None:
+                self._log.write(data)
+                self._log.flush()
+
+    def _join_copier(self) -> None:
+        if self._copier is not None:
+            self._copier.join(10)
+            self._copier = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill9()
+        self._join_copier()
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+@contextlib.contextmanager
+def small_filesystem(directory: Path, size: str) -> Iterator[str | None]:
+    """Mount a tmpfs at `directory`; yields None when mounted, else why not. Always unmounted."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)]
+        done = subprocess.run(  # noqa: S603 - mount(8) on the drill's own temp dir
+            mount, capture_output=True, text=True, check=False
+        )
+    except OSError as exc:
+        yield f"cannot run mount: {exc.strerror or exc}"
+        return
+    if done.returncode != 0:
+        yield f"mount refused: {done.stderr.strip() or f'exit {done.returncode}'}"
+        return
+    try:
+        yield None
+    finally:
+        subprocess.run(  # noqa: S603 - the mount made above, by its path
+            ["umount", "-l", str(directory)],  # noqa: S607
+            check=False,
+            capture_output=True,
+        )
+
+
+def fill(path: Path) -> int:
+    """Write zeros to `path` until the filesystem is full; return the bytes written."""
+    written = 0
+    chunk = 1 << 20
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while chunk >= 512:
+            try:
+                written += os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                chunk //= 4
+    finally:
+        os.close(fd)
+    return written
+
+
+class StorageDrill(drill.Drill):
+    def __init__(
+        self, *, rounds: int, kinds: tuple[str, ...], fs_problem: str | None, **kw: object
+    ) -> None:
+        super().__init__(kills=0, **kw)  # type: ignore[arg-type]
+        self.rounds = rounds
+        self.kinds = kinds
+        self.fs_problem = fs_problem
+        self.clock_file = self.state_dir.parent / "clock-offset"
+        self.clock_file.write_text("0")
+        env = {
+            **self._daemon_env(),
+            CLOCK_ENV: str(self.clock_file),
+            "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",  # never collide with a real daemon's port
+        }
+        self.daemon = PipedDaemon(env, self.state_dir.parent / "daemon.log")
+        self.done: Counter[str] = Counter()
+        self.effects: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS}
+        self.skipped: dict[str, str] = {}
+        self.tally.kills_requested = 0
+
+    # -- the plan ----------------------------------------------------------------------------------
+
+    def run(self) -> Tally:
+        self._started_at = time.monotonic()
+        plan = [kind for kind in self.kinds for _ in range(self.rounds)]
+        if self.fs_problem is not None and "disk_full" in plan:
+            self.skipped["disk_full"] = self.fs_problem
+            plan = [kind for kind in plan if kind != "disk_full"]
+        self.rng.shuffle(plan)
+        try:
+            self.daemon.start()
+            self._first_start()
+            for index, kind in enumerate(plan):
+                self.say(f"fault {index + 1}/{len(plan)}: {kind}")
+                self._ensure_running()
+                before = self._log_counts()
+                getattr(self, f"_{kind}")()
+                self.done[kind] += 1
+                after = self._log_counts()
+                for marker, label in EFFECTS.items():
+                    if after[marker] > before[marker]:
+                        self.effects[kind][label] += 1
+                self._settle(kind)
+            self._final()
+        finally:
+            self.clock_file.write_text("0")
+            self.publisher.stop()
+            self.daemon.close()
+        self._summarise_faults()
+        self.tally.published = self.ledger.count()
+        self.tally.published_by_topic = Counter(self.ledger.by_topic)
+        self.tally.publish_errors = self.ledger.errors
+        self.tally.starts = self.daemon.starts
+        self.tally.wall_s = time.monotonic() - self._started_at
+        return self.tally
+
+    def _ensure_running(self) -> None:
+        if not self.daemon.alive():
+            self._unexpected_exit(f"start #{self.daemon.starts} (between faults)")
+            self.daemon.start()
+        self._wait_running()
+
+    def _settle(self, kind: str) -> None:
+        """After a fault: caught up with the live stream again (a latched daemon is restarted
+        first: its latch notice advises exactly that)."""
+        if self._latched():
+            self._restart(f"after {kind} (latched)")
+        published, since = self.ledger.count(), time.monotonic()
+        state, took = self._catch_up(published, since)
+        if state == "caught" and took is not None:
+            self.tally.recovery.append(took)
+        elif state == "died":
+            self._unexpected_exit(f"start #{self.daemon.starts} (after {kind})")
+        elif state == "timeout":
+            self.tally.stalls.append(
+                f"no catch-up within {drill_parts.STALL_BOUND_S:g} s after {kind}"
+            )
+
+    def _latched(self) -> bool:
+        row = drill_parts._read_row(self.state_dir, "SELECT value FROM kv WHERE name = 'health'")
+        return bool(row) and '"latch": true' in str(row[0] if row else "")
+
+    def _restart(self, what: str) -> None:
+        self._wait_running()
+        self._sigterm(what)
+        self.daemon.start()
+        self._wait_running()
+
+    def _log_counts(self) -> Counter[str]:
+        try:
+            text = self.daemon.log_path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return Counter()
+        return Counter({marker: text.count(marker) for marker in EFFECTS})
+
+    def _hold(self, low: float = 0.5, high: float = 2.0) -> None:
+        time.sleep(self.rng.uniform(low, high))
+
+    # -- the faults --------------------------------------------------------------------------------
+
+    def _disk_full(self) -> None:
+        filler = self.state_dir / "filler"
+        try:
+            fill(filler)
+            self._hold()
+        finally:
+            filler.unlink(missing_ok=True)
+
+    def _rlimit_fsize(self) -> None:
+        pid = self.daemon.pid
+        files = audit.log_files(self.state_dir / "audit")
+        if pid is None or not files:
+            return
+        limit = files[-1].stat().st_size + 256
+        unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        try:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+            self._hold()
+        except (ProcessLookupError, PermissionError) as exc:
+            self.skipped.setdefault("rlimit_fsize", f"prlimit refused: {exc}")
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, unlimited)
+
+    def _audit_deleted(self) -> None:
+        """Delete an audit file the daemon holds open (one it has not opened yet would be an
+        operator deleting history, which nothing could bring back)."""
+        pid = self.daemon.pid
+        deadline = time.monotonic() + 5
+        while pid is not None and time.monotonic() < deadline:
+            held = [p for p in _open_files(pid) if p.parent == self.state_dir / "audit"]
+            if held:
+                held[0].unlink(missing_ok=True)
+                self._hold()
+                return
+            time.sleep(0.05)
+
+    def _db_deleted(self) -> None:
+        self._wait_running()
+        self._sigterm("before deleting the database")
+        for suffix in ("", "-wal", "-shm"):
+            (self.state_dir / f"intake.sqlite3{suffix}").unlink(missing_ok=True)
+        self.daemon.start()
+        self._wait_running()
+
+    def _write_lock(self) -> None:
+        seconds = self.rng.uniform(*LOCK_SECONDS)
+        holder = subprocess.Popen(  # noqa: S603 - this interpreter, our own code
+            [sys.executable, "-c", HOLD_LOCK, str(self.state_dir / "intake.sqlite3"), str(seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None
+            holder.stdout.readline()
+            holder.wait(seconds + 60)
+        finally:
+            if holder.poll() is None:
+                os.kill(holder.pid, 9)
+            holder.wait(10)
+            if holder.stdout is not None:
+                holder.stdout.close()
+
+    def _clock_jump(self) -> None:
+        jump = JUMP_S if self.done["clock_jump"] % 2 == 0 else -JUMP_S
+        self.clock_file.write_text(str(jump))
+        try:
+            self._hold(1.0, 2.5)
+            if self.done["clock_jump"] % 4 in (1, 2):  # now and then across a restart
+                self._restart("while the clock is jumped")
+                self._hold(0.5, 1.0)
+        finally:
+            self.clock_file.write_text("0")
+
+    # -- the table ---------------------------------------------------------------------------------
+
+    def _summarise_faults(self) -> None:
+        for kind in self.kinds:
+            label = f"storage fault: {kind}"
+            if kind in self.skipped and not self.done[kind]:
+                self.tally.faults[label] = f"skipped: {self.skipped[kind]}"
+                continue
+            seen = ", ".join(f"{what} {n}" for what, n in sorted(self.effects[kind].items()))
+            self.tally.faults[label] = f"{self.done[kind]}x" + (f" ({seen})" if seen else "")
+        self.emu.faults.clear() if self.emu is not None else None
+
+
+def _open_files(pid: int) -> list[Path]:
+    found = []
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if not target.endswith(" (deleted)"):
+                    found.append(Path(target))
+    return found
+
+
+def run(
+    *,
+    rounds: int = 20,
+    seed: int | None = None,
+    kinds: tuple[str, ...] = KINDS,
+    keep: bool = False,
+    out: TextIO = sys.stdout,
+    progress: TextIO | None = sys.stderr,
+    tmpfs: Callable[[Path, str], contextlib.AbstractContextManager[str | None]] = small_filesystem,
+) -> int:
+    """Run the storage drill; print the verdict table to `out`; 0 on PASS, 1 on FAIL."""
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or rounds < 1:
+        raise ValueError(f"unknown fault kinds {unknown}" if unknown else "rounds must be >= 1")
+    if seed is None:
+        seed = random.SystemRandom().randrange(1, 1_000_000)
+    with contextlib.ExitStack() as stack:
+        workdir = stack.enter_context(drill._workdir(keep))
+        fs_problem = stack.enter_context(tmpfs(workdir / "state", TMPFS_SIZE))
+        receiver_server = drill_parts.ReceiverServer(workdir / "receiver.sqlite3")
+        receiver_server.start()
+        stack.callback(receiver_server.stop)
+        emu = stack.enter_context(
+            NtfyEmulator(
+                EmulatorConfig(
+                    keepalive_interval=drill_parts.KEEPALIVE_INTERVAL,
+                    manager_interval=None,
+                    # Restarts and reconnects come fast here: ntfy's request and subscription
+                    # limits would throttle them (as in the kill drill).
+                    request_limit=False,
+                    subscription_limit=None,
+                )
+            ).running()
+        )
+        storage_drill = StorageDrill(
+            rounds=rounds,
+            kinds=kinds,
+            fs_problem=fs_problem,
+            seed=seed,
+            duration=None,
+            target=drill.Target(emu.url, drill_parts.EMULATOR_TOPICS, None, emu),
+            workdir=workdir,
+            receiver_server=receiver_server,
+            send=drill_parts.emulator_sender(emu),
+            pace=drill_parts.EMULATOR_PACE,
+            progress=progress,
+        )
+        tally = storage_drill.run()
+        tally.kept = keep
+        findings = check(
+            storage_drill.ledger.ids(), storage_drill.state_dir, receiver_server.db_path
+        )
+        passed = render(tally, findings, out)
+        return 0 if passed else 1
