@@ -1,15 +1,10 @@
-"""The daemon: local recovery, then intake -> inbox transaction -> audit -> cursor, until stopped.
+"""The daemon: compose the pieces and supervise them.
 
-Reading order of one event (docs/design.md section 2):
-  Intake reads a frame and queues it                      (intake.py, no database)
-  the writer takes a batch, records it in ONE transaction  (inbox.record_batch)
-  appends the batch's audit records, flush + fsync         (audit.flush)
-  and hands the durable events to the resume point         (cursor.ResumePoint)
-  the ticker moves the persisted cursor once the reorder window has passed (cursor.save).
-The relay and the agent feed read the outbox on their own; a webhook outage never stalls intake.
-
-All database work runs in a worker thread under one lock, so the event loop keeps reading the
-socket (and the keepalive watchdog keeps time) while SQLite fsyncs.
+`recover` does local recovery before READY (open the store, migrate, rebuild it from the audit log
+if it is missing, rehydrate cadence, replay unwritten audit records); `run` starts the tasks
+(intake, the writer and the ticker of pipeline.py, the relay, the owner sender, systemd, the HTTP
+surface, the dead-man's switch, retention on a schedule), supervises them, and drains on SIGTERM.
+What happens to one event is pipeline.py; how the daemon knows it is alive is vitals.py.
 """
 
 from __future__ import annotations
@@ -20,15 +15,13 @@ import dataclasses
 import fcntl
 import json
 import os
-import signal
 import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import httpx
 import structlog
@@ -41,13 +34,10 @@ from ntfy_intake import (
     diagnose,
     feed,
     http_api,
-    inbox,
     intake,
-    notices,
     outbox,
     owner,
     rebuild,
-    refusals,
     rehydrate,
     relay,
     retention,
@@ -59,36 +49,20 @@ from ntfy_intake import health as health_model
 from ntfy_intake.clock import TrustedClock
 from ntfy_intake.cursor import (
     Cursor,
-    Owed,
-    Resume,
     ResumePoint,
-    load_resume,
-    owe_backfill,
-    save_last_frame_time,
 )
-from ntfy_intake.cursor import backfill_done as clear_backfill
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
-from ntfy_intake.frames import Event, Junk
-from ntfy_intake.owner_queue import Notice, OwnerQueue
+from ntfy_intake.owner_queue import OwnerQueue
+from ntfy_intake.pipeline import Counters, CrashPoints, append_triage_entry
 from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
+from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
 
 log = structlog.get_logger("ntfy_intake.daemon")
 
-MAX_BATCH = 500
-STORAGE_RETRY_BASE = 0.1
-STORAGE_RETRY_CAP = 5.0
-TICK_SECONDS = 0.05
-HEALTH_EVERY = 2.0
-HEALTH_KEY = "health"
-FEED_SENDER = "ntfy-intake"
-TRIAGE_CHANNEL = "triage"
-INFO_CHANNEL = "incident_info"  # device deletes/clears that came after their request went out
-
-P = ParamSpec("P")
-T = TypeVar("T")
+__all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
 
 
 def migrations() -> list[db.Migration]:
@@ -99,41 +73,9 @@ def migrations() -> list[db.Migration]:
     ]
 
 
-class CrashPoints:
-    """Test-only: SIGKILL this process when a named point is reached (inert unless armed).
+class Daemon(Vitals):
+    # -- set-up and local recovery -------------------------------------------------------------------
 
-    Armed by the drill through NTFY_INTAKE_TEST_CRASH_AT=<point>[:<nth hit>]; never in production.
-    """
-
-    def __init__(self, spec: str | None) -> None:
-        self.point: str | None = None
-        self.remaining = 0
-        if spec:
-            point, _, nth = spec.partition(":")
-            self.point = point
-            self.remaining = int(nth) if nth.isdigit() else 1
-
-    def hit(self, point: str) -> None:
-        if self.point != point:
-            return
-        self.remaining -= 1
-        if self.remaining <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-@dataclass(slots=True)
-class Counters:
-    recorded: int = 0
-    duplicates: int = 0
-    conflicts: int = 0
-    quarantined: int = 0
-    batches: int = 0
-    cursor_moves: int = 0
-    last_event_wall: float | None = None
-    extra: dict[str, int] = field(default_factory=dict)
-
-
-class Daemon:
     def __init__(
         self,
         settings: Settings,
@@ -151,7 +93,7 @@ class Daemon:
         # Every wall-clock reading goes through the server-checked clock (clock.py): a local
         # clock jump never moves cadence windows, the daily cap, retention or audit days.
         self.trusted_clock = TrustedClock(clock)
-        self.clock: Callable[[], float] = self.trusted_clock
+        self.clock = self.trusted_clock
         self.crash = crash_points or CrashPoints(None)
         self.transport = transport
         # Test seams, not configuration: tests shorten the backoff schedules.
@@ -172,17 +114,17 @@ class Daemon:
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
         self.owner_queue = OwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
-        self.queue: asyncio.Queue[intake.Item] = asyncio.Queue()
-        self._saved_frame_time: int | None = None  # last server time persisted (gap windows)
+        self.queue = asyncio.Queue()
+        self._saved_frame_time = None  # last server time persisted (gap windows)
         self._frame_time_saved_at = 0.0
         self._db_lock = asyncio.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._conn = None
         self._lock_fd: int | None = None
-        self.relay: relay.Relay | None = None
-        self.owner: owner.OwnerSender | None = None
-        self._next_release: float | None = None
+        self.relay = None
+        self.owner = None
+        self._next_release = None
         self._audit = audit.AuditLog(settings.state.audit_dir, self.clock)
-        self._cursor: Cursor | None = None
+        self._cursor = None
         self.ready = asyncio.Event()
         self.notifier = notifier or Notifier(None)
         self.watchdog_interval = watchdog_interval
@@ -193,102 +135,27 @@ class Daemon:
             dead_after=settings.ntfy.dead_after,
             recover_after=settings.ntfy.keepalive_interval,
         )
-        self._seen_frame_at: float | None = None
+        self._seen_frame_at = None
         self._wedged = False  # test hook: the ticker stops turning (a stuck task)
         self.watchdog_pings = 0
         self.dead_mans_pings = 0
-        self.http_port: int | None = None
-        self.http_error: str | None = None
-        self._cached_counts: dict[str, Any] = {}
+        self.http_port = None
+        self.http_error = None
+        self._cached_counts = {}
         # Health: wall-clock times, as in the stored snapshot that `status` reads.
         self.started_wall = time.time()
         self.health_limits = health_model.Limits(
             keepalive_timeout=settings.ntfy.keepalive_timeout,
             dead_after=settings.ntfy.dead_after,
         )
-        self.degraded: dict[str, str] = {}  # source -> one-line reason (other modules may set)
-        self._error_seen: tuple[int, str | None] = (0, None)
-        self.last_error_wall: float | None = None
+        self.degraded = {}  # source -> one-line reason (other modules may set)
+        self._error_seen = (0, None)
+        self.last_error_wall = None
         # A transient storage failure being waited out (None: storage is fine).
-        self.storage_wait: storage.StorageFault | None = None
-        self.storage_episodes = 0
-        self._storage_failed_fn: object = None
-        self._storage_notices: list[Notice] = []
-
-    # -- database access: one lock, one worker thread at a time ------------------------------
-
-    @property
-    def conn(self) -> sqlite3.Connection:
-        assert self._conn is not None, "daemon not started"
-        return self._conn
-
-    async def _db(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run `fn` in the worker thread. A transient storage failure (the database locked by
-        another process past the busy timeout, a full disk, an I/O error) is waited out with
-        backoff and `fn` run again: every database function here is one transaction that
-        rolled back whole. Health is degraded meanwhile; nothing exits."""
-        delay = STORAGE_RETRY_BASE
-        while True:
-            async with self._db_lock:
-                try:
-                    result = await asyncio.to_thread(fn, *args, **kwargs)
-                except sqlite3.OperationalError as exc:
-                    fault = storage.classify(exc, str(self.settings.state.database))
-                    if not fault.transient:
-                        raise
-                else:
-                    # Only the work that failed proves recovery (reads succeed on a full disk).
-                    if self.storage_wait is not None and fn == self._storage_failed_fn:
-                        self._storage_recovered()
-                    return result
-            self._storage_failed_fn = fn
-            self._storage_waiting(fault)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, STORAGE_RETRY_CAP)
-
-    async def _observe_server_time(self, response: httpx.Response) -> None:
-        """ntfy's `Date` header: the server time the local clock is checked against."""
-        if str(response.request.url).startswith(self.settings.ntfy.url):
-            self.trusted_clock.observe_date_header(response.headers.get("date"))
-
-    async def _notice_clock_jumps(self) -> None:
-        for detail in self.trusted_clock.take_jumps():
-            log.error("clock.jump", detail=detail)
-            count = self.trusted_clock.jumps
-            await self._db(self._record_notice, storage.clock_jump(detail, self.boot_id, count))
-            await self._flush_audit()
-
-    def _storage_waiting(self, fault: storage.StorageFault) -> None:
-        # Waiting on schedule is progress: the watchdog keeps pinging (DESIGN.md section 2).
-        self.heartbeat_at = time.monotonic()
-        if self.storage_wait is None:
-            log.error("storage.waiting", fault=str(fault), transient=True)
-            self.storage_episodes += 1
-        self.storage_wait = fault
-        self.degraded["storage"] = f"{fault}; waiting"
-
-    def _storage_recovered(self) -> None:
-        fault = self.storage_wait
         self.storage_wait = None
-        self.degraded.pop("storage", None)
-        if fault is None:
-            return
-        log.warning("storage.recovered", fault=str(fault))
-        episode = f"{self.boot_id}:{self.storage_episodes}"
-        self._storage_notices.append(
-            storage.database_locked(fault.detail, episode)
-            if fault.kind == "locked"
-            else storage.storage_fault(fault, episode)
-        )
-
-    async def _send_storage_notices(self) -> None:
-        """One owner notice per storage episode, recorded once the database takes writes."""
-        while self._storage_notices:
-            notice = self._storage_notices.pop(0)
-            await self._db(self._record_notice, notice)
-            await self._flush_audit()
-
-    # -- lifecycle -------------------------------------------------------------------------------
+        self.storage_episodes = 0
+        self._storage_failed_fn = None
+        self._storage_notices = []
 
     def recover(self) -> None:
         """Local recovery, before READY: open the store, migrate, replay unwritten audit records.
@@ -347,7 +214,7 @@ class Daemon:
             self.clock(),
             debounce=self.policy.debounce,
             relay_enabled=self.settings.relay.url is not None,
-            feed_append=_feed_append,
+            feed_append=append_triage_entry,
         )
         if summary is not None:
             log.warning("database.rebuilt_from_audit", summary=str(summary))
@@ -386,6 +253,8 @@ class Daemon:
         history = first.seconds if first.mode == "history" else 0.0
         # Persisted at once: a crash before the first event resumes from this time, inclusive.
         return Cursor.at_time(int(self.clock() - history))
+
+    # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         if self._conn is None:
@@ -540,230 +409,6 @@ class Daemon:
         finally:
             stop_wait.cancel()
 
-    async def _drain(
-        self, intake_stop: asyncio.Event, reader: asyncio.Task[None], writer: asyncio.Task[None]
-    ) -> None:
-        """Graceful stop: keep the stream open for one reorder window so the cursor can settle
-        on an id, make everything read durable, move the cursor, then close the stream. After a
-        failure there is nothing to drain into: close the stream and leave the rest to replay."""
-        if self.failed or writer.done():
-            intake_stop.set()
-            with contextlib.suppress(Exception):
-                await reader
-            return
-        # Frames already read but not yet durable count too: wait for the writer first, so a
-        # stop right after the audit line is written still waits out their window.
-        await self._wait_queue_empty()
-        if self.resume.oldest_read_at is not None and not reader.done():
-            await asyncio.sleep(self.settings.ntfy.reorder_window)
-        await self._wait_queue_empty()
-        await self._settle_cursor()
-        intake_stop.set()
-        with contextlib.suppress(Exception):
-            await reader
-        await self._wait_queue_empty()
-
-    async def _wait_queue_empty(self) -> None:
-        await self.queue.join()
-
-    # -- cursor callbacks for intake -------------------------------------------------------------
-
-    async def _current_resume(self) -> Resume:
-        resume = await self._db(load_resume, self.conn)
-        assert resume is not None
-        self._cursor = resume.cursor
-        return resume
-
-    async def _owe_backfill(self, since: int, gap_from: int | None) -> Owed:
-        """The connection opened: persist the backfill it owes before anything else happens."""
-        owed = await self._db(owe_backfill, self.conn, since, gap_from, self.clock())
-        self.crash.hit("after_backfill_owed")
-        return owed
-
-    async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
-        """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
-        detail = refusals.describe_error_body(body)
-        notice = notices.fallback_400(cursor.value, cursor.since, detail)
-        await self._db(self._record_drop, notice)
-        self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
-        await self._flush_audit()
-
-    def _record_drop(self, notice: Notice) -> None:
-        now = self.clock()
-        with db.write_txn(self.conn):
-            self.conn.execute(
-                "UPDATE cursor SET kind = 'all', value = 'all', message_time = NULL,"
-                " updated_at = ? WHERE id = 1",
-                (now,),
-            )
-            records = self.owner_queue.notice(self.conn, notice, now)
-        self.owner_queue.commit(records)
-
-    # -- the writer: batch -> transaction -> audit -> resume point --------------------------------
-
-    async def _writer(self) -> None:
-        while True:
-            batch = [await self.queue.get()]
-            while len(batch) < MAX_BATCH and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            try:
-                live: list[intake.Received] = []
-                for item in batch:  # in order: a backfill or a refusal ends a run of frames
-                    if isinstance(item, intake.Received):
-                        live.append(item)
-                        continue
-                    if live:
-                        await self._record(live)
-                        live = []
-                    if isinstance(item, intake.Backfilled):
-                        await self._record_backfill(item)
-                    else:
-                        await self._record_refusal(item)
-                if live:
-                    await self._record(live)
-            finally:
-                for _ in batch:
-                    self.queue.task_done()
-
-    async def _record_backfill(self, backfill: intake.Backfilled) -> None:
-        """The poll's events, in batches; the last one also writes the `backfill` audit record,
-        the gap notice if any, and clears what was owed, so all of it commits together."""
-        events = backfill.events
-        totals = {"new": 0, "duplicate": 0}
-        chunks = [events[i : i + MAX_BATCH] for i in range(0, len(events), MAX_BATCH)] or [[]]
-        for number, chunk in enumerate(chunks):
-            frames: list[Event | Junk | Notice] = list(chunk)
-            last = number == len(chunks) - 1
-            if last and backfill.gap is not None:
-                frames.append(self._gap_notice(backfill.gap))
-
-            def finish(
-                conn: sqlite3.Connection, result: inbox.BatchResult, last: bool = last
-            ) -> None:
-                totals["new"] += result.recorded
-                totals["duplicate"] += result.duplicates
-                if last:
-                    audit.stage(
-                        conn,
-                        "backfill",
-                        self.clock(),
-                        since=backfill.owed.since,
-                        polled=backfill.polled,
-                        new=totals["new"],
-                        duplicate=totals["duplicate"],
-                        gap=backfill.gap is not None,
-                    )
-                    clear_backfill(conn, backfill.owed)
-
-            self.crash.hit("before_backfill_recorded" if last else "backfill_chunk")
-            await self._record(frames, also=finish)
-        log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
-        self.counters.extra["backfills"] = self.counters.extra.get("backfills", 0) + 1
-        self.counters.extra["backfill_new"] = (
-            self.counters.extra.get("backfill_new", 0) + totals["new"]
-        )
-        self.counters.extra["backfill_polled"] = (
-            self.counters.extra.get("backfill_polled", 0) + backfill.polled
-        )
-
-    async def _record_refusal(self, refused: refusals.Refused) -> None:
-        notice = notices.subscribe_refused(
-            refused.category,
-            refused.status,
-            refused.code,
-            refused.error,
-            refused.topics,
-            f"{self.boot_id}:{refused.episode}",
-        )
-        await self._db(self._record_notice, notice)
-        await self._flush_audit()
-
-    async def _record(
-        self,
-        batch: list[intake.Received] | list[Event | Junk | Notice],
-        also: inbox.InTransaction | None = None,
-    ) -> None:
-        frames: list[Event | Junk | Notice] = [
-            item.frame if isinstance(item, intake.Received) else item for item in batch
-        ]
-        result = await self._db(
-            inbox.record_batch,
-            self.conn,
-            frames,
-            self.clock(),
-            queue=self.owner_queue,
-            relay_enabled=self.settings.relay.url is not None,
-            feed_append=_feed_append,
-            also=also,
-            note_append=_feed_note,
-        )
-        self.owner_queue.adopt(result.state)
-        self.crash.hit("after_inbox_commit")
-        self.counters.batches += 1
-        self.counters.recorded += result.recorded
-        self.counters.duplicates += result.duplicates
-        self.counters.conflicts += result.conflicts
-        self.counters.quarantined += result.quarantined
-        if result.recorded:
-            self.counters.last_event_wall = self.clock()
-            self._next_release = await self._db(outbox.next_release_at, self.conn)
-        if result.released and self.relay is not None:
-            self.relay.wakeup.set()
-        if not await self._flush_audit():
-            return  # latched: the cursor stays frozen for the life of the process
-        self.crash.hit("after_audit_write")
-        for candidate in result.candidates:
-            item = batch[candidate.index]
-            if not isinstance(item, intake.Received):
-                continue  # backfilled events never move the cursor: they are off the stream
-            self.resume.durable(
-                candidate.event_id,
-                candidate.message_time,
-                cached=candidate.cached,
-                read_at=item.read_at,
-                generation=item.generation,
-            )
-
-    def _gap_notice(self, gap: intake.GapFound) -> Notice:
-        start = _utc(gap.window_start)
-        end = _utc(gap.window_end)
-        return notices.gap(gap.cursor.value, start, end)
-
-    async def _flush_audit(self) -> bool:
-        if self.latched:
-            return False
-        if self.owner is not None:
-            self.owner.wakeup.set()  # a flush follows every write that may queue an owner row
-        try:
-            await self._db(audit.flush, self.conn, self._audit)
-            if await self._db(self._note_replaced_audit_files):
-                await self._db(audit.flush, self.conn, self._audit)
-        except AuditWriteError as exc:
-            await self._db(self._trip_latch_sync, str(exc))
-            return False
-        return True
-
-    def _note_replaced_audit_files(self) -> bool:
-        """An audit file deleted or replaced under us: one notice per time it happened."""
-        replaced = self._audit.take_replacements()
-        for detail in replaced:
-            self.counters.extra["audit_file_replaced"] = count = (
-                self.counters.extra.get("audit_file_replaced", 0) + 1
-            )
-            log.error("audit.file_replaced", detail=detail)
-            self._record_notice(storage.audit_file_replaced(detail, self.boot_id, count))
-        return bool(replaced)
-
-    def _trip_latch_sync(self, detail: str) -> None:
-        """Freeze the cursor for this process and queue exactly one owner notice."""
-        if self.latched:
-            return
-        self.latched = True
-        log.error("audit.latched", detail=detail)
-        self._record_notice(notices.latch(detail, self.boot_id))
-
-    # -- the ticker: cursor, debounce releases, health ------------------------------------------
-
     async def _ticker(self) -> None:
         last_health = 0.0
         while True:
@@ -787,115 +432,20 @@ class Daemon:
                 last_health = now
                 await self._db(self._write_health)
 
-    async def _settle_cursor(self) -> None:
-        cursor = self.resume.settle(time.monotonic())
-        if cursor is None or self.latched:
-            return
-        await self._db(save_cursor, self.conn, cursor, self.clock())
-        self._cursor = cursor
-        self.counters.cursor_moves += 1
+    def wedge_for_test(self) -> None:
+        """Test hook: make the ticker hang forever, as a stuck task would."""
+        self._wedged = True
 
-    async def _save_frame_time(self) -> None:
-        """Persist the server time of the last frame (at most once a second): where the window
-        of a possible gap starts after a disconnect, a crash included. Lagging only widens it."""
-        seen = self.health.last_server_time
-        now = time.monotonic()
-        if seen is None or seen == self._saved_frame_time or now - self._frame_time_saved_at < 1:
-            return
-        await self._db(save_last_frame_time, self.conn, seen)
-        self._saved_frame_time, self._frame_time_saved_at = seen, now
-
-    async def _observe_liveness(self) -> None:
-        """Dead longer than dead_after: one owner notice; back to live: one more."""
-        frame_at = self.health.last_frame_at
-        transition = None
-        if frame_at is not None and frame_at != self._seen_frame_at:
-            self._seen_frame_at = frame_at
-            transition = self.liveness.frame(frame_at)
-        transition = self.liveness.observe(time.monotonic()) or transition
-        if transition is None:
-            return
-        episode = f"{self.boot_id}:{self.health.attempts}"
-        if transition is watchdog.Transition.BECAME_DEAD:
-            notice = notices.intake_dead(
-                self.settings.ntfy.dead_after, self.health.last_error, episode
-            )
-        else:
-            notice = notices.intake_recovered(episode)
-        log.warning("intake.liveness", transition=str(transition))
-        await self._db(self._record_notice, notice)
-        await self._flush_audit()
-
-    def _record_notice(self, notice: Notice) -> None:
-        with db.write_txn(self.conn):
-            records = self.owner_queue.notice(self.conn, notice, self.clock())
-        self.owner_queue.commit(records)
-
-    async def _systemd(self) -> None:
-        """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary."""
-        interval = self.watchdog_interval
-        period = interval if interval is not None else 5.0
-        while True:
-            await asyncio.sleep(period)
-            decision = watchdog.should_ping(
-                self._progress(),
-                time.monotonic(),
-                keepalive_timeout=self.settings.ntfy.keepalive_timeout,
-                slack=max(1.0, period),
-                heartbeat_timeout=max(2 * period, 1.0),
-            )
-            if interval is not None and decision.ping and self.notifier.watchdog():
-                self.watchdog_pings += 1
-            elif interval is not None and not decision.ping:
-                log.error("systemd.watchdog_withheld", reason=decision.reason)
-            self.notifier.status(self._status_line(decision.reason))
-
-    def _progress(self) -> watchdog.Progress:
-        health = self.health
-        due: float | None = None
-        if health.state == "backoff":
-            due = health.next_attempt_due
-        elif health.state in ("connecting", "starting") and health.last_attempt_at is not None:
-            # A probe and a connect may each take the connect timeout, then `open` may take up
-            # to a keepalive timeout to arrive.
-            due = health.last_attempt_at + 2 * 10.0 + self.settings.ntfy.keepalive_timeout
-        elif health.state == "starting":
-            due = self.liveness.started_at + 30.0
-        return watchdog.Progress(
-            heartbeat_at=self.heartbeat_at,
-            last_frame_at=health.last_frame_at,
-            next_attempt_due=due,
-            last_attempt_at=health.last_attempt_at,
+    async def _prune(self) -> None:
+        pruned = await self._db(
+            retention.prune,
+            self.conn,
+            self.clock(),
+            cache_duration=self.settings.ntfy.cache_duration,
         )
+        log.info("retention.pruned", **dataclasses.asdict(pruned))
 
-    def _status_line(self, reason: str) -> str:
-        """STATUS=: the health model's line, then the counters; the watchdog's reason only when
-        it withholds a ping (otherwise it would repeat the state)."""
-        assessed = self.assess_health()
-        parts = [assessed.line()]
-        if assessed.intake is health_model.State.LIVE:
-            parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
-        parts.append(f"{self.counters.recorded} recorded this run")
-        parts.append(f"cursor {self._cursor.since if self._cursor else '-'}")
-        if not reason.startswith(("intake live", "intake reconnecting on schedule")):
-            parts.append(f"watchdog: {reason}")
-        return "; ".join(parts)
-
-    def _stamp_error(self) -> None:
-        """Give the intake's last error a time, so every report can say how old it is."""
-        failures = sum(n for kind, n in self.health.failures.items() if kind != "stream_ended")
-        seen = (failures, self.health.last_error)
-        if seen != self._error_seen:
-            self._error_seen = seen
-            if self.health.last_error is not None:
-                self.last_error_wall = time.time()
-
-    def assess_health(self) -> health_model.Health:
-        """The one health verdict (see health.py), for /healthz, /metrics, STATUS= and pings."""
-        self._stamp_error()
-        return health_model.assess(self.health_snapshot(), time.time(), self.health_limits)
-
-    # -- the loopback HTTP surface: feed, notify, health, metrics -------------------------------
+    # -- the loopback HTTP surface: feed, notify, health, metrics ------------------------------------
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
         app = http_api.create_app(
@@ -918,14 +468,6 @@ class Daemon:
         self.http_port = port
         log.info("http.listening", host=self.settings.http.host, port=port)
 
-    def _http_health(self) -> tuple[bool, dict[str, Any]]:
-        assessed = self.assess_health()
-        details: dict[str, Any] = {"status": str(assessed.state), "intake": str(assessed.intake)}
-        if assessed.reasons:
-            details["reason"] = assessed.line()
-            details["reasons"] = list(assessed.reasons)
-        return assessed.healthy, details
-
     async def _notify(self, text: str, idempotency_key: str) -> tuple[int, dict[str, Any]]:
         """`POST /v1/notify`: an agent's later reply, through the owner outbox (stable key)."""
         key = f"agent:{idempotency_key}"
@@ -939,174 +481,6 @@ class Daemon:
         self.owner_queue.commit(records)
         return result
 
-    def metrics_snapshot(self) -> dict[str, Any]:
-        now = time.monotonic()
-        health = self.health
-        relay_stats = self.relay.stats if self.relay is not None else None
-        owner_stats = self.owner.stats if self.owner is not None else None
-        assessed = self.assess_health()
-        return {
-            "intake_state": str(assessed.intake),
-            "health_state": str(assessed.state),
-            "last_frame_age_s": None
-            if health.last_frame_at is None
-            else now - health.last_frame_at,
-            "connections_total": health.connections,
-            "reconnects_total": max(0, health.attempts - 1),
-            "watchdog_drops_total": health.watchdog_drops,
-            "events_recorded_total": self.counters.recorded,
-            "duplicates_total": self.counters.duplicates,
-            "conflicts_total": self.counters.conflicts,
-            "quarantined_total": self.counters.quarantined,
-            "cursor_moves_total": self.counters.cursor_moves,
-            "audit_latch": self.latched,
-            "relay_delivered_total": relay_stats.delivered if relay_stats else 0,
-            "relay_attempts_total": relay_stats.attempts if relay_stats else 0,
-            "owner_sent_total": (owner_stats.sent_signal + owner_stats.sent_ntfy)
-            if owner_stats
-            else 0,
-            **self._cached_counts,
-        }
-
-    async def _dead_mans_switch(self, client: httpx.AsyncClient) -> None:
-        """Ping `health.ping_url` only while healthy: silence there means something is wrong here
-        (or the Pi is gone), which no message from this process could ever report."""
-        url = self.settings.health.ping_url
-        assert url is not None
-        interval = self.settings.health.ping_interval
-        while True:
-            healthy, details = self._http_health()
-            wedged = time.monotonic() - self.heartbeat_at > max(2.0, 4 * TICK_SECONDS)
-            if healthy and not wedged:
-                try:
-                    response = await client.get(url, timeout=min(10.0, interval))
-                    if response.status_code < 300:
-                        self.dead_mans_pings += 1
-                    else:
-                        log.warning("health.ping_failed", status=response.status_code)
-                except httpx.HTTPError as exc:
-                    log.warning("health.ping_failed", detail=type(exc).__name__)
-            else:
-                log.info("health.ping_withheld", reason=details.get("reason", "wedged"))
-            await asyncio.sleep(interval)
-
-    async def _prune(self) -> None:
-        pruned = await self._db(
-            retention.prune,
-            self.conn,
-            self.clock(),
-            cache_duration=self.settings.ntfy.cache_duration,
-        )
-        log.info("retention.pruned", **dataclasses.asdict(pruned))
-
-    def wedge_for_test(self) -> None:
-        """Test hook: make the ticker hang forever, as a stuck task would."""
-        self._wedged = True
-
-    def _release_due(self) -> None:
-        """Debounce windows that closed with no new event: freeze and release their requests."""
-        with db.write_txn(self.conn):
-            outbox.release_due(
-                self.conn,
-                self.clock(),
-                relay_enabled=self.settings.relay.url is not None,
-                feed_append=_feed_append,
-            )
-        self._next_release = outbox.next_release_at(self.conn)
-
-    def health_snapshot(self) -> dict[str, Any]:
-        now_mono = time.monotonic()
-        frame_age = None
-        if self.health.last_frame_at is not None:
-            frame_age = round(now_mono - self.health.last_frame_at, 3)
-        return {
-            "liveness": str(self.liveness.state(now_mono)),
-            "pid": os.getpid(),
-            "boot_id": self.boot_id,
-            "updated_at": self.clock(),
-            "state": self.health.state,
-            "last_frame_wall": self.health.last_frame_wall,
-            "last_frame_age_s": frame_age,
-            "last_event_wall": self.counters.last_event_wall,
-            "connections": self.health.connections,
-            "attempts": self.health.attempts,
-            "watchdog_drops": self.health.watchdog_drops,
-            "failures": dict(self.health.failures),
-            "last_error": self.health.last_error,
-            "last_error_wall": self.last_error_wall,
-            "started_at": self.started_wall,
-            "latch": self.latched,
-            "storage": None if self.storage_wait is None else str(self.storage_wait),
-            "http_port": self.http_port,
-            "http_error": self.http_error,
-            "degraded": sorted(self.degraded.values()),
-            "recorded": self.counters.recorded,
-            "duplicates": self.counters.duplicates,
-        }
-
-    def _write_health(self, *, final: bool = False) -> None:
-        def count(sql: str) -> int:
-            return int(self.conn.execute(sql).fetchone()[0])
-
-        self._cached_counts = {
-            "relay_collecting": count("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
-            "relay_pending": count(
-                "SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"
-            ),
-            "relay_dead": count("SELECT count(*) FROM outbox WHERE state = 'dead'"),
-            "owner_pending": count(
-                "SELECT count(*) FROM owner_outbox WHERE state IN ('pending', 'leased')"
-            ),
-            "owner_suppressed_total": count(
-                "SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"
-            ),
-            "feed_head": {
-                row[0]: row[1]
-                for row in self.conn.execute(
-                    "SELECT channel, max(seq) FROM feed_entries GROUP BY channel"
-                )
-            },
-        }
-        snapshot = self.health_snapshot()
-        if final:
-            snapshot["state"] = "stopped"
-        with db.write_txn(self.conn):
-            self.conn.execute(
-                "INSERT INTO kv(name, value) VALUES (?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-                (HEALTH_KEY, json.dumps(snapshot)),
-            )
-
-
-def _feed_append(
-    conn: sqlite3.Connection, key: str, payload: dict[str, Any], summary: str, now: float
-) -> None:
-    feed.append(
-        conn,
-        TRIAGE_CHANNEL,
-        payload,
-        delivery_key=key,
-        sender=FEED_SENDER,
-        summary=summary,
-        idempotency_key=key,
-        now=now,
-    )
-
-
-def _feed_note(
-    conn: sqlite3.Connection, key: str, payload: dict[str, object], summary: str, now: float
-) -> None:
-    feed.append(
-        conn,
-        INFO_CHANNEL,
-        payload,
-        delivery_key=key,
-        sender=FEED_SENDER,
-        summary=summary,
-        idempotency_key=key,
-        now=now,
-    )
-
 
 def _exclusive_lock(path: Path) -> int:
     """One daemon per state directory: a second one would race the cursor and the audit log."""
@@ -1119,7 +493,3 @@ def _exclusive_lock(path: Path) -> int:
             f"another ntfy-intake daemon is using {path.parent} (lock {path.name})"
         ) from None
     return fd
-
-
-def _utc(ts: int) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -8,10 +8,10 @@ import sqlite3
 import pytest
 
 from ntfy_intake import audit, db, inbox, outbox
-from ntfy_intake.daemon import _feed_append
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.frames import Junk, decode_line
 from ntfy_intake.owner_queue import Notice, OwnerQueue
+from ntfy_intake.pipeline import append_triage_entry
 
 from ..conftest import make_message, owner_queue
 
@@ -147,7 +147,7 @@ def test_escalation_opens_a_new_request(store: sqlite3.Connection) -> None:
 def test_released_request_writes_its_feed_entry_in_the_same_transaction(
     store: sqlite3.Connection,
 ) -> None:
-    record(store, [make_message("aaaaaaaaaaa1")], feed_append=_feed_append)
+    record(store, [make_message("aaaaaaaaaaa1")], feed_append=append_triage_entry)
     row = store.execute("SELECT channel, seq, delivery_key FROM feed_entries").fetchone()
     assert tuple(row) == ("triage", 1, "tri_aaaaaaaaaaa1")
 

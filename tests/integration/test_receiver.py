@@ -355,7 +355,7 @@ def test_serve_prints_its_url_and_exits_cleanly_on_sigterm(
     http: httpx.Client, tmp_path: Path
 ) -> None:
     code = (
-        "import sys; from pathlib import Path; from ntfy_intake import receiver; "
+        "import sys; from pathlib import Path; from ntfy_intake.testbed import receiver; "
         "receiver.serve('127.0.0.1', 0, Path(sys.argv[1]))"
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -24,17 +24,16 @@ import pytest
 from ntfy_intake import (
     audit,
     db,
-    drill_storage,
     inbox,
     incidents,
     rebuild,
-    receiver,
     storage,
 )
 from ntfy_intake import notices as notices_module
 from ntfy_intake.daemon import Daemon, migrations
 from ntfy_intake.errors import StartupError
 from ntfy_intake.frames import Message, decode_line
+from ntfy_intake.testbed import drill_storage, receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import TOPICS, make_message, owner_queue
