@@ -223,6 +223,9 @@ def test_real_server_auth_failure_keeps_the_cursor_and_backs_off(
     assert cursor_row(state) == saved
     expected = "http_401" if failure == "bad token" else "http_403"
     assert expected in log.read_text()
+    # The owner hears once for the episode, told which kind of refusal it is.
+    (told,) = notices(state, "subscribe_refused")
+    assert told["category"] == ("credentials" if failure == "bad token" else "acl")
     with daemon_process(env(server, state, ntfy_token=good)) as proc:
         wait_until(recorded(state, [first["id"], during["id"]]), CATCH_UP, "resume")
         stop(proc)
