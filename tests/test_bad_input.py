@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ntfy_intake import db, inbox, logs, owner
 from ntfy_intake.daemon import migrations
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
-from ntfy_intake.frames import Junk, Message, decode_line
+from ntfy_intake.frames import DeviceAction, Ignored, Junk, Message, decode_line
 
 from .conftest import TOPICS, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
@@ -157,7 +157,7 @@ def accounted(conn: sqlite3.Connection, line: bytes) -> bool:
     if not line.strip():
         return True  # blank lines are NDJSON padding: skipped by design
     frame = decode_line(line, TOPICS)
-    if isinstance(frame, Message):
+    if isinstance(frame, Message | DeviceAction | Ignored):  # an outcome under its own id
         return (
             conn.execute("SELECT 1 FROM inbox WHERE event_id = ?", (frame.id,)).fetchone()
             is not None
@@ -180,7 +180,7 @@ def test_inbox_records_or_quarantines_every_line_and_never_raises(
 ) -> None:
     queue = owner_queue()
     decoded = [decode_line(line, TOPICS) for line in lines]
-    batch = [f for f in decoded if isinstance(f, Message | Junk)]
+    batch = [f for f in decoded if isinstance(f, Message | DeviceAction | Ignored | Junk)]
     result = inbox.record_batch(store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True)
     queue.commit(result.records)
     for line in lines:
@@ -341,8 +341,16 @@ def test_no_raw_control_character_reaches_the_daemon_log(tmp_path: Path) -> None
         with log_path.open("wb") as log_file, daemon_process(env, stdout=log_file) as proc:
             emu.wait_for_subscribers(1, timeout=30)
             emu.faults.inject_raw(b"\n".join(nasty) + b"\n")
+            # Junk is quarantined; the unknown event kind (with an id) is recorded as ignored.
             wait_until(
-                lambda: query(tmp_path / "state", "SELECT count(*) FROM quarantine")[0][0] >= 3,
+                lambda: (
+                    query(
+                        tmp_path / "state",
+                        "SELECT (SELECT count(*) FROM quarantine)"
+                        " + (SELECT count(*) FROM inbox WHERE outcome = 'ignored')",
+                    )[0][0]
+                    >= 3
+                ),
                 timeout=15,
             )
             emu.faults.drop_connections()  # make it log a reconnect, too

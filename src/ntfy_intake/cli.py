@@ -1,12 +1,14 @@
 """`ntfy-intake`: the command line. The only reader of sys.argv; maps errors to exit codes.
 
-Exit codes: 0 ok, 1 unhealthy / failed, 2 bad configuration or usage (one line naming the key).
+Exit codes: 0 ok, 1 unhealthy / failed, 2 bad configuration or usage (one line naming the key),
+or an environment that cannot work (a port in use, an unusable state directory).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -14,7 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,12 @@ if TYPE_CHECKING:
     from ntfy_intake.settings import Settings
 
 Command = Callable[[argparse.Namespace], int]
+
+# Default ports of the loopback test bed. The emulator stays off 8080, the usual port of
+# signal-cli-rest-api, so both can run on one machine as the docs show.
+EMULATOR_PORT = 8786
+RECEIVER_PORT = 8790
+SIGNAL_STANDIN_PORT = 8791
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     def add(name: str, command: Command, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+        )
         p.set_defaults(command=command)
         return p
 
@@ -65,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
             "--config",
             type=Path,
             default=None,
-            help="TOML config file (env: NTFY_INTAKE_CONFIG); every key also has an env twin",
+            help="TOML config file (env: NTFY_INTAKE_CONFIG; default: /etc/ntfy-intake/config.toml "
+            "when it exists); every key also has an env twin NTFY_INTAKE_<SECTION>_<KEY>",
         )
         p.add_argument(
             "--allow-insecure-permissions",
@@ -96,26 +109,51 @@ def _parser() -> argparse.ArgumentParser:
         ("ack", "move the handle's cursor forward after handling; prints the cursor"),
         ("wait", "peek-only doorbell: print a wake line when there is something to handle"),
     ):
-        action = feed_sub.add_parser(name, help=help_text, description=help_text)
+        action = feed_sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+        )
         config_arg(action)
         action.add_argument(
             "--state-dir", type=Path, default=None, help="state directory (instead of --config)"
         )
         action.add_argument("--handle", required=True, help="a stable role name, e.g. triage")
         if name == "ack":
-            action.add_argument("--channel", required=True)
-            action.add_argument("--seq", required=True, type=int)
+            action.add_argument(
+                "--channel", default="triage", help="the entry's channel (default: %(default)s)"
+            )
+            action.add_argument("--seq", required=True, type=int, help="the entry's seq")
         else:
-            action.add_argument("--channel", default=None)
-            action.add_argument("--at", choices=("head", "start"), default="head")
+            action.add_argument(
+                "--channel", default=None, help="one channel only (default: every joined one)"
+            )
+            action.add_argument(
+                "--at",
+                choices=("head", "start"),
+                default="head",
+                help="where a new handle joins: head (only new entries, the default) or start (history)",
+            )
         if name == "wait":
-            action.add_argument("--timeout", type=float, default=30.0, help="seconds")
+            action.add_argument(
+                "--timeout",
+                type=float,
+                default=30.0,
+                help='seconds (default: %(default)s); prints {"wake_line": ...} and exits 0 when it '
+                "rings, prints null and exits 1 on timeout, exits 2 on error",
+            )
 
     p = add("emulator", _cmd_emulator, "run the bundled ntfy-compatible server")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080, help="port (default: 8080)")
-    p.add_argument("--keepalive", default="45s", help="keepalive interval (duration)")
-    p.add_argument("--cache-duration", default="12h", help="message cache duration (duration)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port", type=int, default=EMULATOR_PORT, help="port to listen on (default: %(default)s)"
+    )
+    p.add_argument("--keepalive", default="45s", help="keepalive interval (default: %(default)s)")
+    p.add_argument(
+        "--cache-duration", default="12h", help="message cache duration (default: %(default)s)"
+    )
     p.add_argument(
         "--no-rate-limits",
         action="store_true",
@@ -125,18 +163,29 @@ def _parser() -> argparse.ArgumentParser:
         "--token",
         action="append",
         default=[],
-        metavar="TOKEN=TOPICS",
-        help="turn auth on: a tk_ token and the comma-separated topics it may read (repeatable)",
+        metavar="TOKEN[=TOPICS]",
+        help="turn auth on, as ntfy with an auth-file: TOKEN (tk_ + 29 lowercase letters or "
+        "digits) may read TOPICS (comma-separated, * wildcards; default every topic); repeatable. "
+        "Without it, anyone may read",
     )
 
     p = add("receiver", _cmd_receiver, "run the reference triage receiver")
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        help="listen address (loopback by default; see docs/triage-contract.md before exposing it)",
+        help="address to listen on (default: %(default)s; "
+        "see docs/triage-contract.md before exposing it)",
     )
-    p.add_argument("--port", type=int, default=8790)
-    p.add_argument("--db", type=Path, default=Path("receiver.sqlite3"), help="receipt store")
+    p.add_argument(
+        "--port", type=int, default=RECEIVER_PORT, help="port to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="receipt store (default: $XDG_STATE_HOME/ntfy-intake/receiver.sqlite3, "
+        "~/.local/state/... when unset)",
+    )
     p.add_argument(
         "--secret-file",
         type=Path,
@@ -156,6 +205,17 @@ def _parser() -> argparse.ArgumentParser:
         help="accept a secret file that group or others can read (not advised)",
     )
 
+    p = add("signal-standin", _cmd_signal_standin, "run the Signal stand-in (POST /v2/send)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=SIGNAL_STANDIN_PORT,
+        help="port to listen on (default: %(default)s)",
+    )
+
     p = add("drill", _cmd_drill, "kill -9 verification: crash the daemon, check every id, verdict")
     from ntfy_intake.drill_args import add_arguments  # noqa: PLC0415
 
@@ -166,12 +226,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_settings(args: argparse.Namespace) -> Settings:
+def _load_settings(args: argparse.Namespace, *, need_ntfy: bool = True) -> Settings:
+    """`--config`, else $NTFY_INTAKE_CONFIG, else /etc/ntfy-intake/config.toml if it exists.
+
+    Read-only commands (status, check, redrive, feed) pass need_ntfy=False: they only open the
+    state directory, so a missing ntfy.url is no reason to refuse them."""
     from ntfy_intake import settings  # noqa: PLC0415 - imports stay lazy so `--help` is fast
 
+    path = settings.config_path(args.config, os.environ)
     return settings.load(
-        args.config,
+        path,
         os.environ,
+        need_ntfy=need_ntfy,
         allow_insecure_permissions=getattr(args, "allow_insecure_permissions", False),
     )
 
@@ -184,9 +250,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: early_stop.set())
     from ntfy_intake import logs  # noqa: PLC0415
     from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
+    from ntfy_intake.preflight import check_state_dir  # noqa: PLC0415
     from ntfy_intake.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
 
     settings = _load_settings(args)
+    check_state_dir(settings.state.dir)
     logs.configure()
     from ntfy_intake import clock  # noqa: PLC0415
 
@@ -214,11 +282,18 @@ async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
 def _open_readonly(args: argparse.Namespace) -> tuple[sqlite3.Connection | None, Settings]:
     from ntfy_intake import db  # noqa: PLC0415
 
-    settings = _load_settings(args)
+    settings = _load_settings(args, need_ntfy=False)
     path = settings.state.database
     if not path.exists():
         return None, settings
     return db.connect(path, readonly=True), settings
+
+
+def _no_state(settings: Settings) -> str:
+    return (
+        f"no state yet at {settings.state.database}: has the daemon run with this state.dir? "
+        "(give the daemon's config with --config, or set NTFY_INTAKE_STATE_DIR)"
+    )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -226,7 +301,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     conn, settings = _open_readonly(args)
     if conn is None:
-        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        print(_no_state(settings), file=sys.stderr)
         return 1
     report = status.collect(conn, settings, time.time())
     if args.json:
@@ -241,7 +316,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     conn, settings = _open_readonly(args)
     if conn is None:
-        print("unhealthy: no state yet", file=sys.stderr)
+        print(f"unhealthy: {_no_state(settings)}", file=sys.stderr)
         return 1
     ok, why = status.healthy(status.collect(conn, settings, time.time()))
     print(("healthy: " if ok else "unhealthy: ") + why)
@@ -251,9 +326,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_redrive(args: argparse.Namespace) -> int:
     from ntfy_intake import db, outbox  # noqa: PLC0415
 
-    settings = _load_settings(args)
+    settings = _load_settings(args, need_ntfy=False)
     if not settings.state.database.exists():
-        print(f"no state yet at {settings.state.database}", file=sys.stderr)
+        print(_no_state(settings), file=sys.stderr)
         return 1
     conn = db.connect(settings.state.database)
     try:
@@ -273,7 +348,7 @@ def _cmd_feed(args: argparse.Namespace) -> int:
     if args.state_dir is not None:
         db_path = args.state_dir / "intake.sqlite3"
     else:
-        db_path = _load_settings(args).state.database
+        db_path = _load_settings(args, need_ntfy=False).state.database
     if args.feed_command == "catch-up":
         return feed_cli.catch_up(db_path, args.handle, channel=args.channel, at=args.at)
     if args.feed_command == "ack":
@@ -290,27 +365,63 @@ def _duration_arg(name: str, text: str) -> float:
         raise ConfigError(name, str(exc)) from exc
 
 
+def _serve_on_port(what: str, host: str, port: int, serve: Callable[[], None]) -> int:
+    """Run a foreground server; a port that cannot be bound is one line and exit 2."""
+    try:
+        serve()
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise
+        cause = {
+            errno.EADDRINUSE: "is already in use",
+            errno.EACCES: "needs privileges this user does not have",
+            errno.EADDRNOTAVAIL: "is not an address of this machine",
+        }[exc.errno]
+        subject = f"address {host}" if exc.errno == errno.EADDRNOTAVAIL else f"port {port}"
+        print(
+            f"{what}: cannot listen on {host}:{port}: {subject} {cause}; "
+            "choose another with --port (or --host)",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+def _emulator_tokens(specs: Sequence[str]) -> dict[str, list[str]] | None:
+    if not specs:
+        return None
+    tokens: dict[str, list[str]] = {}
+    for spec in specs:
+        token, _, topics = spec.partition("=")
+        tokens[token] = [t.strip() for t in topics.split(",") if t.strip()] if topics else ["*"]
+    return tokens
+
+
 def _cmd_emulator(args: argparse.Namespace) -> int:
     from ntfy_intake.emulator import EmulatorConfig, serve_forever  # noqa: PLC0415
 
-    tokens: dict[str, set[str]] = {}
-    for spec in args.token:
-        token, _, topics = spec.partition("=")
-        tokens[token] = {topic for topic in topics.split(",") if topic}
-    keepalive = _duration_arg("--keepalive", args.keepalive)
-    cache_duration = _duration_arg("--cache-duration", args.cache_duration)
     try:
         config = EmulatorConfig(
-            tokens=tokens or None,
-            keepalive_interval=keepalive,
-            cache_duration=cache_duration,
+            keepalive_interval=_duration_arg("--keepalive", args.keepalive),
+            cache_duration=_duration_arg("--cache-duration", args.cache_duration),
+            tokens=_emulator_tokens(args.token),
             request_limit=not args.no_rate_limits,
             subscription_limit=None if args.no_rate_limits else 30,
         )
     except ValueError as exc:
-        raise ConfigError("emulator", str(exc)) from exc
-    serve_forever(args.host, args.port, config)
-    return 0
+        raise ConfigError("--token", str(exc)) from None
+    return _serve_on_port(
+        "ntfy-intake emulator",
+        args.host,
+        args.port,
+        lambda: serve_forever(args.host, args.port, config),
+    )
+
+
+def default_receiver_db(environ: Mapping[str, str]) -> Path:
+    """Receipts live in the user's state directory, never in whatever directory we run from."""
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "ntfy-intake" / "receiver.sqlite3"
 
 
 def _cmd_receiver(args: argparse.Namespace) -> int:
@@ -327,8 +438,28 @@ def _cmd_receiver(args: argparse.Namespace) -> int:
         key = None if secret is None else signing.parse_secret(secret)
     except signing.SecretError as exc:
         raise ConfigError("relay.secret", f"not a Standard Webhooks secret: {exc}") from None
-    receiver.serve(args.host, args.port, args.db, secret=key, token=token)
-    return 0
+    db_path: Path = args.db or default_receiver_db(os.environ)
+    try:
+        db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigError("--db", f"cannot create {db_path.parent}: {exc.strerror}") from None
+    return _serve_on_port(
+        "ntfy-intake receiver",
+        args.host,
+        args.port,
+        lambda: receiver.serve(args.host, args.port, db_path, secret=key, token=token),
+    )
+
+
+def _cmd_signal_standin(args: argparse.Namespace) -> int:
+    from ntfy_intake import signal_standin  # noqa: PLC0415
+
+    return _serve_on_port(
+        "ntfy-intake signal-standin",
+        args.host,
+        args.port,
+        lambda: signal_standin.serve(args.host, args.port),
+    )
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """The daemon: local recovery, then intake -> inbox transaction -> audit -> cursor, until stopped.
 
-Reading order of one event (DESIGN.md section 2):
+Reading order of one event (docs/design.md section 2):
   Intake reads a frame and queues it                      (intake.py, no database)
   the writer takes a batch, records it in ONE transaction  (inbox.record_batch)
   appends the batch's audit records, flush + fsync         (audit.flush)
@@ -38,6 +38,7 @@ from ntfy_intake import (
     audit,
     cadence,
     db,
+    diagnose,
     feed,
     http_api,
     inbox,
@@ -46,6 +47,7 @@ from ntfy_intake import (
     outbox,
     owner,
     rebuild,
+    refusals,
     rehydrate,
     relay,
     retention,
@@ -53,12 +55,22 @@ from ntfy_intake import (
     storage,
     watchdog,
 )
+from ntfy_intake import health as health_model
 from ntfy_intake.clock import TrustedClock
-from ntfy_intake.cursor import Cursor, ResumePoint
+from ntfy_intake.cursor import (
+    Cursor,
+    Owed,
+    Resume,
+    ResumePoint,
+    load_resume,
+    owe_backfill,
+    save_last_frame_time,
+)
+from ntfy_intake.cursor import backfill_done as clear_backfill
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
-from ntfy_intake.frames import Junk, Message
+from ntfy_intake.frames import Event, Junk
 from ntfy_intake.owner_queue import Notice, OwnerQueue
 from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
@@ -73,6 +85,7 @@ HEALTH_EVERY = 2.0
 HEALTH_KEY = "health"
 FEED_SENDER = "ntfy-intake"
 TRIAGE_CHANNEL = "triage"
+INFO_CHANNEL = "incident_info"  # device deletes/clears that came after their request went out
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -159,7 +172,9 @@ class Daemon:
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
         self.owner_queue = OwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
-        self.queue: asyncio.Queue[intake.Received | intake.GapFound] = asyncio.Queue()
+        self.queue: asyncio.Queue[intake.Item] = asyncio.Queue()
+        self._saved_frame_time: int | None = None  # last server time persisted (gap windows)
+        self._frame_time_saved_at = 0.0
         self._db_lock = asyncio.Lock()
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
@@ -185,6 +200,15 @@ class Daemon:
         self.http_port: int | None = None
         self.http_error: str | None = None
         self._cached_counts: dict[str, Any] = {}
+        # Health: wall-clock times, as in the stored snapshot that `status` reads.
+        self.started_wall = time.time()
+        self.health_limits = health_model.Limits(
+            keepalive_timeout=settings.ntfy.keepalive_timeout,
+            dead_after=settings.ntfy.dead_after,
+        )
+        self.degraded: dict[str, str] = {}  # source -> one-line reason (other modules may set)
+        self._error_seen: tuple[int, str | None] = (0, None)
+        self.last_error_wall: float | None = None
         # A transient storage failure being waited out (None: storage is fine).
         self.storage_wait: storage.StorageFault | None = None
         self.storage_episodes = 0
@@ -241,10 +265,12 @@ class Daemon:
             log.error("storage.waiting", fault=str(fault), transient=True)
             self.storage_episodes += 1
         self.storage_wait = fault
+        self.degraded["storage"] = f"{fault}; waiting"
 
     def _storage_recovered(self) -> None:
         fault = self.storage_wait
         self.storage_wait = None
+        self.degraded.pop("storage", None)
         if fault is None:
             return
         log.warning("storage.recovered", fault=str(fault))
@@ -369,6 +395,15 @@ class Daemon:
         self.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         intake_stop = asyncio.Event()
+        log.info(
+            "intake.subscribing",
+            detail=diagnose.subscription(
+                self.settings.ntfy.url,
+                self.settings.ntfy.topics,
+                token=self.settings.ntfy.token is not None,
+                since=self._cursor.since if self._cursor is not None else "first start",
+            ),
+        )
         async with httpx.AsyncClient(
             transport=self.transport, event_hooks={"response": [self._observe_server_time]}
         ) as client:
@@ -379,11 +414,15 @@ class Daemon:
                     token=self.settings.ntfy.token,
                     keepalive_timeout=self.settings.ntfy.keepalive_timeout,
                     backoff_base=self.backoff_base,
+                    overlap=self.settings.ntfy.overlap,
+                    cache_settle=self.settings.ntfy.cache_settle,
+                    cache_duration=self.settings.ntfy.cache_duration,
                 ),
                 client,
                 sink=self.queue.put_nowait,
-                current_cursor=self._current_cursor,
+                current_resume=self._current_resume,
                 on_rejected_cursor=self._drop_cursor,
+                owe_backfill=self._owe_backfill,
                 new_generation=self.resume.connection_lost,
                 health=self.health,
             )
@@ -517,6 +556,9 @@ class Daemon:
             with contextlib.suppress(Exception):
                 await reader
             return
+        # Frames already read but not yet durable count too: wait for the writer first, so a
+        # stop right after the audit line is written still waits out their window.
+        await self._wait_queue_empty()
         if self.resume.oldest_read_at is not None and not reader.done():
             await asyncio.sleep(self.settings.ntfy.reorder_window)
         await self._wait_queue_empty()
@@ -531,15 +573,21 @@ class Daemon:
 
     # -- cursor callbacks for intake -------------------------------------------------------------
 
-    async def _current_cursor(self) -> Cursor:
-        cursor = await self._db(load_cursor, self.conn)
-        assert cursor is not None
-        self._cursor = cursor
-        return cursor
+    async def _current_resume(self) -> Resume:
+        resume = await self._db(load_resume, self.conn)
+        assert resume is not None
+        self._cursor = resume.cursor
+        return resume
+
+    async def _owe_backfill(self, since: int, gap_from: int | None) -> Owed:
+        """The connection opened: persist the backfill it owes before anything else happens."""
+        owed = await self._db(owe_backfill, self.conn, since, gap_from, self.clock())
+        self.crash.hit("after_backfill_owed")
+        return owed
 
     async def _drop_cursor(self, cursor: Cursor, body: str) -> None:
         """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
-        detail = intake.describe_error_body(body)
+        detail = refusals.describe_error_body(body)
         notice = notices.fallback_400(cursor.value, cursor.since, detail)
         await self._db(self._record_drop, notice)
         self.counters.extra["fallback_400"] = self.counters.extra.get("fallback_400", 0) + 1
@@ -564,18 +612,85 @@ class Daemon:
             while len(batch) < MAX_BATCH and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             try:
-                await self._record(batch)
+                live: list[intake.Received] = []
+                for item in batch:  # in order: a backfill or a refusal ends a run of frames
+                    if isinstance(item, intake.Received):
+                        live.append(item)
+                        continue
+                    if live:
+                        await self._record(live)
+                        live = []
+                    if isinstance(item, intake.Backfilled):
+                        await self._record_backfill(item)
+                    else:
+                        await self._record_refusal(item)
+                if live:
+                    await self._record(live)
             finally:
                 for _ in batch:
                     self.queue.task_done()
 
-    async def _record(self, batch: list[intake.Received | intake.GapFound]) -> None:
-        frames: list[Message | Junk | Notice] = []
-        for item in batch:
-            if isinstance(item, intake.GapFound):
-                frames.append(self._gap_notice(item))
-            else:
-                frames.append(item.frame)
+    async def _record_backfill(self, backfill: intake.Backfilled) -> None:
+        """The poll's events, in batches; the last one also writes the `backfill` audit record,
+        the gap notice if any, and clears what was owed, so all of it commits together."""
+        events = backfill.events
+        totals = {"new": 0, "duplicate": 0}
+        chunks = [events[i : i + MAX_BATCH] for i in range(0, len(events), MAX_BATCH)] or [[]]
+        for number, chunk in enumerate(chunks):
+            frames: list[Event | Junk | Notice] = list(chunk)
+            last = number == len(chunks) - 1
+            if last and backfill.gap is not None:
+                frames.append(self._gap_notice(backfill.gap))
+
+            def finish(
+                conn: sqlite3.Connection, result: inbox.BatchResult, last: bool = last
+            ) -> None:
+                totals["new"] += result.recorded
+                totals["duplicate"] += result.duplicates
+                if last:
+                    audit.stage(
+                        conn,
+                        "backfill",
+                        self.clock(),
+                        since=backfill.owed.since,
+                        polled=backfill.polled,
+                        new=totals["new"],
+                        duplicate=totals["duplicate"],
+                        gap=backfill.gap is not None,
+                    )
+                    clear_backfill(conn, backfill.owed)
+
+            self.crash.hit("before_backfill_recorded" if last else "backfill_chunk")
+            await self._record(frames, also=finish)
+        log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
+        self.counters.extra["backfills"] = self.counters.extra.get("backfills", 0) + 1
+        self.counters.extra["backfill_new"] = (
+            self.counters.extra.get("backfill_new", 0) + totals["new"]
+        )
+        self.counters.extra["backfill_polled"] = (
+            self.counters.extra.get("backfill_polled", 0) + backfill.polled
+        )
+
+    async def _record_refusal(self, refused: refusals.Refused) -> None:
+        notice = notices.subscribe_refused(
+            refused.category,
+            refused.status,
+            refused.code,
+            refused.error,
+            refused.topics,
+            f"{self.boot_id}:{refused.episode}",
+        )
+        await self._db(self._record_notice, notice)
+        await self._flush_audit()
+
+    async def _record(
+        self,
+        batch: list[intake.Received] | list[Event | Junk | Notice],
+        also: inbox.InTransaction | None = None,
+    ) -> None:
+        frames: list[Event | Junk | Notice] = [
+            item.frame if isinstance(item, intake.Received) else item for item in batch
+        ]
         result = await self._db(
             inbox.record_batch,
             self.conn,
@@ -584,6 +699,8 @@ class Daemon:
             queue=self.owner_queue,
             relay_enabled=self.settings.relay.url is not None,
             feed_append=_feed_append,
+            also=also,
+            note_append=_feed_note,
         )
         self.owner_queue.adopt(result.state)
         self.crash.hit("after_inbox_commit")
@@ -602,7 +719,8 @@ class Daemon:
         self.crash.hit("after_audit_write")
         for candidate in result.candidates:
             item = batch[candidate.index]
-            assert isinstance(item, intake.Received)
+            if not isinstance(item, intake.Received):
+                continue  # backfilled events never move the cursor: they are off the stream
             self.resume.durable(
                 candidate.event_id,
                 candidate.message_time,
@@ -658,10 +776,12 @@ class Daemon:
             if self._wedged:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
             self.heartbeat_at = time.monotonic()
+            self._stamp_error()
             if self._storage_notices:
                 await self._send_storage_notices()
             await self._notice_clock_jumps()
             await self._settle_cursor()
+            await self._save_frame_time()
             await self._observe_liveness()
             if self._next_release is not None and self._next_release <= self.clock():
                 await self._db(self._release_due)
@@ -679,6 +799,16 @@ class Daemon:
         await self._db(save_cursor, self.conn, cursor, self.clock())
         self._cursor = cursor
         self.counters.cursor_moves += 1
+
+    async def _save_frame_time(self) -> None:
+        """Persist the server time of the last frame (at most once a second): where the window
+        of a possible gap starts after a disconnect, a crash included. Lagging only widens it."""
+        seen = self.health.last_server_time
+        now = time.monotonic()
+        if seen is None or seen == self._saved_frame_time or now - self._frame_time_saved_at < 1:
+            return
+        await self._db(save_last_frame_time, self.conn, seen)
+        self._saved_frame_time, self._frame_time_saved_at = seen, now
 
     async def _observe_liveness(self) -> None:
         """Dead longer than dead_after: one owner notice; back to live: one more."""
@@ -744,14 +874,31 @@ class Daemon:
         )
 
     def _status_line(self, reason: str) -> str:
-        state = self.liveness.state(time.monotonic())
-        latch = ", AUDIT LATCHED" if self.latched else ""
-        if self.storage_wait is not None:
-            latch += f", DEGRADED: {self.storage_wait}"
-        return (
-            f"intake {state}{latch}; {self.counters.recorded} recorded this run; "
-            f"cursor {self._cursor.since if self._cursor else '-'}; {reason}"
-        )
+        """STATUS=: the health model's line, then the counters; the watchdog's reason only when
+        it withholds a ping (otherwise it would repeat the state)."""
+        assessed = self.assess_health()
+        parts = [assessed.line()]
+        if assessed.intake is health_model.State.LIVE:
+            parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
+        parts.append(f"{self.counters.recorded} recorded this run")
+        parts.append(f"cursor {self._cursor.since if self._cursor else '-'}")
+        if not reason.startswith(("intake live", "intake reconnecting on schedule")):
+            parts.append(f"watchdog: {reason}")
+        return "; ".join(parts)
+
+    def _stamp_error(self) -> None:
+        """Give the intake's last error a time, so every report can say how old it is."""
+        failures = sum(n for kind, n in self.health.failures.items() if kind != "stream_ended")
+        seen = (failures, self.health.last_error)
+        if seen != self._error_seen:
+            self._error_seen = seen
+            if self.health.last_error is not None:
+                self.last_error_wall = time.time()
+
+    def assess_health(self) -> health_model.Health:
+        """The one health verdict (see health.py), for /healthz, /metrics, STATUS= and pings."""
+        self._stamp_error()
+        return health_model.assess(self.health_snapshot(), time.time(), self.health_limits)
 
     # -- the loopback HTTP surface: feed, notify, health, metrics -------------------------------
 
@@ -777,14 +924,12 @@ class Daemon:
         log.info("http.listening", host=self.settings.http.host, port=port)
 
     def _http_health(self) -> tuple[bool, dict[str, Any]]:
-        state = str(self.liveness.state(time.monotonic()))
-        if self.latched:
-            return False, {"reason": "audit latch is set: restart advised", "intake": state}
-        if self.storage_wait is not None:
-            return False, {"reason": f"degraded: {self.storage_wait}; waiting", "intake": state}
-        if state != "live":
-            return False, {"reason": f"intake is {state}", "intake": state}
-        return True, {"intake": state}
+        assessed = self.assess_health()
+        details: dict[str, Any] = {"status": str(assessed.state), "intake": str(assessed.intake)}
+        if assessed.reasons:
+            details["reason"] = assessed.line()
+            details["reasons"] = list(assessed.reasons)
+        return assessed.healthy, details
 
     async def _notify(self, text: str, idempotency_key: str) -> tuple[int, dict[str, Any]]:
         """`POST /v1/notify`: an agent's later reply, through the owner outbox (stable key)."""
@@ -804,8 +949,10 @@ class Daemon:
         health = self.health
         relay_stats = self.relay.stats if self.relay is not None else None
         owner_stats = self.owner.stats if self.owner is not None else None
+        assessed = self.assess_health()
         return {
-            "intake_state": str(self.liveness.state(now)),
+            "intake_state": str(assessed.intake),
+            "health_state": str(assessed.state),
             "last_frame_age_s": None
             if health.last_frame_at is None
             else now - health.last_frame_at,
@@ -891,10 +1038,13 @@ class Daemon:
             "watchdog_drops": self.health.watchdog_drops,
             "failures": dict(self.health.failures),
             "last_error": self.health.last_error,
+            "last_error_wall": self.last_error_wall,
+            "started_at": self.started_wall,
             "latch": self.latched,
             "storage": None if self.storage_wait is None else str(self.storage_wait),
             "http_port": self.http_port,
             "http_error": self.http_error,
+            "degraded": sorted(self.degraded.values()),
             "recorded": self.counters.recorded,
             "duplicates": self.counters.duplicates,
         }
@@ -904,8 +1054,9 @@ class Daemon:
             return int(self.conn.execute(sql).fetchone()[0])
 
         self._cached_counts = {
+            "relay_collecting": count("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
             "relay_pending": count(
-                "SELECT count(*) FROM outbox WHERE state IN ('collecting', 'pending', 'leased')"
+                "SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"
             ),
             "relay_dead": count("SELECT count(*) FROM outbox WHERE state = 'dead'"),
             "owner_pending": count(
@@ -938,6 +1089,21 @@ def _feed_append(
     feed.append(
         conn,
         TRIAGE_CHANNEL,
+        payload,
+        delivery_key=key,
+        sender=FEED_SENDER,
+        summary=summary,
+        idempotency_key=key,
+        now=now,
+    )
+
+
+def _feed_note(
+    conn: sqlite3.Connection, key: str, payload: dict[str, object], summary: str, now: float
+) -> None:
+    feed.append(
+        conn,
+        INFO_CHANNEL,
         payload,
         delivery_key=key,
         sender=FEED_SENDER,

@@ -11,7 +11,8 @@ thread sends a steady stream plus bursts while the drill works through a seeded 
 - SIGTERM restarts (each must exit 0 after its graceful drain);
 - emulator faults: a forced 400 on the cursor (full replay), eviction of cached messages that are
   already recorded, a stream silenced for longer than the keepalive timeout, swapped live order,
-  a message delivered twice at subscribe;
+  a message delivered twice at subscribe, a scheduled message delivered while the daemon is down
+  (its row id sorts before the cursor), cache writes lagging the live publish across a restart;
 - a receiver outage (stopped, then back on the same port) and injected 503s.
 
 Recovery time is measured from each restart to the moment every event published before it, and
@@ -70,6 +71,8 @@ STOP_BOUND_S = 20.0  # SIGTERM to exit
 FINAL_BOUND_S = 60.0  # catch-up after publishing stopped
 RELAY_BOUND_S = 90.0  # every triage request receipted (the relay backs off from 2 s upward)
 EVICT_AGE_S = 3.0  # only ids published this long ago (and already recorded) are evicted
+SCHEDULE_DELAY_S = 0.5  # a scheduled message falls due this soon; delivered at the next start
+CACHE_LAG_S = 1.0  # cache writes lag the live publish by this much around one restart
 
 ALERT_TITLES = (
     "disk full on nas",
@@ -432,8 +435,8 @@ class Phase:
         return "SIGTERM"
 
 
-BEFORE_FAULTS = ("force_400", "duplicate_at_subscribe")
-EMULATOR_DURING = ("evict", "silence", "swap_next_live")
+BEFORE_FAULTS = ("force_400", "duplicate_at_subscribe", "cache_lag")
+EMULATOR_DURING = ("evict", "silence", "swap_next_live", "scheduled")
 RECEIVER_DURING = ("receiver_down", "receiver_503")
 
 
@@ -517,6 +520,8 @@ class Drill:
         self._fault_log: dict[str, list[str]] = {}
         self.given_up: set[str] = set()  # ids a stalled wait stopped waiting for
         self._started_at = 0.0
+        self._scheduled: list[tuple[str, str, float]] = []  # (id, topic, due) not yet delivered
+        self._cache_lag = False
 
     def _daemon_env(self) -> dict[str, str]:
         env = {
@@ -561,6 +566,7 @@ class Drill:
 
     def _phase(self, index: int, phase: Phase) -> None:
         self.say(f"lifetime {index + 1}/{len(self.plan)}: {phase.describe()}")
+        self._deliver_scheduled()  # the daemon is down: the worst moment for it
         for fault in phase.before:
             self._arm(fault)
         published = self.ledger.count()
@@ -569,6 +575,9 @@ class Drill:
             self._first_start()
         kill_at = started + phase.early if phase.early is not None else None
         state, took = self._catch_up(published, started, until=kill_at)
+        if self._cache_lag and self.emu is not None:
+            self.emu.faults.lag_cache_writes(None)  # writes still pending land when due
+            self._cache_lag = False
         if state == "caught" and published:
             assert took is not None
             self.tally.recovery.append(took)
@@ -720,6 +729,26 @@ class Drill:
         elif fault == "duplicate_at_subscribe":
             self.emu.faults.duplicate_at_subscribe()
             self._note(fault, "armed")
+        elif fault == "cache_lag":
+            # Messages published from now until the restart has caught up reach live streams
+            # at once but the cache only later: one published before the new stream registers
+            # is in neither the live stream nor its replay. The backfill must find it.
+            self.emu.faults.lag_cache_writes(CACHE_LAG_S)
+            self._cache_lag = True
+            self._note(fault, f"writes lag {CACHE_LAG_S:g} s across a restart")
+
+    def _deliver_scheduled(self) -> None:
+        """Deliver due scheduled messages now (ntfy's delayed sender), and only now: they count
+        as published from this moment."""
+        if self.emu is None or not self._scheduled:
+            return
+        time.sleep(max(0.0, max(due for _, _, due in self._scheduled) - time.monotonic()))
+        delivered = set(self.emu.send_delayed())
+        for event_id, topic, _ in self._scheduled:
+            if event_id in delivered:
+                self.ledger.add(event_id, topic)
+        self._note("scheduled", f"{len(delivered)} delivered with the daemon down")
+        self._scheduled = [s for s in self._scheduled if s[0] not in delivered]
 
     def _during(self, fault: str) -> None:
         self.say(f"fault: {fault}")
@@ -731,6 +760,14 @@ class Drill:
             assert self.emu is not None
             self.emu.faults.swap_next_live(0.2)
             self._note(fault, "armed")
+        elif fault == "scheduled":
+            assert self.emu is not None
+            topic = self.target.topics[0]
+            event = self.emu.publish(
+                topic, "scheduled report", title="scheduled scrub", delay=SCHEDULE_DELAY_S
+            )
+            due = time.monotonic() + SCHEDULE_DELAY_S + 0.1
+            self._scheduled.append((str(event["id"]), topic, due))
         elif fault == "receiver_down":
             down = self.rng.uniform(1.5, 3.0)
             self.receiver.stop()
@@ -778,6 +815,8 @@ class Drill:
             "evict": "cache eviction of recorded messages",
             "silence": f"stream silenced > keepalive timeout ({KEEPALIVE_TIMEOUT:g} s)",
             "swap_next_live": "swapped live order",
+            "scheduled": "scheduled message delivered while the daemon is down",
+            "cache_lag": "cache writes lagging the live publish across a restart",
             "receiver_down": "receiver outage (stopped)",
             "receiver_503": "receiver 503s",
         }
@@ -800,6 +839,7 @@ class Drill:
 
     def _final(self) -> None:
         self.publisher.stop()
+        self._deliver_scheduled()
         published = self.ledger.count()
         self.say(f"publishing stopped after {published} events; final catch-up")
         stopped = time.monotonic()
@@ -878,6 +918,8 @@ def run(
                         # request and subscription limits would throttle the reconnects.
                         request_limit=False,
                         subscription_limit=None,
+                        # Scheduled messages are delivered by the drill, while the daemon is down.
+                        delayed_sender_interval=None,
                     )
                 ).running()
             )

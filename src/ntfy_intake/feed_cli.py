@@ -1,9 +1,11 @@
-"""The core of ``ntfy-intake feed catch-up|ack|wait --handle H`` (DESIGN.md section 7).
+"""The core of ``ntfy-intake feed catch-up|ack|wait --handle H`` (docs/design.md section 7).
 
 Each function opens the feed on the daemon's database file (it works whether or not the daemon
 runs), prints JSON on stdout and returns the exit code; cli.py only parses arguments.
 
-- ``catch_up``: the JSON array of unacked entries (ordered by channel then seq), exit 0;
+- ``catch_up``: the JSON array of unacked entries (ordered by channel then seq), exit 0; when
+  triage requests are still in their debounce window (not in the feed yet), one note on stderr
+  says how many and when the next is released, so an empty array is not mistaken for a fault;
 - ``ack``: ``{"channel": C, "cursor": N}``, exit 0, also for a stale ack (unchanged cursor);
 - ``wait``: ``{"wake_line": ...}`` and exit 0 on a ring, ``null`` and exit 1 on timeout.
 
@@ -19,6 +21,7 @@ import json
 import math
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -80,9 +83,39 @@ def catch_up(
         with _store(db_path) as store:
             entries = store.catch_up(handle, channel=channel, at=at)
         _print([entry.to_json() for entry in entries])
+        note = _debounce_note(db_path, time.time())
+        if note is not None:
+            sys.stderr.write(f"ntfy-intake feed: {note}\n")
         return EXIT_OK
 
     return _run(body)
+
+
+def debounce_note(collecting: int, next_release_at: float | None, now: float) -> str | None:
+    """Say that triage requests exist but wait in their debounce window; None when none do."""
+    if collecting <= 0:
+        return None
+    when = ""
+    if next_release_at is not None:
+        when = f"; the next is released in {max(0.0, next_release_at - now):.0f} s"
+    return (
+        f"{collecting} triage request(s) still collecting in their debounce window "
+        f"(cadence.debounce), not in the feed yet{when}"
+    )
+
+
+def _debounce_note(db_path: Path | str, now: float) -> str | None:
+    try:
+        conn = sqlite3.connect(f"file:{Path(db_path)}?mode=ro", uri=True, timeout=1.0)
+        try:
+            count, due = conn.execute(
+                "SELECT count(*), min(due_at) FROM outbox WHERE state = 'collecting'"
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None  # a hint only: never fail the catch-up over it
+    return debounce_note(int(count), None if due is None else float(due), now)
 
 
 def ack(db_path: Path | str, handle: str, channel: str, seq: int) -> int:

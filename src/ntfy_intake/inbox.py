@@ -5,12 +5,19 @@ which goes to the quarantine), incident merge, cadence decision, outbox row, fee
 and the audit journal record. Junk frames go to the quarantine with their reason (stored once per
 distinct raw line however often ntfy replays it). Any exception rolls every table back.
 
+ntfy >= 2.16 sequences: a message whose sequence (its `sequence_id`, else its id) is already known
+joins that sequence's incident whatever its title (an update). `message_delete`/`message_clear`
+get their own row and outcome `noted`, linked to the incident of the message they name; one that
+arrives first stays unlinked (incident_key '') until that message is recorded. Neither touches the
+incident's status nor any triage request. Unknown event kinds: outcome `ignored`, with the kind.
+
 Cadence decisions are made on a fork of the live cadence state, which the caller adopts only
 after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -19,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from ntfy_intake import audit, cadence, db, incidents, outbox, quarantine
-from ntfy_intake.frames import Junk, Message
+from ntfy_intake.frames import DeviceAction, Event, Ignored, Junk, Message
 from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.inbox")
@@ -51,20 +58,31 @@ class BatchResult:
     state: cadence.CadenceState | None = None  # the cadence state with them folded in
 
 
+# Runs inside the batch's transaction after its rows are written (the backfill's own record).
+InTransaction = Callable[[sqlite3.Connection, "BatchResult"], None]
+# Appends an information entry for agents (a delete/clear whose request already went out):
+# (conn, idempotency key, payload, summary, now), inside the batch's transaction.
+NoteAppend = Callable[[sqlite3.Connection, str, dict[str, object], str, float], None]
+DEVICE_ACTION_SCHEMA = "ntfy-intake.device-action/1"
+
+
 def record_batch(
     conn: sqlite3.Connection,
-    frames: Sequence[Message | Junk | Notice],
+    frames: Sequence[Event | Junk | Notice],
     now: float,
     *,
     queue: OwnerQueue,
     relay_enabled: bool,
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
+    also: InTransaction | None = None,
+    note_append: NoteAppend | None = None,
 ) -> BatchResult:
     """Record a batch in one transaction. When a value in it breaks processing (the transaction
     rolled back, nothing recorded), the frames are recorded one transaction each instead, and
     the frame that still fails alone gets outcome `quarantined` with the error: no value read
-    from ntfy can stop intake. Storage failures are not blamed on a value and propagate."""
+    from ntfy can stop intake. Storage failures are not blamed on a value and propagate.
+    `also` runs once, in the batch's transaction, or after the last frame's when one by one."""
     record = functools.partial(
         _record_batch,
         conn,
@@ -73,19 +91,24 @@ def record_batch(
         relay_enabled=relay_enabled,
         feed_append=feed_append,
         before_commit=before_commit,
+        note_append=note_append,
     )
     try:
-        return record(frames, queue.state)
+        return record(frames, queue.state, also=also)
     except Exception as exc:
         if not quarantine.blames_the_value(exc):
             raise
         log.warning("inbox.batch_failed_one_by_one", frames=len(frames), error=repr(exc))
-    return _one_by_one(conn, frames, now, queue.state, record)
+    total = _one_by_one(conn, frames, now, queue.state, record)
+    if also is not None:
+        with db.write_txn(conn, before_commit=before_commit):
+            also(conn, total)
+    return total
 
 
 def _record_batch(
     conn: sqlite3.Connection,
-    frames: Sequence[Message | Junk | Notice],
+    frames: Sequence[Event | Junk | Notice],
     state: cadence.CadenceState,
     *,
     now: float,
@@ -93,13 +116,20 @@ def _record_batch(
     relay_enabled: bool,
     feed_append: outbox.FeedAppend | None = None,
     before_commit: db.BeforeCommit | None = None,
+    also: InTransaction | None = None,
+    note_append: NoteAppend | None = None,
 ) -> BatchResult:
     batch = _Batch(conn, now, queue.policy, state.fork())
+    batch.note_append = note_append
     with db.write_txn(conn, before_commit=before_commit):
-        batch.prefetch([f.id for f in frames if isinstance(f, Message)])
+        events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
+        batch.prefetch([f.id for f in events])
+        batch.prefetch_sequences(events)
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
                 batch.message(index, frame)
+            elif isinstance(frame, DeviceAction | Ignored):
+                batch.other_event(index, frame)
             elif isinstance(frame, Junk):
                 _quarantine(conn, frame, frame.reason, now, batch.result)
             else:
@@ -108,6 +138,8 @@ def _record_batch(
                     batch.work.apply(record)
                 batch.result.records.extend(records)
         batch.write()
+        if also is not None:
+            also(conn, batch.result)
         batch.result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
@@ -117,10 +149,10 @@ def _record_batch(
 
 def _one_by_one(
     conn: sqlite3.Connection,
-    frames: Sequence[Message | Junk | Notice],
+    frames: Sequence[Event | Junk | Notice],
     now: float,
     state: cadence.CadenceState,
-    record: Callable[[Sequence[Message | Junk | Notice], cadence.CadenceState], BatchResult],
+    record: Callable[[Sequence[Event | Junk | Notice], cadence.CadenceState], BatchResult],
 ) -> BatchResult:
     total = BatchResult(state=state)
     for index, frame in enumerate(frames):
@@ -145,7 +177,7 @@ def _one_by_one(
 
 def _quarantine_failed(
     conn: sqlite3.Connection,
-    frame: Message | Junk | Notice,
+    frame: Event | Junk | Notice,
     exc: Exception,
     now: float,
     total: BatchResult,
@@ -156,7 +188,7 @@ def _quarantine_failed(
     log.error("inbox.event_quarantined", error=error, event_id=getattr(frame, "id", None))
     try:
         with db.write_txn(conn):
-            if isinstance(frame, Message):
+            if isinstance(frame, Message | DeviceAction | Ignored):
                 quarantine.record_failed_event(conn, frame, error, now)
             elif isinstance(frame, Junk):
                 quarantine.record_failed_junk(conn, frame, error, now)
@@ -168,14 +200,19 @@ def _quarantine_failed(
         log.error("inbox.quarantine_failed", error=quarantine.describe(again))
         return
     total.quarantined += 1
-    if isinstance(frame, Message):
+    if isinstance(frame, Message | DeviceAction):
         total.candidates.append(Candidate(index, frame.id, frame.time, frame.cached))
 
 
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
-    " outcome, reason, delivery_key, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " outcome, reason, delivery_key, received_at, event, sequence_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+DEVICE_ACTION_WORDS = {
+    "message_delete": "removed from devices",
+    "message_clear": "read and dismissed on a device",
+}
 
 
 class _Batch:
@@ -200,6 +237,10 @@ class _Batch:
         self.inbox_rows: list[tuple[object, ...]] = []
         self.attach_rows: list[tuple[str, str]] = []
         self.journal: list[str] = []  # event records, staged together at the end
+        # (topic, sequence) -> incident key of the messages recorded under that sequence.
+        self.sequences: dict[tuple[str, str], str] = {}
+        self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
+        self.note_append: NoteAppend | None = None
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -211,23 +252,135 @@ class _Batch:
                 ).fetchall()
             )
 
+    def prefetch_sequences(self, events: Sequence[Event]) -> None:
+        wanted = sorted(
+            {
+                e.sequence if isinstance(e, Message) else e.sequence_id
+                for e in events
+                if not isinstance(e, Ignored)
+            }
+        )
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for topic, sequence, key in self.conn.execute(
+                "SELECT topic, sequence_id, incident_key FROM inbox"
+                f" WHERE sequence_id IN ({marks}) AND event = 'message' ORDER BY seq",
+                chunk,
+            ):
+                self.sequences.setdefault((topic, sequence), key)
+
+    def _seen(self, index: int, event: Event) -> bool:
+        """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""
+        known = self.known.get(event.id)
+        if known is None:
+            self.known[event.id] = event.raw_sha256
+            return False
+        result = self.result
+        if known in (event.raw_sha256, REBUILT_UNKNOWN_SHA256):
+            result.duplicates += 1
+            if event.time is not None:
+                result.candidates.append(Candidate(index, event.id, event.time, event.cached))
+        else:
+            result.conflicts += 1
+            reason = "conflict: id already recorded with a different body"
+            _quarantine(self.conn, Junk(event.raw, reason, event.id), reason, self.now, result)
+        return True
+
+    def other_event(self, index: int, event: DeviceAction | Ignored) -> None:
+        """A delete/clear (outcome `noted`, linked to its message's incident) or an unknown kind
+        (outcome `ignored`). Neither decides anything: no incident change, no triage request."""
+        if self._seen(index, event):
+            return
+        sequence: str | None
+        if isinstance(event, DeviceAction):
+            sequence = event.sequence_id
+            incident = self.sequences.get((event.topic, sequence), "")
+            outcome = "noted"
+            reason = f"{event.kind}: message {sequence} {DEVICE_ACTION_WORDS[event.kind]}"
+        else:
+            sequence, incident, outcome = None, "", "ignored"
+            reason = f"unknown event kind {event.kind!r}"
+        self.inbox_rows.append(
+            (
+                event.id,
+                event.topic,
+                event.time or 0,
+                event.expires,
+                event.raw,
+                event.raw_sha256,
+                incident,
+                0,
+                outcome,
+                reason,
+                None,
+                self.now,
+                event.kind,
+                sequence,
+            )
+        )
+        record = {
+            "ts": audit.rfc3339(self.now),
+            "kind": "event",
+            "event_id": event.id,
+            "event": event.kind,
+            "incident": incident or None,
+            "sequence_id": sequence,
+            "outcome": outcome,
+            "reason": reason,
+            "topic": event.topic or None,
+            "time": event.time,
+            "expires": event.expires,
+        }
+        self.journal.append(audit.encode(record))
+        self.result.records.append({k: v for k, v in record.items() if v is not None})
+        self.result.recorded += 1
+        if isinstance(event, DeviceAction) and incident:
+            self._note_late(event, incident)
+        if event.time is not None:
+            self.result.candidates.append(Candidate(index, event.id, event.time, event.cached))
+
+    def _note_late(self, event: DeviceAction, incident: str) -> None:
+        """A delete/clear of a message whose triage request already went out (or that joined
+        none): the agent hears of it as information, on its own feed channel. One still
+        collecting lists it in its payload instead (outbox.build_payload)."""
+        if self.note_append is None:
+            return
+        row = self.conn.execute(
+            "SELECT n.delivery_key, o.state FROM inbox n"
+            " LEFT JOIN outbox o ON o.delivery_key = n.delivery_key"
+            " WHERE n.topic = ? AND n.sequence_id = ? AND n.event = 'message'"
+            " ORDER BY n.seq DESC LIMIT 1",
+            (event.topic, event.sequence_id),
+        ).fetchone()
+        if row is None or row[1] == "collecting":
+            return
+        payload: dict[str, object] = {
+            "schema": DEVICE_ACTION_SCHEMA,
+            "incident": incident,
+            "event": event.kind,
+            "id": event.id,
+            "sequence_id": event.sequence_id,
+            "topic": event.topic,
+            "time": event.time,
+            "delivery_key": row[0],
+        }
+        summary = f"{incident}: {event.kind} of {event.sequence_id}"
+        self.note_append(self.conn, event.id, payload, summary, self.now)
+
     def message(self, index: int, message: Message) -> None:
         result = self.result
-        known = self.known.get(message.id)
-        if known is not None:
-            if known in (message.raw_sha256, REBUILT_UNKNOWN_SHA256):
-                result.duplicates += 1
-                result.candidates.append(Candidate(index, message.id, message.time, message.cached))
-            else:
-                result.conflicts += 1
-                reason = "conflict: id already recorded with a different body"
-                _quarantine(
-                    self.conn, Junk(message.raw, reason, message.id), reason, self.now, result
-                )
+        if self._seen(index, message):
             return
-        self.known[message.id] = message.raw_sha256
 
         signal = incidents.signal_of(message)
+        joined = self.sequences.get((message.topic, message.sequence))
+        if joined is not None and joined != signal.key:
+            # An update (or the original, after its update): one sequence, one incident.
+            signal = dataclasses.replace(signal, key=joined)
+        elif joined is None:
+            self.sequences[(message.topic, message.sequence)] = signal.key
+            self.new_sequences[(message.topic, message.sequence)] = signal.key
         before = self.touched.get(signal.key) or _load_incident(self.conn, signal.key)
         after = incidents.merge(before, signal, message)
         self.touched[signal.key] = after
@@ -269,6 +422,8 @@ class _Batch:
                 decision.reason,
                 decision.delivery_key,
                 self.now,
+                "message",
+                message.sequence,
             )
         )
         record = cadence.event_record(
@@ -279,6 +434,7 @@ class _Batch:
             topic=message.topic,
             time=message.time,
             expires=message.expires,
+            sequence_id=message.sequence_id,
             sha256=message.raw_sha256,
         )
         self.journal.append(audit.encode(record))
@@ -300,6 +456,18 @@ class _Batch:
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
         self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
+        if (
+            self.new_sequences
+            and self.conn.execute(
+                "SELECT 1 FROM inbox WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
+            ).fetchone()
+        ):
+            # Deletes/clears that arrived before the message they name: link them now.
+            self.conn.executemany(
+                "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
+                " AND incident_key = '' AND event != 'message'",
+                [(key, topic, seq) for (topic, seq), key in self.new_sequences.items()],
+            )
         self.conn.executemany(
             "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
             self.attach_rows,

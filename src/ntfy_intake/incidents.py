@@ -1,8 +1,12 @@
 """Pure incident logic: which incident an event belongs to, and how incident state merges.
 
 Incident key: the `incident` field of a JSON envelope in the message body when present, else
-`<topic>:<title>` with the title lower-cased and whitespace collapsed (the message text when there
-is no title). Severity: the envelope's, else the ntfy priority (default 3).
+`<topic>:<title>` with the title lower-cased and whitespace collapsed. With no title, the first
+line of the message, normalized by `normalise_first_line`: the values that change from one
+alert to the next (standalone numbers, percentages, sizes, durations, timestamps, IP addresses,
+hex ids) are masked, digits inside words are kept. So `disk 91% full` and `disk 95% full` are one
+incident, `nas1 down` and `nas2 down` two. Severity: the envelope's, else the ntfy priority
+(default 3).
 
 Merging is order-independent: severity is the maximum seen while firing, and the status follows
 the event with the greatest (time, id), so two events applied in either order give one state.
@@ -25,6 +29,39 @@ from ntfy_intake.frames import Message
 Status = Literal["firing", "resolved"]
 KEY_LIMIT = 200
 _WHITESPACE = re.compile(r"\s+")
+
+# A value stands alone when no word character (or a word then "-" or ".", as in `host-10` or
+# `v1.2`) touches it on either side: `sda1`, `nas2`, `web-01`, `v1.2` stay as they are.
+_START = r"(?<![\w.])(?<!\w-)"
+_END = r"(?![\w])(?![.-]\w)"
+_NUM = r"\d+(?:[.,]\d+)*"
+_LONG_DURATION_UNITS = r"ns|us|µs|ms|secs?|seconds?|mins?|minutes?|hrs?|hours?|days?|wks?|weeks?"
+_DURATION_UNITS = _LONG_DURATION_UNITS + r"|s|m|h|d|w"
+_SIZE_UNITS = r"[kmgtpe]i?b|bytes?|b|[kmgtpe]"
+_MASKS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(f"{_START}(?:{pattern}){_END}"), placeholder)
+    for pattern, placeholder in (
+        # Timestamps first: they contain numbers, colons and dashes the later rules would split.
+        (
+            r"\d{4}-\d{2}-\d{2}(?:[t ]\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?"
+            r"(?:z|[+-]\d{2}:?\d{2})?)?",
+            "<time>",
+        ),
+        (r"\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?: ?[ap]m)?", "<time>"),
+        (
+            r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]* \d{1,2}(?:,? \d{4})?",
+            "<time>",
+        ),
+        (r"\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?(?:/\d{1,2})?", "<ip>"),
+        (r"(?=[0-9a-f:]*\d)(?=(?:[0-9a-f]*:){2})[0-9a-f:]{3,}(?:/\d{1,3})?", "<ip>"),
+        (r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<hex>"),
+        (r"0x[0-9a-f]+|(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,}", "<hex>"),
+        (_NUM + r" ?%", "<pct>"),
+        (rf"(?:{_NUM}(?:{_DURATION_UNITS}))+|{_NUM} (?:{_LONG_DURATION_UNITS})", "<dur>"),
+        (rf"{_NUM}(?:{_SIZE_UNITS})|{_NUM} (?:[kmgtpe]i?b|bytes?)", "<size>"),
+        (r"[-+]?" + _NUM, "<n>"),
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +90,18 @@ def normalise_title(text: str) -> str:
     return _WHITESPACE.sub(" ", text).strip().lower()[:KEY_LIMIT]
 
 
+def normalise_first_line(text: str) -> str:
+    """The incident key part of a titleless message: its first non-blank line, lower-cased,
+    whitespace collapsed, changing values masked (`<n>`, `<pct>`, `<size>`, `<dur>`, `<time>`,
+    `<ip>`, `<hex>`), digits inside words kept."""
+    line = next((part for part in text.splitlines() if part.strip()), "")
+    # Bounded before masking: a 5 MiB one-line body costs no more than a short one.
+    line = _WHITESPACE.sub(" ", line[: KEY_LIMIT * 4]).strip().lower()
+    for pattern, placeholder in _MASKS:
+        line = pattern.sub(placeholder, line)
+    return line[:KEY_LIMIT]
+
+
 def signal_of(message: Message) -> Signal:
     envelope = _envelope(message.message)
     severity = message.effective_priority
@@ -67,10 +116,11 @@ def signal_of(message: Message) -> Signal:
             if env_status in ("firing", "resolved"):
                 status = env_status
             return Signal(normalise_title(key), severity, status, envelope=True)
-    title = (
-        message.title if message.title is not None and message.title.strip() else message.message
-    )
-    return Signal(f"{message.topic}:{normalise_title(title)}", severity, status, envelope=False)
+    if message.title is not None and message.title.strip():
+        key = normalise_title(message.title)
+    else:
+        key = normalise_first_line(message.message)
+    return Signal(f"{message.topic}:{key}", severity, status, envelope=False)
 
 
 def _envelope(body: str) -> dict[str, Any] | None:

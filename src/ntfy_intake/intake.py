@@ -4,20 +4,27 @@ This module owns the connection rules of DESIGN.md section 3 and nothing else: i
 off the socket and hands them, tagged with when they were read and on which connection, to a sink
 (the daemon's queue). It never touches the database; the cursor comes from a callback.
 
-- Only a 400 to a request that carries a cursor drops the cursor (`on_rejected_cursor`).
-  401/403, 429 (Retry-After honoured), 5xx, timeouts and resets keep it and back off.
+- Only a 400 whose body has code 40008, to a request that carries a cursor, drops the cursor
+  (`on_rejected_cursor`). Every other refusal (40009, 401/403, 429 with any code, 5xx, timeouts,
+  resets) keeps it and backs off; 3 consecutive 401s back off at least 5 minutes (ntfy locks the
+  IP out after 30 failed authentications). A refusal the owner can act on (credentials, ACL, rate
+  limit, another 400) is reported once per episode (`Refused`), with ntfy's own error text.
 - Keepalive watchdog: no complete frame within `keepalive_timeout` drops the connection, even if
   bytes trickle in (the deadline moves only when a whole line arrives).
+- Overlap backfill: once `open` arrives, the backfill owed is persisted (`owe_backfill`), and
+  after `cache_settle` a `poll=1&since=<T>` reads by server time what the id cursor cannot see
+  (scheduled messages, lagging cache writes, long reorders). Its events reach the sink as one
+  `Backfilled`, which the writer records before clearing what was owed. A failed poll is retried
+  while the stream lasts; a lost stream leaves it owed for the next one.
 - Gap probe: before resuming from a message id, `poll=1&since=all&id=<cursor>` asks whether the
-  server still holds it. If not, the stream replays the whole cache, and the window between the
-  cursor's time and the oldest message still held may have been lost: it is reported.
+  server still holds it. If not, the window between the last frame seen before the disconnect
+  and the oldest message the backfill finds may have been lost: `Backfilled.gap` reports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -26,16 +33,21 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
-from ntfy_intake import backoff, frames
-from ntfy_intake.cursor import Cursor
-from ntfy_intake.frames import Junk, Message
+from ntfy_intake import backoff, diagnose, frames, refusals
+from ntfy_intake.cursor import Cursor, Owed, Resume, backfill_since, gap_window
+from ntfy_intake.frames import Event, Junk, Message
+from ntfy_intake.refusals import Refused, StatusFailure
 
 log = structlog.get_logger("ntfy_intake.intake")
 
 
+CURSOR_INVALID = 40008
+POLL_RETRY_BASE = 5.0  # a failed backfill poll waits for ntfy's request bucket (1 per 5 s)
+
+
 @dataclass(frozen=True, slots=True)
 class Received:
-    frame: Message | Junk
+    frame: Event | Junk
     read_at: float  # monotonic
     generation: int
 
@@ -49,12 +61,26 @@ class GapFound:
     window_end: int
 
 
+@dataclass(frozen=True, slots=True)
+class Backfilled:
+    """One overlap backfill poll: record `events`, then clear what `owed` said was owed."""
+
+    owed: Owed
+    events: list[Event | Junk]
+    polled: int  # lines the poll returned
+    gap: GapFound | None = None
+
+
+Item = Received | Backfilled | Refused
+
+
 @dataclass(slots=True)
 class IntakeHealth:
     """Shared, in-memory view of the connection for status, metrics and the systemd watchdog."""
 
     state: str = "starting"  # connecting | live | backoff | stopped
     last_frame_at: float | None = None  # monotonic
+    last_server_time: int | None = None  # ntfy `time` of the last frame (keepalives count)
     last_frame_wall: float | None = None
     connected_at: float | None = None
     last_attempt_at: float | None = None
@@ -75,13 +101,9 @@ class IntakeConfig:
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
     connect_timeout: float = 10.0
-
-
-class _StatusFailure(Exception):
-    def __init__(self, status: int, retry_after: float | None) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-        self.retry_after = retry_after
+    overlap: float = 30.0
+    cache_settle: float = 2.0
+    cache_duration: float = 12 * 3600.0
 
 
 class _WatchdogExpired(Exception):
@@ -94,23 +116,29 @@ class Intake:
         config: IntakeConfig,
         client: httpx.AsyncClient,
         *,
-        sink: Callable[[Received | GapFound], None],
-        current_cursor: Callable[[], Awaitable[Cursor]],
+        sink: Callable[[Item], None],
+        current_resume: Callable[[], Awaitable[Resume]],
         on_rejected_cursor: Callable[[Cursor, str], Awaitable[None]],
+        owe_backfill: Callable[[int, int | None], Awaitable[Owed]],
         new_generation: Callable[[], int],
         health: IntakeHealth,
         rng: Callable[[], float] = random.random,
+        server_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.client = client
         self.sink = sink
-        self.current_cursor = current_cursor
+        self.current_resume = current_resume
         self.on_rejected_cursor = on_rejected_cursor
+        self.owe_backfill = owe_backfill
         self.new_generation = new_generation
         self.health = health
         self.rng = rng
+        self.server_clock = server_clock  # only when ntfy sent an `open` without a time
         self.topics = frozenset(config.topics)
-        self.stream_url = f"{config.base_url}/{','.join(config.topics)}/json"
+        self.topic_path = ",".join(config.topics)
+        self.stream_url = f"{config.base_url}/{self.topic_path}/json"
+        self.refusals = refusals.Episodes()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
@@ -118,7 +146,7 @@ class Intake:
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
-            cursor = await self.current_cursor()
+            resume = await self.current_resume()
             self.health.state = "connecting"
             self.health.attempts += 1
             self.health.last_attempt_at = time.monotonic()
@@ -126,22 +154,29 @@ class Intake:
             generation = self.new_generation()
             lasted = 0.0
             try:
-                if not await _unless_stopped(self._attempt(cursor, generation, stop), stop):
+                if not await _unless_stopped(self._attempt(resume, generation), stop):
                     break  # stopped mid-attempt (connecting, or waiting for headers)
                 self._count("stream_ended")
             except _RejectedCursor:
                 failures = 0
                 continue
-            except _StatusFailure as exc:
-                retry_after = exc.retry_after
-                self._fail(f"http_{exc.status}", str(exc))
+            except StatusFailure as exc:
+                retry_after, report = self.refusals.refused(exc)
+                if report is not None:
+                    self.sink(report.naming(self.topic_path))
+                self._fail(
+                    f"http_{exc.status}",
+                    diagnose.http_failure(
+                        self.stream_url, self.config.topics, exc.status, exc.body
+                    ),
+                )
             except _WatchdogExpired:
                 self.health.watchdog_drops += 1
                 self._fail("watchdog", f"no frame within {self.config.keepalive_timeout:g}s")
             except httpx.TimeoutException as exc:
-                self._fail("timeout", type(exc).__name__)
+                self._fail("timeout", diagnose.transport_failure(self.stream_url, exc))
             except httpx.TransportError as exc:
-                self._fail("transport", f"{type(exc).__name__}: {exc}")
+                self._fail("transport", diagnose.transport_failure(self.stream_url, exc))
             finally:
                 if self.health.connected_at is not None:
                     lasted = time.monotonic() - self.health.connected_at
@@ -168,9 +203,14 @@ class Intake:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
         self.health.state = "stopped"
 
-    async def _attempt(self, cursor: Cursor, generation: int, stop: asyncio.Event) -> None:
+    async def _attempt(self, resume: Resume, generation: int) -> None:
+        cursor = resume.cursor
         evicted = await self._probe(cursor) if cursor.kind == "id" else False
-        await self._stream(cursor, evicted, generation, stop)
+        # The window of a possible gap starts at the last frame the previous connection saw
+        # (this process's memory if it saw one, else what was persisted).
+        last_seen = self.health.last_server_time or resume.last_frame_time
+        gap_from = (last_seen or cursor.message_time or 0) if evicted else None
+        await self._stream(cursor, gap_from, generation)
 
     def _count(self, kind: str) -> None:
         self.health.failures[kind] = self.health.failures.get(kind, 0) + 1
@@ -193,16 +233,18 @@ class Intake:
             log.warning("intake.probe_failed", detail=type(exc).__name__)
             return False
         if response.status_code != 200:
+            if refusals.category(response.status_code) is not None:
+                # The stream would be refused too: one request, one authentication spent.
+                raise refusals.status_failure(response.status_code, response.headers, response.text)
             return False
         for line in response.content.splitlines():
             frame = frames.decode_line(line, self.topics)
-            if isinstance(frame, Message) and frame.id == cursor.value:
+            # ntfy >= 2.16 caches deletes/clears too, and a cursor may be one of them.
+            if isinstance(frame, Message | frames.DeviceAction) and frame.id == cursor.value:
                 return False
         return True
 
-    async def _stream(
-        self, cursor: Cursor, evicted: bool, generation: int, stop: asyncio.Event
-    ) -> None:
+    async def _stream(self, cursor: Cursor, gap_from: int | None, generation: int) -> None:
         # The read timeout also bounds the wait for response headers: a server that accepts the
         # connection and then says nothing must not hang us. It is set a little above the
         # keepalive timeout so that, once streaming, the frame watchdog below fires first.
@@ -218,20 +260,18 @@ class Intake:
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
-                if response.status_code == 400 and cursor.kind != "all":
+                failure = refusals.status_failure(response.status_code, response.headers, body)
+                if failure.code == refusals.CURSOR_INVALID and cursor.kind != "all":
                     log.error(
                         "intake.cursor_rejected", since=cursor.since, status=400, body=body.strip()
                     )
                     await self.on_rejected_cursor(cursor, body)
                     raise _RejectedCursor
-                retry_after = backoff.parse_retry_after(
-                    response.headers.get("Retry-After"), time.time()
-                )
-                raise _StatusFailure(response.status_code, retry_after)
-            await self._read(response, cursor, evicted, generation)
+                raise failure
+            await self._read(response, cursor, gap_from, generation)
 
     async def _read(
-        self, response: httpx.Response, cursor: Cursor, evicted: bool, generation: int
+        self, response: httpx.Response, cursor: Cursor, gap_from: int | None, generation: int
     ) -> None:
         """Read frames until the stream ends; the frame watchdog raises `_WatchdogExpired`.
 
@@ -257,10 +297,7 @@ class Intake:
                 timer = loop.call_at(deadline, watchdog)
 
         timer = loop.call_at(deadline, watchdog)
-        # With an evicted cursor the replay is the whole cache, oldest first, right after `open`:
-        # the first frame after `open` dates the gap (a message: its time; anything else: the
-        # cache was empty, so the open itself).
-        gap_open_at: int | None = None
+        backfill: asyncio.Task[None] | None = None
         try:
             async for chunk in response.aiter_raw():
                 lines = decoder.feed(chunk)
@@ -274,18 +311,26 @@ class Intake:
                     frame = (
                         line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
                     )
+                    server_time = getattr(frame, "time", None)
+                    if isinstance(server_time, int):
+                        self.health.last_server_time = max(
+                            server_time, self.health.last_server_time or 0
+                        )
                     if isinstance(frame, frames.Open):
                         self.health.state = "live"
                         self.health.connected_at = now
                         self.health.connections += 1
+                        self.refusals.connected()
                         log.info("intake.connected", since=cursor.since)
-                        if evicted:
-                            evicted, gap_open_at = False, int(self.health.last_frame_wall)
+                        if backfill is None:
+                            opened = frame.time or int(self.server_clock())
+                            owed = await self.owe_backfill(
+                                backfill_since(cursor, opened, self.config.overlap), gap_from
+                            )
+                            backfill = asyncio.create_task(
+                                self._backfill(cursor, owed, opened), name="backfill"
+                            )
                         continue
-                    if gap_open_at is not None:
-                        held = frame.time if isinstance(frame, Message) else gap_open_at
-                        self._report_gap(cursor, held)
-                        gap_open_at = None
                     if isinstance(frame, frames.Keepalive):
                         continue
                     self.sink(Received(frame, now, generation))
@@ -297,18 +342,71 @@ class Intake:
         finally:
             if timer is not None:
                 timer.cancel()
-            if gap_open_at is not None:
-                self._report_gap(cursor, gap_open_at)
+            if backfill is not None and not backfill.done():
+                # The poll dies with its stream: what it owed stays persisted for the next one.
+                backfill.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await backfill
 
-    def _report_gap(self, cursor: Cursor, oldest_held: int) -> None:
-        start = cursor.message_time or 0
-        if oldest_held <= start:
-            log.warning("intake.cursor_evicted_no_gap", cursor=cursor.value)
-            return
-        log.error(
-            "intake.gap_detected", cursor=cursor.value, window_start=start, window_end=oldest_held
-        )
-        self.sink(GapFound(cursor, start, oldest_held))
+    async def _backfill(self, cursor: Cursor, owed: Owed, opened: int) -> None:
+        """After `cache_settle`, poll since the owed T (retrying while the stream lasts), then
+        hand the events and any gap to the writer in one `Backfilled`."""
+        await asyncio.sleep(self.config.cache_settle)
+        attempt = 0
+        while True:
+            try:
+                lines = await self._poll(owed.since)
+                break
+            except (StatusFailure, httpx.HTTPError) as exc:
+                wait = backoff.delay(attempt, base=POLL_RETRY_BASE, cap=60.0, rng=self.rng)
+                attempt += 1
+                log.warning(
+                    "intake.backfill_failed",
+                    since=owed.since,
+                    detail=str(exc) or type(exc).__name__,
+                    retry_in_s=round(wait, 3),
+                )
+                await asyncio.sleep(wait)
+        events: list[Event | Junk] = []
+        for line in lines:
+            frame = line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
+            if not isinstance(frame, frames.Open | frames.Keepalive):
+                events.append(frame)
+        gap = None
+        if owed.gap_from is not None:
+            held = [(e.time, e.expires) for e in events if isinstance(e, Message)]
+            window = gap_window(
+                owed.gap_from, opened, held, self.config.cache_duration, cursor.message_time
+            )
+            if window is None:
+                log.warning("intake.cursor_evicted_no_gap", cursor=cursor.value)
+            else:
+                log.error(
+                    "intake.gap_detected",
+                    cursor=cursor.value,
+                    window_start=window[0],
+                    window_end=window[1],
+                )
+                gap = GapFound(cursor, *window)
+        log.info("intake.backfilled", since=owed.since, polled=len(lines))
+        self.sink(Backfilled(owed, events, len(lines), gap))
+
+    async def _poll(self, since: int) -> list[bytes | Junk]:
+        async with self.client.stream(
+            "GET",
+            self.stream_url,
+            params={"poll": "1", "since": str(since)},
+            headers=self._headers(),
+            timeout=httpx.Timeout(self.config.connect_timeout, read=60.0),
+        ) as response:
+            if response.status_code != 200:
+                body = (await response.aread())[:512].decode("utf-8", "replace")
+                raise refusals.status_failure(response.status_code, response.headers, body)
+            decoder = frames.NdjsonDecoder()
+            lines: list[bytes | Junk] = []
+            async for chunk in response.aiter_raw():
+                lines += decoder.feed(chunk)
+            return lines + decoder.feed(b"\n")  # a last line without its newline
 
 
 class _RejectedCursor(Exception):
@@ -330,14 +428,3 @@ async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     return False
-
-
-def describe_error_body(body: str) -> str:
-    """ntfy's error JSON, reduced to `code: error` for logs and notices."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body.strip()[:200]
-    if isinstance(parsed, dict):
-        return f"{parsed.get('code')}: {parsed.get('error')}"
-    return body.strip()[:200]

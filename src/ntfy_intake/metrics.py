@@ -9,6 +9,7 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
 
     {
         "intake_state": "live",            # "live" | "reconnecting" | "dead"
+        "health_state": "live",            # health.STATES: adds "degraded" and "latched"
         "last_frame_age_s": 1.2,           # seconds, None before the first frame
         "connections_total": 3,
         "reconnects_total": 2,
@@ -19,7 +20,8 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
         "quarantined_total": 1,
         "cursor_moves_total": 47,
         "audit_latch": False,              # bool (or 0/1)
-        "relay_pending": 0,
+        "relay_collecting": 2,             # in their debounce window, not yet released
+        "relay_pending": 0,                # released, waiting for delivery
         "relay_dead": 0,
         "relay_delivered_total": 12,
         "relay_attempts_total": 14,
@@ -45,8 +47,11 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ntfy_intake import health
+
 __all__ = [
     "CONTENT_TYPE",
+    "HEALTH_STATES",
     "INTAKE_STATES",
     "METRIC_NAMES",
     "PREFIX",
@@ -60,7 +65,8 @@ __all__ = [
 
 PREFIX: Final = "ntfy_intake_"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
-INTAKE_STATES: Final = ("live", "reconnecting", "dead")
+INTAKE_STATES: Final = tuple(str(state) for state in health.INTAKE_STATES)
+HEALTH_STATES: Final = tuple(str(state) for state in health.STATES)
 
 Snapshot = Callable[[], Mapping[str, Any]]
 
@@ -98,7 +104,18 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "gauge",
         "1 when the audit log could not be written durably (restart advised).",
     ),
-    ("relay_pending", "relay_pending", "gauge", "Triage requests waiting for delivery."),
+    (
+        "relay_collecting",
+        "relay_collecting",
+        "gauge",
+        "Triage requests in their debounce window (released when it closes).",
+    ),
+    (
+        "relay_pending",
+        "relay_pending",
+        "gauge",
+        "Triage requests released and waiting for delivery.",
+    ),
     ("relay_dead", "relay_dead", "gauge", "Triage requests that gave up (see redrive)."),
     ("relay_delivered_total", "relay_delivered_total", "counter", "Triage requests delivered."),
     ("relay_attempts_total", "relay_attempts_total", "counter", "Relay delivery attempts."),
@@ -113,13 +130,20 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
 )
 
 # Every snapshot key the collector reads.
-SNAPSHOT_KEYS: Final = ("intake_state", *(key for key, *_ in _SCALARS), "feed_head")
+SNAPSHOT_KEYS: Final = (
+    "intake_state",
+    "health_state",
+    *(key for key, *_ in _SCALARS),
+    "feed_head",
+)
 
 # Every metric family name as it appears on the wire (counters with their _total sample name).
 METRIC_NAMES: Final = (
     f"{PREFIX}metrics_snapshot_ok",
     f"{PREFIX}intake_up",
     f"{PREFIX}intake_state",
+    f"{PREFIX}healthy",
+    f"{PREFIX}health_state",
     *(f"{PREFIX}{name}" for _, name, _, _ in _SCALARS),
     f"{PREFIX}feed_head",
 )
@@ -154,6 +178,7 @@ class SnapshotCollector:
             f"{PREFIX}metrics_snapshot_ok", "1 when the daemon snapshot was read.", value=1
         )
         yield from _intake_state(data.get("intake_state"))
+        yield from _health_state(data.get("health_state"))
         for key, name, kind, doc in _SCALARS:
             value = _number(data.get(key))
             if value is None:
@@ -188,6 +213,24 @@ def _intake_state(state: object) -> Iterator[Metric]:
         labels=["state"],
     )
     for name in (*INTAKE_STATES, *(() if state in INTAKE_STATES else (state,))):
+        family.add_metric([name], 1.0 if name == state else 0.0)
+    yield family
+
+
+def _health_state(state: object) -> Iterator[Metric]:
+    if not isinstance(state, str):
+        return
+    yield GaugeMetricFamily(
+        f"{PREFIX}healthy",
+        "1 when the overall health state is live (the same verdict as `ntfy-intake check`).",
+        value=1.0 if state == "live" else 0.0,
+    )
+    family = GaugeMetricFamily(
+        f"{PREFIX}health_state",
+        "Overall health (live, degraded, reconnecting, dead, latched): 1 for the current state.",
+        labels=["state"],
+    )
+    for name in (*HEALTH_STATES, *(() if state in HEALTH_STATES else (state,))):
         family.add_metric([name], 1.0 if name == state else 0.0)
     yield family
 

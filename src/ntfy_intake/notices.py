@@ -30,6 +30,29 @@ def gap(cursor_value: str, window_start: str, window_end: str) -> Notice:
     )
 
 
+_REFUSALS = {
+    "credentials": "the credentials were refused (check ntfy.token)",
+    "acl": "the token may not read these topics (ntfy access control)",
+    "rate_limit": "ntfy's rate limit was reached",
+    "rejected": "ntfy rejected the request",
+}
+
+
+def subscribe_refused(
+    category: str, status: int, code: int | None, error: str, topics: str, episode: str
+) -> Notice:
+    """One per category per episode (until a subscription opens again). The cursor is kept."""
+    said = f"{code}: {error}" if code is not None else error
+    return Notice(
+        "subscribe_refused",
+        f"ntfy refused the subscription to {topics}: {_REFUSALS.get(category, category)} "
+        f"(HTTP {status}, {said!r}). Retrying with backoff; the cursor is kept and nothing "
+        "published meanwhile is lost while ntfy's cache holds it.",
+        key=f"subscribe_refused:{category}:{episode}",
+        fields={"category": category, "topics": topics, "error": said},
+    )
+
+
 def latch(detail: str, boot_id: str) -> Notice:
     """One per process: the latch trips once and stays until a restart."""
     return Notice(

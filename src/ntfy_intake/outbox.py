@@ -15,10 +15,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ntfy_intake import audit, db
+from ntfy_intake import audit, db, frames
 
 SCHEMA = "ntfy-intake.triage/1"
-UNTRUSTED_FIELDS = ["events[].title", "events[].message", "events[].tags"]
+UNTRUSTED_FIELDS = [
+    "events[].title",
+    "events[].message",
+    "events[].tags",
+    "events[].click",
+    "events[].icon",
+    "events[].actions",
+    "events[].attachment",
+]
+# What publishers may add to a message, passed to the agent as ntfy sent it (when present).
+PUBLISHER_FIELDS = ("click", "icon", "actions", "attachment", "content_type")
 
 # Called inside the release transaction with (conn, delivery_key, payload, summary, now).
 FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
@@ -69,6 +79,23 @@ def release_due(
     return keys
 
 
+def event_view(frame: dict[str, Any]) -> dict[str, Any]:
+    """One event as the agent sees it: ntfy's fields as sent, the body decoded when ntfy base64-
+    encoded it, and no key for what the publisher did not send (a titleless alert has no
+    `title`, never a null one)."""
+    message = frame.get("message", "")
+    if frame.get("encoding") == "base64" and isinstance(message, str):
+        message = frames.decode_base64_body(message)
+    view: dict[str, Any] = {"id": frame["id"], "topic": frame["topic"], "time": frame["time"]}
+    if isinstance(frame.get("title"), str):
+        view["title"] = frame["title"]
+    view["message"] = message
+    view["priority"] = frame.get("priority", 3)
+    view["tags"] = frame.get("tags", [])
+    view.update({name: frame[name] for name in PUBLISHER_FIELDS if frame.get(name) is not None})
+    return view
+
+
 def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], str, int]:
     """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
     row = conn.execute(
@@ -83,18 +110,20 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
         " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
         (key,),
     ):
-        frame = json.loads(raw)
-        events.append(
-            {
-                "id": frame["id"],
-                "topic": frame["topic"],
-                "time": frame["time"],
-                "title": frame.get("title"),
-                "message": frame.get("message", ""),
-                "priority": frame.get("priority", 3),
-                "tags": frame.get("tags", []),
-            }
+        events.append(event_view(json.loads(raw)))
+    # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
+    # agent, never a resolution: the request goes out all the same.
+    device_actions = [
+        {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
+        for row in conn.execute(
+            "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+            " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+            " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+            " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
+            " ORDER BY a.time, a.seq",
+            (key,),
         )
+    ]
     payload = {
         "schema": SCHEMA,
         "delivery_key": key,
@@ -108,6 +137,8 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
         "events": events,
         "untrusted_fields": UNTRUSTED_FIELDS,
     }
+    if device_actions:
+        payload["device_actions"] = device_actions
     summary = f"{incident_key} sev {severity} {status} ({len(events)} event(s))"
     return payload, summary, int(version)
 

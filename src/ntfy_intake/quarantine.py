@@ -16,7 +16,7 @@ import sqlite3
 
 from ntfy_intake import audit, sanitize
 from ntfy_intake.errors import IntakeError
-from ntfy_intake.frames import Junk, Message
+from ntfy_intake.frames import Event, Junk, Message
 
 OUTCOME = "quarantined"
 _ERROR_LIMIT = 300
@@ -38,8 +38,9 @@ def describe(exc: BaseException) -> str:
     return sanitize.one_line(f"{type(exc).__name__}: {exc}", _ERROR_LIMIT)
 
 
-def record_failed_event(conn: sqlite3.Connection, message: Message, error: str, now: float) -> None:
-    """Inside the caller's write transaction: the inbox row, a quarantine row, one `event` record."""
+def record_failed_event(conn: sqlite3.Connection, message: Event, error: str, now: float) -> None:
+    """Inside the caller's write transaction: the inbox row, a quarantine row, one `event` record
+    (for a message, a delete/clear or an event kind we do not know alike)."""
     reason = f"processing failed: {error}"
     conn.execute(
         "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key,"
@@ -48,11 +49,11 @@ def record_failed_event(conn: sqlite3.Connection, message: Message, error: str, 
         (
             message.id,
             message.topic,
-            message.time,
+            message.time or 0,
             message.expires,
             message.raw,
             message.raw_sha256,
-            message.effective_priority,
+            message.effective_priority if isinstance(message, Message) else 0,
             OUTCOME,
             reason,
             now,

@@ -96,4 +96,21 @@ CORE: list[Migration] = [
                 value TEXT NOT NULL)""",
         ],
     ),
+    # Issue 11: ntfy >= 2.16 events (an inbox row knows its event kind and the message sequence it
+    # belongs to or names), the durable overlap backfill owed, and the server time of the last frame
+    # seen (the start of a gap window). Another branch may append its own migration after this one.
+    (
+        "002_sequences_backfill",
+        [
+            "ALTER TABLE inbox ADD COLUMN event TEXT NOT NULL DEFAULT 'message'",
+            "ALTER TABLE inbox ADD COLUMN sequence_id TEXT",
+            "CREATE INDEX inbox_sequence ON inbox(sequence_id, topic)",
+            # Delete/clear events whose message has not arrived yet: linked when it does.
+            "CREATE INDEX inbox_unlinked ON inbox(topic, sequence_id) WHERE incident_key = ''",
+            "ALTER TABLE cursor ADD COLUMN backfill_from INTEGER",
+            "ALTER TABLE cursor ADD COLUMN backfill_epoch INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE cursor ADD COLUMN last_frame_time INTEGER",
+            "ALTER TABLE cursor ADD COLUMN gap_from INTEGER",
+        ],
+    ),
 ]

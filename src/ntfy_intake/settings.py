@@ -6,7 +6,8 @@ Invariants owned here:
 - precedence per key: environment twin (`NTFY_INTAKE_<SECTION>_<KEY>` or its `_FILE`) > TOML (`key` or
   `key_file`) > default; an empty environment variable counts as unset;
 - every problem is one `ConfigError` whose message is one line naming `section.key` (and the environment
-  variable or `_file` key the bad value came from); a secret's value is never echoed;
+  variable or `_file` key the bad value came from); a secret's value is never echoed; `load` reports
+  every problem it finds at once (`ConfigErrors`, one line each), not only the first;
 - the result is a tree of frozen dataclasses that is valid as a whole (cross-key rules checked here),
   so the rest of the daemon never re-validates configuration.
 """
@@ -15,16 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import ipaddress
 import math
 import os
 import re
 import stat
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, TypeVar
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -52,6 +54,8 @@ ENV_PREFIX = "NTFY_INTAKE_"
 CONFIG_ENV = "NTFY_INTAKE_CONFIG"
 TEST_ENV_PREFIX = "NTFY_INTAKE_TEST_"  # reserved for test hooks; never an error, never read here
 DEFAULT_STATE_DIR = Path("/var/lib/ntfy-intake")
+DEFAULT_CONFIG = Path("/etc/ntfy-intake/config.toml")  # used by the CLI when it exists
+DELAYED_SENDER_PERIOD = 10.0  # ntfy publishes due scheduled messages every 10 s
 # ntfy refuses these as topic names (server.go, disallowedTopics): they are its own URL paths.
 DISALLOWED_TOPICS = frozenset(
     {"docs", "static", "file", "app", "metrics", "account", "settings", "signup", "login", "v1"}
@@ -63,6 +67,7 @@ MAX_INT = 2**31 - 1
 MAX_FILE_BYTES = 64 * 1024
 
 Kind = Literal["str", "list", "duration", "int"]
+T = TypeVar("T")
 # Every (section, key) in file order, with how its raw value is typed. The dataclasses below must match.
 _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "url"): "str",
@@ -74,6 +79,8 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "dead_after"): "duration",
     ("ntfy", "reorder_window"): "duration",
     ("ntfy", "first_start"): "str",
+    ("ntfy", "cache_settle"): "duration",
+    ("ntfy", "overlap"): "duration",
     ("state", "dir"): "str",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
@@ -139,6 +146,10 @@ class NtfySettings:
     dead_after: float
     reorder_window: float
     first_start: FirstStart
+    # The overlap backfill (DESIGN.md section 3): poll `since=<T - overlap>` once `cache_settle`
+    # has passed after each `open`.
+    cache_settle: float = 2.0
+    overlap: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,43 +288,153 @@ class _Value:
     file: Path | None = None  # read raw from this file (a `_file` / `_FILE` indirection)
 
 
+class ConfigErrors(ConfigError):
+    """Several configuration problems, reported together: one `config error: key: ...` line each."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        super().__init__(errors[0].key, errors[0].problem)
+        self.args = ("\n".join(str(error) for error in errors),)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Problems:
+    """Collects ConfigErrors so that one run of `load` reports all of them."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    def add(self, error: ConfigError) -> None:
+        found = error.errors if isinstance(error, ConfigErrors) else [error]
+        for one in found:
+            if str(one) not in {str(seen) for seen in self.errors}:
+                self.errors.append(one)
+
+    def attempt(self, build: Callable[[], T]) -> T | None:
+        try:
+            return build()
+        except ConfigError as exc:
+            self.add(exc)
+            return None
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
+
+
+def config_path(given: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file the CLI reads: `--config`, else `$NTFY_INTAKE_CONFIG`, else
+    /etc/ntfy-intake/config.toml when it exists, else none (environment only)."""
+    if given is not None or environ.get(CONFIG_ENV):
+        return given
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+
+
 def load(
-    path: Path | None, environ: Mapping[str, str], *, allow_insecure_permissions: bool = False
+    path: Path | None,
+    environ: Mapping[str, str],
+    *,
+    need_ntfy: bool = True,
+    allow_insecure_permissions: bool = False,
 ) -> Settings:
     """Build Settings from the TOML file at `path` (else `$NTFY_INTAKE_CONFIG`, else none) and `environ`.
 
     A config file holding a secret inline, or a secret file, that group or others can read is
     refused (as ssh refuses such a key) unless `allow_insecure_permissions`.
+
+    `need_ntfy=False` is for commands that only read the state directory (status, check,
+    redrive, feed): a missing `ntfy.url` or `ntfy.topics` is then no error. Every problem found
+    is reported at once (`ConfigErrors` when there are several).
     """
     values: dict[tuple[str, str], _Value] = {}
+    problems = _Problems()
     config_label = "config"
     if path is None and environ.get(CONFIG_ENV):
         path, config_label = Path(environ[CONFIG_ENV]), f"config ({CONFIG_ENV})"
     if path is not None:
-        toml = _toml_values(_read_toml(path, config_label), path.parent)
+        doc = _read_toml(path, config_label)  # an unreadable file hides everything else: stop
+        toml = _toml_values(doc, path.parent, problems)
         inline = sorted(
             f"{s}.{k}" for (s, k), v in toml.items() if (s, k) in SECRET_KEYS and v.file is None
         )
         if inline and not allow_insecure_permissions:
             _check_private(path, config_label, f"holds {inline[0]}")
         values.update(toml)
-    values.update(_env_values(environ))
-    reader = _Reader(
-        {
-            key: _resolve_file(value, check=key in SECRET_KEYS and not allow_insecure_permissions)
-            for key, value in values.items()
-        }
-    )
-    ntfy = _ntfy(reader)
+    values.update(_env_values(environ, problems))
+    resolved: dict[tuple[str, str], _Value] = {}
+    for name, value in values.items():
+        check = name in SECRET_KEYS and not allow_insecure_permissions
+        done = problems.attempt(functools.partial(_resolve_file, value, check=check))
+        if done is not None:
+            resolved[name] = done
+    build = _Builder(resolved, problems)
+    ntfy = build.section("ntfy", lambda r: _ntfy(r, required=need_ntfy))
+    state = build.section("state", lambda r: StateSettings(dir=_state_dir(r, environ)))
+    relay = build.section("relay", _relay)
+    cadence = build.section("cadence", _cadence)
+    # The owner rules compare with ntfy.topics; with broken ntfy settings, check them alone.
+    known_ntfy = ntfy or _ntfy(_Reader({}), required=False)
+    owner = build.section("owner", lambda r: _owner(r, known_ntfy))
+    http = build.section("http", _http)
+    health = build.section("health", _health)
+    problems.raise_any()
+    assert ntfy and state and relay and cadence and owner and http and health
     return Settings(
         ntfy=ntfy,
-        state=StateSettings(dir=_state_dir(reader, environ)),
-        relay=_relay(reader),
-        cadence=_cadence(reader),
-        owner=_owner(reader, ntfy),
-        http=_http(reader),
-        health=_health(reader),
+        state=state,
+        relay=relay,
+        cadence=cadence,
+        owner=owner,
+        http=http,
+        health=health,
     )
+
+
+# Stand-ins for a bad required key while the rest of its section is checked (never returned).
+_STAND_INS = {("ntfy", "url"): "http://127.0.0.1", ("ntfy", "topics"): "stand-in"}
+
+
+class _Builder:
+    """Builds one section at a time and, when a key is bad, builds it again without that key
+    (its default applies, or a stand-in when it is required), so every bad key of the section is
+    reported, not only the first. An error that only follows from a key already reported bad
+    (it names that key) is not reported again."""
+
+    def __init__(self, values: Mapping[tuple[str, str], _Value], problems: _Problems) -> None:
+        self.values = dict(values)
+        self.problems = problems
+        self.reported: set[tuple[str, str]] = set()
+        self.said: list[ConfigError] = []
+
+    def section(self, name: str, build: Callable[[_Reader], T]) -> T | None:
+        for _ in range(len(_SECTIONS[name]) + 1):
+            try:
+                return build(_Reader(self.values))
+            except ConfigError as exc:
+                key = _key_of(exc)
+                follows = any(f"{s}.{k}" in exc.problem for s, k in self.reported)
+                said = key is not None and any(f"{key[0]}.{key[1]}" in e.problem for e in self.said)
+                if key not in self.reported and not (follows or said):
+                    self.problems.add(exc)
+                    self.said.append(exc)
+                if key is None or key in self.reported:
+                    return None  # a rule we cannot route, or no progress: stop here
+                self.reported.add(key)
+                if key in _STAND_INS:
+                    self.values[key] = _Value(exc.key, _STAND_INS[key], textual=True)
+                else:
+                    self.values.pop(key, None)
+        return None
+
+
+def _key_of(error: ConfigError) -> tuple[str, str] | None:
+    """`ntfy.url (NTFY_INTAKE_NTFY_URL)` -> ("ntfy", "url")."""
+    section, _, key = error.key.split(" ")[0].partition(".")
+    return (section, key) if (section, key) in _KINDS else None
 
 
 def _read_toml(path: Path, label: str) -> dict[str, object]:
@@ -329,36 +450,50 @@ def _read_toml(path: Path, label: str) -> dict[str, object]:
         raise ConfigError(label, f"{_show_path(path)}: invalid TOML: {exc}") from None
 
 
-def _toml_values(doc: Mapping[str, object], base: Path) -> dict[tuple[str, str], _Value]:
+def _toml_values(
+    doc: Mapping[str, object], base: Path, problems: _Problems
+) -> dict[tuple[str, str], _Value]:
     values: dict[tuple[str, str], _Value] = {}
     for section, table in doc.items():
         if section not in _SECTIONS:
             where = "section" if isinstance(table, dict) else "top-level key (keys go in a section)"
-            raise ConfigError(_show_key(section), f"unknown {where}{_suggest(section, _SECTIONS)}")
+            problems.add(
+                ConfigError(_show_key(section), f"unknown {where}{_suggest(section, _SECTIONS)}")
+            )
+            continue
         if not isinstance(table, dict):
-            raise ConfigError(section, f"expected a table [{section}], got {_type_name(table)}")
+            problems.add(
+                ConfigError(section, f"expected a table [{section}], got {_type_name(table)}")
+            )
+            continue
         keys = _SECTIONS[section]
         for key, raw in table.items():
             name = f"{section}.{key}"
             if key in keys:
                 if f"{key}_file" in table:
-                    raise ConfigError(name, f"both {key} and {key}_file are set; use one")
+                    problems.add(ConfigError(name, f"both {key} and {key}_file are set; use one"))
+                    continue
                 values[section, key] = _Value(name, raw, textual=False, base=base)
             elif key.endswith("_file") and key.removesuffix("_file") in keys:
+                if key.removesuffix("_file") in table:
+                    continue  # both set: reported once, at the plain key
                 if not isinstance(raw, str) or not raw:
-                    raise ConfigError(name, f"expected a file path string, got {_type_name(raw)}")
+                    problems.add(
+                        ConfigError(name, f"expected a file path string, got {_type_name(raw)}")
+                    )
+                    continue
                 label = f"{section}.{key.removesuffix('_file')} ({name})"
                 values[section, key.removesuffix("_file")] = _Value(
                     label, None, textual=True, file=base / raw
                 )
             else:
-                raise ConfigError(
-                    f"{section}.{_show_key(key)}", f"unknown key{_suggest(key, keys)}"
+                problems.add(
+                    ConfigError(f"{section}.{_show_key(key)}", f"unknown key{_suggest(key, keys)}")
                 )
     return values
 
 
-def _env_values(environ: Mapping[str, str]) -> dict[tuple[str, str], _Value]:
+def _env_values(environ: Mapping[str, str], problems: _Problems) -> dict[tuple[str, str], _Value]:
     known = {CONFIG_ENV}
     for section, key in ALL_KEYS:
         known |= {env_name(section, key), env_name(section, key) + "_FILE"}
@@ -368,15 +503,18 @@ def _env_values(environ: Mapping[str, str]) -> dict[tuple[str, str], _Value]:
             and name not in known
             and not name.startswith(TEST_ENV_PREFIX)
         ):
-            raise ConfigError(
-                _show_key(name), f"unknown environment variable{_suggest(name, known)}"
+            problems.add(
+                ConfigError(_show_key(name), f"unknown environment variable{_suggest(name, known)}")
             )
     values: dict[tuple[str, str], _Value] = {}
     for section, key in ALL_KEYS:
         name = env_name(section, key)
         direct, file = environ.get(name, ""), environ.get(name + "_FILE", "")
         if direct and file:
-            raise ConfigError(f"{section}.{key} ({name})", f"both {name} and {name}_FILE are set")
+            problems.add(
+                ConfigError(f"{section}.{key} ({name})", f"both {name} and {name}_FILE are set")
+            )
+            continue
         if direct:
             label = f"{section}.{key} ({name})"
             values[section, key] = _Value(label, direct, textual=True, trim=True)
@@ -547,16 +685,32 @@ class _Reader:
         return number
 
 
-def _ntfy(r: _Reader) -> NtfySettings:
+def _ntfy(r: _Reader, *, required: bool = True) -> NtfySettings:
     url = _url(r, "ntfy", "url", query=False)
     topics = r.strings("ntfy", "topics")
+    if not required:
+        url = "" if url is None else url
+        topics = () if topics is None else topics
+    where = (
+        f"in the config file (--config PATH or {CONFIG_ENV}; default {DEFAULT_CONFIG}, "
+        f"read when it exists)"
+    )
+    if url is None and topics is None:
+        r.fail(
+            "ntfy",
+            "url",
+            f"required, and so is ntfy.topics: no configuration found. Set them {where} or as "
+            f"{env_name('ntfy', 'url')} and {env_name('ntfy', 'topics')}",
+        )
     if url is None:
-        r.fail("ntfy", "url", f"required: the ntfy server URL (or set {env_name('ntfy', 'url')})")
+        r.fail(
+            "ntfy", "url", f"required: the ntfy server URL, {where} or {env_name('ntfy', 'url')}"
+        )
     if topics is None:
         r.fail(
-            "ntfy", "topics", f"required: a list of topics (or set {env_name('ntfy', 'topics')})"
+            "ntfy", "topics", f"required: a list of topics, {where} or {env_name('ntfy', 'topics')}"
         )
-    if not topics:
+    if not topics and required:
         r.fail("ntfy", "topics", "needs at least one topic")
     for topic in topics:
         _check_topic(r, "ntfy", "topics", topic)
@@ -588,6 +742,17 @@ def _ntfy(r: _Reader) -> NtfySettings:
             f"ntfy.reorder_window ({format_duration(reorder)}) must be shorter than "
             f"ntfy.cache_duration ({format_duration(cache)})",
         )
+    # The backfill must reach behind anything the reorder window let through, and behind ntfy's
+    # delayed sender (it publishes a due scheduled message up to 10 s late).
+    least_overlap = reorder + DELAYED_SENDER_PERIOD
+    overlap = _duration(r, "ntfy", "overlap", max(30.0, least_overlap), 0.0)
+    if overlap < least_overlap:
+        r.fail(
+            "ntfy",
+            "overlap",
+            f"must be at least ntfy.reorder_window + {format_duration(DELAYED_SENDER_PERIOD)}"
+            f" ({format_duration(least_overlap)}), got {format_duration(overlap)}",
+        )
     return NtfySettings(
         url=url.rstrip("/"),
         topics=topics,
@@ -598,6 +763,8 @@ def _ntfy(r: _Reader) -> NtfySettings:
         dead_after=dead_after,
         reorder_window=reorder,
         first_start=_first_start(r),
+        cache_settle=_duration(r, "ntfy", "cache_settle", 2.0, 0.0),
+        overlap=overlap,
     )
 
 

@@ -3,7 +3,7 @@
 Pure: no I/O and no clock. Every function takes `now`, a monotonic time in seconds (the caller's
 `time.monotonic()`), and every recorded time is on the same clock.
 
-Two questions, two different answers (DESIGN section 6):
+Two questions, two different answers (docs/design.md section 6):
 
 - `should_ping` answers "is this process making progress?". A wedged process is the one thing a
   restart fixes, so only it stops the WATCHDOG=1 pings. A remote outage (ntfy down, the loop

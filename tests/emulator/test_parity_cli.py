@@ -20,7 +20,7 @@ def test_help_shows_the_default_port(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["emulator", "--help"])
     out = capsys.readouterr().out
-    assert "port (default: 8080)" in out
+    assert "port to listen on (default: 8786)" in out
     assert "--no-rate-limits" in out and "--token" in out
 
 

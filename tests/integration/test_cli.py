@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
@@ -15,7 +18,18 @@ from ntfy_intake.emulator import EmulatorConfig, NtfyEmulator
 from ..harness import DaemonThread, settings_for, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["run", "status", "check", "redrive", "feed", "emulator", "receiver", "demo", "drill"]
+COMMANDS = [
+    "run",
+    "status",
+    "check",
+    "redrive",
+    "feed",
+    "emulator",
+    "receiver",
+    "signal-standin",
+    "demo",
+    "drill",
+]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -119,3 +133,172 @@ def test_feed_commands_round_trip_a_recorded_alert(tmp_path: Path) -> None:
         "feed", "wait", "--state-dir", str(tmp_path), "--handle", "triage", "--timeout", "0.2"
     )
     assert (timed_out.returncode, timed_out.stdout.strip()) == (1, "null")
+
+
+def test_read_only_commands_work_without_ntfy_url(tmp_path: Path) -> None:
+    with (
+        NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
+        DaemonThread(settings_for(emu.url, tmp_path)),
+    ):
+        emu.wait_for_subscribers(1)
+    only_state = {"NTFY_INTAKE_STATE_DIR": str(tmp_path)}
+    status = cli("status", "--json", env=only_state)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["inbox"]["events"] == 0
+    assert cli("check", env=only_state).returncode == 1  # the daemon stopped: not running
+    assert "config error" not in cli("check", env=only_state).stderr
+    redrive = cli("redrive", "--all", env=only_state)
+    assert redrive.returncode == 0 and "redriven 0" in redrive.stdout
+    caught_up = cli("feed", "catch-up", "--handle", "triage", env=only_state)
+    assert caught_up.returncode == 0 and json.loads(caught_up.stdout) == []
+
+
+def test_missing_config_says_where_config_is_looked_for(tmp_path: Path) -> None:
+    result = cli("run", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("config error: ntfy.url: required, and so is ntfy.topics")
+    assert "--config" in line and "/etc/ntfy-intake/config.toml" in line
+
+
+def test_status_without_state_names_the_path_and_the_config_options(tmp_path: Path) -> None:
+    result = cli("status", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path / "none")})
+    assert result.returncode == 1
+    assert str(tmp_path / "none" / "intake.sqlite3") in result.stderr
+    assert "--config" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_several_config_errors_are_all_reported_one_line_each(tmp_path: Path) -> None:
+    result = cli(
+        "run",
+        env={
+            "NTFY_INTAKE_NTFY_URL": "ftp://x",
+            "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+            "NTFY_INTAKE_CADENCE_DAILY_CAP": "-1",
+            "NTFY_INTAKE_HTTP_LISTEN": "nowhere",
+            "NTFY_INTAKE_STATE_DIR": str(tmp_path),
+        },
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(":")[1].split(" ")[1] for line in lines] == [
+        "ntfy.url",
+        "cadence.daily_cap",
+        "http.listen",
+    ]
+
+
+def start(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start a foreground server command on a free port; return it and its banner line."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ntfy_intake", *args, "--port", "0"],
+        env={**base, **(env or {})},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    banner = proc.stdout.readline()
+    if not banner:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"{args[0]} printed no banner: {err}")
+    return proc, banner
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("command", ["emulator", "receiver", "signal-standin"])
+def test_busy_port_is_one_line_and_exit_2_not_a_traceback(command: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli(command, "--port", str(port), env={"XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"cannot listen on 127.0.0.1:{port}: port {port} is already in use" in line
+    assert "--port" in line
+
+
+@pytest.mark.parametrize(
+    ("command", "port"), [("emulator", "8786"), ("receiver", "8790"), ("signal-standin", "8791")]
+)
+def test_default_ports_are_in_help_and_the_emulator_keeps_off_8080(command: str, port: str) -> None:
+    assert f"(default: {port})" in cli(command, "--help").stdout
+
+
+def test_signal_standin_command_accepts_a_send(tmp_path: Path) -> None:
+    proc, banner = start("signal-standin")
+    try:
+        base = banner.split("POST ")[1].split("/v2/send")[0]
+        sent = httpx.post(
+            f"{base}/v2/send",
+            json={"message": "hi", "number": "+4915100000000", "recipients": ["+4915111111111"]},
+        )
+        assert sent.status_code == 201
+        assert httpx.get(f"{base}/_standin/messages").json()
+    finally:
+        stop(proc)
+
+
+def test_emulator_token_option_turns_auth_on(tmp_path: Path) -> None:
+    token = "tk_" + "e" * 29
+    proc, banner = start("emulator", "--token", f"{token}=alerts")
+    try:
+        base = banner.strip().rsplit(" ", 1)[1]
+        anonymous = httpx.get(f"{base}/alerts/json", params={"poll": "1"})
+        assert anonymous.status_code in (401, 403)
+        allowed = httpx.get(
+            f"{base}/alerts/json",
+            params={"poll": "1"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert allowed.status_code == 200
+        other = httpx.get(
+            f"{base}/backups/json",
+            params={"poll": "1"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert other.status_code == 403
+    finally:
+        stop(proc)
+
+
+def test_emulator_refuses_a_malformed_token_with_one_line() -> None:
+    result = cli("emulator", "--port", "0", "--token", "secret")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("config error: --token:")
+
+
+def test_receiver_keeps_its_receipts_in_the_state_home_not_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc, banner = start("receiver", env={"XDG_STATE_HOME": str(tmp_path / "state")}, cwd=cwd)
+    stop(proc)
+    expected = tmp_path / "state" / "ntfy-intake" / "receiver.sqlite3"
+    assert str(expected) in banner
+    assert expected.exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_feed_ack_defaults_to_the_triage_channel(tmp_path: Path) -> None:
+    state = ["--state-dir", str(tmp_path)]
+    assert cli("feed", "catch-up", *state, "--handle", "h").returncode == 0
+    acked = cli("feed", "ack", *state, "--handle", "h", "--seq", "0")
+    assert acked.returncode == 0, acked.stderr
+    assert json.loads(acked.stdout) == {"channel": "triage", "cursor": 0}

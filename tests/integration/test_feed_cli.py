@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import feed_cli
+from ntfy_intake import feed_cli, outbox
+from ntfy_intake.db import write_txn as db_write_txn
 from ntfy_intake.feed import FeedStore
 
 
@@ -196,3 +198,26 @@ def test_the_loop_works_from_a_fresh_interpreter(db_path: Path) -> None:
     assert (code, out) == (2, "")
     assert "beyond head" in err and err.count("\n") == 1
     assert call("wait", "0.2") == (1, "null\n", "")
+
+
+def test_catch_up_says_requests_wait_in_the_debounce_window_instead_of_looking_broken(
+    store: sqlite3.Connection, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "intake.sqlite3"
+    code, entries, err = run(capsys, feed_cli.catch_up(db, "triage"))
+    assert (code, entries, err) == (0, [], "")  # nothing collecting: no note
+    with db_write_txn(store):
+        outbox.create(store, "tri_a", "alerts:disk full", "new", time.time() + 97, time.time())
+        outbox.create(store, "tri_b", "alerts:nas down", "new", time.time() + 120, time.time())
+    code, entries, err = run(capsys, feed_cli.catch_up(db, "triage"))
+    assert (code, entries) == (0, [])
+    assert err.startswith("ntfy-intake feed: 2 triage request(s) still collecting")
+    assert "released in 9" in err and err.count("\n") == 1
+
+
+def test_debounce_note_is_silent_with_nothing_collecting() -> None:
+    assert feed_cli.debounce_note(0, None, 0.0) is None
+    assert feed_cli.debounce_note(1, 50.0, 100.0) == (
+        "1 triage request(s) still collecting in their debounce window (cadence.debounce), "
+        "not in the feed yet; the next is released in 0 s"
+    )

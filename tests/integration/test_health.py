@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -233,17 +234,97 @@ def test_a_crashed_task_stops_the_daemon_with_a_failure_instead_of_hanging(
     assert query(tmp_path, "SELECT count(*) FROM inbox") == [(0,)]  # replayed on restart instead
 
 
-def test_http_bind_failure_never_stops_intake(emu: NtfyEmulator, tmp_path: Path) -> None:
+def test_http_port_in_use_leaves_intake_running_and_health_degraded_everywhere(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = settings_for(emu.url, tmp_path, http_listen=f"127.0.0.1:{port}")
+        listen = f"127.0.0.1:{port}"
+        config = settings_for(emu.url, tmp_path, http_listen=listen)
+        env = {**fast_env(emu, tmp_path), "NTFY_INTAKE_HTTP_LISTEN": listen}
         with DaemonThread(config) as running:
             emu.wait_for_subscribers(1)
             event = emu.publish("alerts", "disk full", title="Disk")["id"]
             wait_until(lambda: event in event_ids(tmp_path))
             assert running.daemon is not None and running.daemon.http_error is not None
+            daemon = running.daemon
+            wait_until(
+                lambda: (
+                    json.loads(cli(env, "status", "--json").stdout)["health"]["state"] == "degraded"
+                ),
+                what="status --json says degraded",
+            )
+            report = json.loads(cli(env, "status", "--json").stdout)
+            assert report["intake"]["state"] == "live"
+            check = cli(env, "check")
+            assert check.returncode == 1
+            assert check.stdout.startswith("unhealthy: degraded: HTTP surface down")
+            assert "degraded" in cli(env, "status").stdout.splitlines()[0].lower()
+            assert daemon.metrics_snapshot()["health_state"] == "degraded"
+            assert daemon._status_line("intake live: last frame 0s ago").startswith(
+                "degraded: HTTP surface down"
+            )
+            # Intake goes on: a second alert is still recorded.
+            second = emu.publish("alerts", "disk fuller", title="Disk")["id"]
+            wait_until(lambda: second in event_ids(tmp_path))
+
+
+def test_check_is_unhealthy_once_a_reconnect_fails_though_the_last_frame_is_fresh(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    # keepalive_timeout is long, so the last frame stays "fresh" for the whole outage.
+    overrides = {
+        "ntfy_keepalive_interval": "1s",
+        "ntfy_keepalive_timeout": "60s",
+        "ntfy_dead_after": "120s",
+    }
+    env = {"PATH": "/usr/bin:/bin", **env_for(emu.url, tmp_path, **overrides)}
+    with DaemonThread(settings_for(emu.url, tmp_path, **overrides), backoff_base=0.5):
+        emu.wait_for_subscribers(1)
+        wait_until(lambda: cli(env, "check").returncode == 0, what="healthy at first")
+        emu.faults.fail_subscribes(10_000, status=503)
+        emu.faults.drop_connections()
+        wait_until(lambda: cli(env, "check").returncode == 1, timeout=15, what="unhealthy")
+        check = cli(env, "check").stdout
+        assert check.startswith("unhealthy: reconnecting")
+        assert "last error HTTP 503" in check and " s ago)" in check
+        text = cli(env, "status").stdout
+        assert "healthy" not in text.split("\n")[0].lower().replace("unhealthy", "")
+        assert "RECONNECTING" in text.split("\n")[0]
+        emu.faults.clear()
+        wait_until(lambda: cli(env, "check").returncode == 0, timeout=30, what="recovered")
+        report = json.loads(cli(env, "status", "--json").stdout)
+        assert report["health"] == {"state": "live", "healthy": True, "reasons": []}
+        # The error is still shown, dated, and marked as history.
+        assert report["intake"]["last_error"].startswith("HTTP 503")
+        assert report["intake"]["last_error_age_s"] is not None
+        assert report["intake"]["last_error_current"] is False
+        assert "frames have arrived since" in cli(env, "status").stdout
+
+
+def test_check_never_prints_none_for_a_frame_that_never_came(tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    env = {"PATH": "/usr/bin:/bin", **env_for(url, tmp_path)}
+    with DaemonThread(settings_for(url, tmp_path)) as running:
+        assert running.daemon is not None
+        wait_until(lambda: running.daemon.health.attempts >= 2, what="failed attempts")
+        wait_until(
+            lambda: (
+                json.loads(cli(env, "status", "--json").stdout or "{}")
+                .get("daemon", {})
+                .get("running")
+            ),
+            what="a health snapshot",
+        )
+        check = cli(env, "check")
+        assert check.returncode == 1
+        assert "None" not in check.stdout
+        assert "no frame since start" in check.stdout
+        assert re.search(r"^last frame\s+never$", cli(env, "status").stdout, re.M)
 
 
 def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_path: Path) -> None:
@@ -256,7 +337,14 @@ def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_pa
         wait_until(lambda: running.daemon.http_port is not None)
         base = f"http://127.0.0.1:{running.daemon.http_port}"
         wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, timeout=30)
+        assert httpx.get(f"{base}/healthz").json() == {"status": "live", "intake": "live"}
         text = httpx.get(f"{base}/metrics").text
+        emu.faults.silence(True)
+        wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 503, timeout=30)
+        body = httpx.get(f"{base}/healthz").json()
+        assert body["status"] in ("reconnecting", "dead")
+        assert body["reasons"] and "last frame" in body["reasons"][0]
+        emu.faults.silence(False)
     samples = {
         line.split(" ")[0]: line.split(" ")[1]
         for line in text.splitlines()
@@ -264,6 +352,8 @@ def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_pa
     }
     assert float(samples["ntfy_intake_events_recorded_total"]) == 1.0
     assert samples['ntfy_intake_intake_state{state="live"}'] == "1.0"
+    assert samples['ntfy_intake_health_state{state="live"}'] == "1.0"
+    assert samples["ntfy_intake_healthy"] == "1.0"
     assert float(samples["ntfy_intake_audit_latch"]) == 0.0
     assert "ntfy_intake_last_frame_age_seconds" in samples
 
@@ -290,3 +380,49 @@ def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cu
         assert set(statuses) == {401}
     assert query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)]
     assert notices(tmp_path, "fallback_400") == []
+
+
+def test_systemd_status_line_says_the_health_state_once_and_does_not_repeat_itself(
+    emu: NtfyEmulator, tmp_path: Path, notify_socket: NotifySocket
+) -> None:
+    config = settings_for(emu.url, tmp_path / "state")
+    notifier = Notifier(str(tmp_path / "notify.sock"))
+    with DaemonThread(config, notifier=notifier, watchdog_interval=0.2):
+        emu.wait_for_subscribers(1)
+        wait_until(
+            lambda: any(m.startswith("STATUS=live;") for m in notify_socket.drain()),
+            timeout=30,
+            what="a live STATUS line",
+        )
+    line = next(m for m in notify_socket.messages if m.startswith("STATUS=live;"))
+    assert re.fullmatch(
+        r"STATUS=live; last frame \d+\.\d s ago; \d+ recorded this run; cursor \S+", line
+    ), line
+    assert line.count("live") == 1
+
+
+def test_connection_failure_names_the_url_ntfys_error_and_the_setting_to_check(
+    tmp_path: Path,
+) -> None:
+    """A wrong path prefix used to read `HTTP 404` and nothing else."""
+    config = EmulatorConfig(
+        keepalive_interval=1.0, tokens={"tk_" + "a" * 29: ["alerts"]}, request_limit=False
+    )
+    with NtfyEmulator(config).running() as emu:
+        _failures_of_a_misconfigured_daemon(emu, tmp_path)
+
+
+def _failures_of_a_misconfigured_daemon(emu: NtfyEmulator, tmp_path: Path) -> None:
+    wrong_prefix = f"{emu.url}/ntfy"
+    env = {"PATH": "/usr/bin:/bin", **env_for(wrong_prefix, tmp_path)}
+    with DaemonThread(settings_for(wrong_prefix, tmp_path), backoff_base=0.5):
+        wait_until(lambda: "HTTP 404" in cli(env, "status").stdout, timeout=15, what="a 404")
+        last = json.loads(cli(env, "status", "--json").stdout)["intake"]["last_error"]
+    assert last.startswith(f"HTTP 404 from {wrong_prefix}/alerts,backups/json")
+    assert "ntfy says: 40401 page not found" in last
+    assert "check ntfy.url (it has the path prefix '/ntfy')" in last
+    env = {"PATH": "/usr/bin:/bin", **env_for(emu.url, tmp_path)}
+    with DaemonThread(settings_for(emu.url, tmp_path), backoff_base=0.5):
+        wait_until(lambda: "HTTP 403" in cli(env, "status").stdout, timeout=15, what="a 403")
+        last = json.loads(cli(env, "status", "--json").stdout)["intake"]["last_error"]
+    assert "40301 forbidden" in last and "may not read topic(s) alerts, backups" in last

@@ -491,6 +491,8 @@ def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -
             "quarantined_total": 0,
             "cursor_moves_total": 9,
             "audit_latch": False,
+            "health_state": "live",
+            "relay_collecting": 0,
             "relay_pending": 0,
             "relay_dead": 0,
             "relay_delivered_total": 4,

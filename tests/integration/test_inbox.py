@@ -10,7 +10,7 @@ import pytest
 from ntfy_intake import audit, db, inbox, outbox
 from ntfy_intake.daemon import _feed_append
 from ntfy_intake.errors import InjectedFault
-from ntfy_intake.frames import Junk
+from ntfy_intake.frames import Junk, decode_line
 from ntfy_intake.owner_queue import Notice, OwnerQueue
 
 from ..conftest import make_message, owner_queue
@@ -165,3 +165,56 @@ def test_audit_records_carry_event_outcome_and_delivery_key(
     assert line["expires"] == 1_764_470_000 + 43200 and len(line["sha256"]) == 64
     assert line["outcome"] == "triage_requested" and line["delivery_key"] == "tri_aaaaaaaaaaa1"
     assert line["v"] == 1 and line["seq"] == 1 and line["incident"] == "alerts:disk full"
+
+
+def _frame(obj: dict[str, object]) -> object:
+    return decode_line(json.dumps(obj).encode(), frozenset({"alerts", "backups"}))
+
+
+def test_triage_payload_keeps_what_publishers_send_and_never_a_null_title(
+    store: sqlite3.Connection,
+) -> None:
+    """Click, actions, attachment, icon and markdown reach the agent; a titleless alert has no
+    `title` key (never null); a UnifiedPush base64 body reaches it decoded."""
+    action = {
+        "id": "abcdefghij",
+        "action": "view",
+        "label": "Open",
+        "url": "https://nas/",
+        "clear": False,
+    }
+    rich = {
+        "id": "richrichric1",
+        "time": 1_764_470_000,
+        "expires": 1_764_513_200,
+        "event": "message",
+        "topic": "alerts",
+        "title": "Disk",
+        "message": "**sda1** at 97%",
+        "click": "https://nas.example/",
+        "icon": "https://nas.example/i.png",
+        "actions": [action],
+        "attachment": {"name": "df.txt", "url": "https://nas.example/df.txt"},
+        "content_type": "text/markdown",
+    }
+    plain = {
+        "id": "plainplain01",
+        "time": 1_764_470_001,
+        "expires": 1_764_513_201,
+        "event": "message",
+        "topic": "backups",
+        "message": "//4AYmlu",
+        "encoding": "base64",
+    }
+    record(store, [_frame(rich), _frame(plain)])
+    (key_rich,), (key_plain,) = (
+        store.execute("SELECT delivery_key FROM outbox_events WHERE event_id = ?", (i,)).fetchone()
+        for i in ("richrichric1", "plainplain01")
+    )
+    (rich_event,) = outbox.build_payload(store, key_rich)[0]["events"]
+    (plain_event,) = outbox.build_payload(store, key_plain)[0]["events"]
+    for name in ("click", "icon", "actions", "attachment", "content_type", "title"):
+        assert rich_event[name] == rich[name], name
+    assert "title" not in plain_event
+    assert plain_event["message"] == "\ufffd\ufffd\x00bin"
+    assert None not in rich_event.values() and None not in plain_event.values()

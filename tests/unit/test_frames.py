@@ -1,11 +1,23 @@
 from __future__ import annotations
 
+import base64
 import json
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.frames import Junk, Keepalive, Message, NdjsonDecoder, Open, decode_line
+from ntfy_intake.frames import (
+    MAX_LINE_BYTES,
+    MAX_MESSAGE_BYTES,
+    DeviceAction,
+    Ignored,
+    Junk,
+    Keepalive,
+    Message,
+    NdjsonDecoder,
+    Open,
+    decode_line,
+)
 
 TOPICS = frozenset({"alerts", "backups"})
 
@@ -55,7 +67,9 @@ def test_any_chunking_yields_the_same_lines(data: bytes, cuts: list[int]) -> Non
 
 
 def test_open_and_keepalive() -> None:
-    assert decode_line(b'{"id":"x","time":1,"event":"open","topic":"a,b"}', TOPICS) == Open("a,b")
+    assert decode_line(b'{"id":"x","time":1,"event":"open","topic":"a,b"}', TOPICS) == Open(
+        "a,b", 1
+    )
     assert isinstance(decode_line(b'{"event":"keepalive","topic":"a"}', TOPICS), Keepalive)
 
 
@@ -91,7 +105,9 @@ BAD = [
     (b"not json", "not JSON"),
     (b"[1,2]", "not a JSON object"),
     (b'{"id":"abcDEF123456"}', "missing or non-string 'event'"),
-    (b'{"event":"poll_request","id":"abcDEF123456"}', "unsupported event type 'poll_request'"),
+    (b'{"event":"poll_request"}', "event kind 'poll_request' without a 12-character id"),
+    (line(event="message_delete"), "message_delete without a valid 'sequence_id'"),
+    (line(sequence_id="bad seq"), "'sequence_id' is not a valid sequence id"),
     (line(id="short"), "'id' is not 12 characters"),
     (line(time=True), "'time' is not a positive integer"),
     (line(time="1764470000"), "'time' is not a positive integer"),
@@ -135,11 +151,87 @@ json_values = st.recursive(
 @given(
     st.dictionaries(
         st.sampled_from(
-            ["id", "time", "expires", "event", "topic", "title", "message", "priority", "tags"]
+            [
+                "id",
+                "time",
+                "expires",
+                "event",
+                "topic",
+                "title",
+                "message",
+                "priority",
+                "tags",
+                "sequence_id",
+                "encoding",
+            ]
         ),
         json_values,
     )
 )
 def test_arbitrary_objects_decode_to_a_frame_or_junk(obj: dict[str, object]) -> None:
     frame = decode_line(json.dumps(obj).encode(), TOPICS)
-    assert isinstance(frame, Open | Keepalive | Message | Junk)
+    assert isinstance(frame, Open | Keepalive | Message | DeviceAction | Ignored | Junk)
+
+
+@given(
+    st.sampled_from(["message_delete", "message_clear", "poll_request", "x-new-kind"]),
+    st.dictionaries(st.sampled_from(["sequence_id", "time", "expires", "topic"]), json_values),
+)
+def test_new_event_kinds_never_raise_and_keep_their_id(kind: str, extra: dict[str, object]) -> None:
+    obj = {"id": "abcDEF123456", "event": kind, **extra}
+    frame = decode_line(json.dumps(obj).encode(), TOPICS)
+    assert isinstance(frame, DeviceAction | Ignored | Junk)
+    assert frame.event_id == "abcDEF123456" if isinstance(frame, Junk) else frame.id
+
+
+def test_unknown_event_kind_is_ignored_not_junk() -> None:
+    frame = decode_line(line(event="message_pin"), TOPICS)
+    assert isinstance(frame, Ignored)
+    assert (frame.id, frame.kind, frame.cached) == ("abcDEF123456", "message_pin", False)
+
+
+def test_delete_and_clear_name_their_message_by_sequence_id() -> None:
+    for kind in ("message_delete", "message_clear"):
+        frame = decode_line(line(event=kind, sequence_id="origID123456", message=None), TOPICS)
+        assert isinstance(frame, DeviceAction)
+        assert (frame.kind, frame.sequence_id, frame.topic) == (kind, "origID123456", "alerts")
+
+
+def test_update_carries_the_sequence_it_belongs_to() -> None:
+    update = decode_line(line(sequence_id="origID123456"), TOPICS)
+    original = decode_line(line(sequence_id="abcDEF123456"), TOPICS)  # /ws sends it even if equal
+    assert isinstance(update, Message) and update.sequence == "origID123456"
+    assert isinstance(original, Message) and original.sequence_id is None
+    assert original.sequence == "abcDEF123456"
+
+
+def test_base64_body_is_decoded_before_the_envelope_is_read_and_raw_frame_kept() -> None:
+    body = '{"incident":"nas-raid","severity":5}'
+    encoded = base64.b64encode(body.encode()).decode()
+    frame = decode_line(line(message=encoded, encoding="base64"), TOPICS)
+    assert isinstance(frame, Message) and frame.message == body
+    assert encoded in frame.raw and json.loads(frame.raw)["encoding"] == "base64"
+
+
+def test_base64_body_that_is_not_utf8_or_not_base64_loses_nothing() -> None:
+    binary = decode_line(
+        line(message=base64.b64encode(b"\xff\xfeok").decode(), encoding="base64"), TOPICS
+    )
+    assert isinstance(binary, Message) and binary.message.endswith("ok")
+    broken = decode_line(line(message="not base64!", encoding="base64"), TOPICS)
+    assert isinstance(broken, Message) and broken.message == "not base64!"
+
+
+def test_largest_configurable_message_with_json_escaping_is_accepted() -> None:
+    # ntfy's Go encoder writes `<` as \u003c: six bytes each, at the 5 MiB message limit.
+    body = "<" * MAX_MESSAGE_BYTES
+    raw = json.dumps({**json.loads(line()), "message": body}).replace("<", "\\u003c").encode()
+    assert len(raw) > 6 * MAX_MESSAGE_BYTES and len(raw) <= MAX_LINE_BYTES
+    decoder = NdjsonDecoder()
+    lines: list[bytes | Junk] = []
+    for start in range(0, len(raw), 65536):
+        lines += decoder.feed(raw[start : start + 65536])
+    lines += decoder.feed(b"\n")
+    assert len(lines) == 1 and isinstance(lines[0], bytes)
+    frame = decode_line(lines[0], TOPICS)
+    assert isinstance(frame, Message) and frame.message == body

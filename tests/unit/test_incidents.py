@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,3 +98,61 @@ def test_merge_is_order_independent(spec: list[tuple[int, int, str]], rnd) -> No
     shuffled = list(messages)
     rnd.shuffle(shuffled)
     assert fold(messages) == fold(shuffled)
+
+
+def key_of(body: str, topic_title: str | None = None) -> str:
+    return incidents.signal_of(msg("a" * 12, 1, title=topic_title, message=body)).key
+
+
+def test_titleless_alerts_differing_only_in_a_percentage_are_one_incident() -> None:
+    assert key_of("disk 91% full") == key_of("disk 95% full") == "alerts:disk <pct> full"
+    assert key_of("nas: /dev/sda1 at 97%") == key_of("nas: /dev/sda1 at 98 %")
+
+
+def test_digits_inside_words_keep_titleless_incidents_apart() -> None:
+    assert key_of("nas1 down") == "alerts:nas1 down"
+    assert key_of("nas2 down") == "alerts:nas2 down"
+    assert key_of("/dev/sda1 failing") != key_of("/dev/sdb1 failing")
+    assert key_of("host-10 down") != key_of("host-11 down")
+    assert key_of("v1.2.3 released") == "alerts:v1.2.3 released"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "key"),
+    [
+        ("free 12.5 GB", "free 3 GiB", "free <size>"),
+        ("free 512MB", "free 1.5TB", "free <size>"),
+        ("backup took 3h12m", "backup took 45 min", "backup took <dur>"),
+        ("uptime 30s", "uptime 2d", "uptime <dur>"),
+        ("2025-11-30T07:53:35Z cron failed", "2025-12-01 08:00 cron failed", "<time> cron failed"),
+        ("at 07:53:35 cron failed", "at 23:01 cron failed", "at <time> cron failed"),
+        ("ping 10.0.0.5: 100% loss", "ping 192.168.1.20:8080: 40% loss", "ping <ip>: <pct> loss"),
+        ("fe80::1 unreachable", "2001:db8::42 unreachable", "<ip> unreachable"),
+        ("job 3f2a9bc1 failed", "job 0x1f failed", "job <hex> failed"),
+        (
+            "container 550e8400-e29b-41d4-a716-446655440000 died",
+            "container 6ba7b810-9dad-11d1-80b4-00c04fd430c8 died",
+            "container <hex> died",
+        ),
+        ("load 3.52 on web-01", "load 12 on web-01", "load <n> on web-01"),
+        ("cpu=93% port 8080", "cpu=7% port 443", "cpu=<pct> port <n>"),
+        ("upgrade 1,024 packages", "upgrade 5 packages", "upgrade <n> packages"),
+    ],
+)
+def test_changing_values_are_masked_in_the_titleless_key(first: str, second: str, key: str) -> None:
+    assert key_of(first) == key_of(second) == f"alerts:{key}"
+
+
+def test_titleless_key_is_the_first_non_blank_line_only() -> None:
+    assert key_of("  \nsmart: sda1 reallocated 197\ndetails follow 42") == (
+        "alerts:smart: sda1 reallocated <n>"
+    )
+
+
+def test_a_title_is_used_as_it_is_without_masking() -> None:
+    assert key_of("whatever 5", topic_title="Disk 91% FULL") == "alerts:disk 91% full"
+
+
+def test_a_huge_one_line_body_gives_a_bounded_key() -> None:
+    key = key_of("a1" * 2_500_000 + " 97%")
+    assert len(key) <= len("alerts:") + incidents.KEY_LIMIT

@@ -13,6 +13,7 @@ from ntfy_intake import metrics
 
 FULL: dict[str, Any] = {
     "intake_state": "live",
+    "health_state": "live",
     "last_frame_age_s": 1.5,
     "connections_total": 3,
     "reconnects_total": 2,
@@ -23,6 +24,7 @@ FULL: dict[str, Any] = {
     "quarantined_total": 1,
     "cursor_moves_total": 47,
     "audit_latch": False,
+    "relay_collecting": 5,
     "relay_pending": 2,
     "relay_dead": 1,
     "relay_delivered_total": 12,
@@ -89,6 +91,22 @@ def test_intake_state_is_one_hot_and_up_only_when_live(state: str) -> None:
     for name in metrics.INTAKE_STATES:
         assert samples["ntfy_intake_intake_state", (("state", name),)] == (name == state)
     assert samples["ntfy_intake_intake_up", ()] == (state == "live")
+
+
+@pytest.mark.parametrize("state", ["live", "degraded", "reconnecting", "dead", "latched"])
+def test_health_state_is_one_hot_over_the_five_names_and_healthy_only_when_live(
+    state: str,
+) -> None:
+    samples = scrape({"health_state": state, "intake_state": "live"})
+    for name in metrics.HEALTH_STATES:
+        assert samples["ntfy_intake_health_state", (("state", name),)] == (name == state)
+    assert samples["ntfy_intake_healthy", ()] == (state == "live")
+
+
+def test_requests_in_their_debounce_window_are_shown_apart_from_pending() -> None:
+    samples = scrape({"relay_collecting": 5, "relay_pending": 0})
+    assert samples["ntfy_intake_relay_collecting", ()] == 5
+    assert samples["ntfy_intake_relay_pending", ()] == 0
 
 
 def test_latch_set_reads_one() -> None:

@@ -162,6 +162,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("ntfy", "dead_after"): "10m",
         ("ntfy", "reorder_window"): "2s",
         ("ntfy", "first_start"): "6h",
+        ("ntfy", "cache_settle"): "3s",
+        ("ntfy", "overlap"): "45s",
         ("state", "dir"): str(tmp_path),
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
@@ -194,6 +196,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             dead_after=600,
             reorder_window=2,
             first_start=FirstStart("history", 6 * 3600),
+            cache_settle=3,
+            overlap=45,
         ),
         state=settings.StateSettings(tmp_path),
         relay=settings.RelaySettings(
@@ -615,7 +619,11 @@ def test_signal_owner_settings() -> None:
         ({"NTFY_INTAKE_OWNER_RECIPIENTS": "+49151,+49151"}, "owner.recipients", "listed twice"),
         ({"NTFY_INTAKE_OWNER_SIGNAL_URL": "signal:8080"}, "owner.signal_url", "http://"),
         ({"NTFY_INTAKE_OWNER_SIGNAL_URL": "http://s/v2/send"}, "owner.signal_url", "base URL"),
-        ({"NTFY_INTAKE_OWNER_SIGNAL_URL": ""}, "owner.signal_number", "owner.signal_url is not"),
+        (
+            {"NTFY_INTAKE_OWNER_SIGNAL_URL": "", "NTFY_INTAKE_OWNER_RECIPIENTS": ""},
+            "owner.signal_number",
+            "owner.signal_url is not",
+        ),
         ({"NTFY_INTAKE_OWNER_FALLBACK_TOPIC": "a b"}, "owner.fallback_topic", "not a topic"),
         ({"NTFY_INTAKE_OWNER_FALLBACK_TOPIC": "app"}, "owner.fallback_topic", "reserved"),
         ({"NTFY_INTAKE_OWNER_FALLBACK_TOPIC": "alerts"}, "owner.fallback_topic", "ingest"),
@@ -862,3 +870,69 @@ def test_cli_refuses_a_readable_secret_with_exit_2_and_one_line_and_honours_the_
     # Past the check, status reports that there is no state yet (exit 1), not a config error.
     assert cli.main(["status", "--config", str(path), "--allow-insecure-permissions"]) == 1
     assert "no state yet" in capsys.readouterr().err
+
+
+def test_every_config_error_is_reported_at_once_one_line_each(tmp_path: Path) -> None:
+    text = (
+        '[ntfy]\nurl = "ftp://x"\ntopics = ["alerts"]\nkeepalive_timeout = "soon"\n'
+        'colour = "red"\n[cadence]\ndaily_cap = -1\ntimezone = "Mars/Olympus"\n[bogus]\nx = 1\n'
+    )
+    with pytest.raises(settings.ConfigErrors) as info:
+        load_toml(tmp_path, text, {"NTFY_INTAKE_HTTP_LISTEN": "nowhere"})
+    lines = str(info.value).splitlines()
+    keys = [line.split(":")[1].strip() for line in lines]
+    assert all(line.startswith("config error: ") for line in lines)
+    for key in (
+        "ntfy.url",
+        "ntfy.keepalive_timeout",
+        "ntfy.colour",
+        "cadence.daily_cap",
+        "cadence.timezone",
+        "bogus",
+        "http.listen (NTFY_INTAKE_HTTP_LISTEN)",
+    ):
+        assert any(k.startswith(key) for k in keys), (key, lines)
+    assert len(lines) == len(set(lines)) == 7
+    assert info.value.key == keys[0]
+
+
+def test_a_single_error_is_still_a_plain_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(None, env(CADENCE_DAILY_CAP="-1"))
+    assert not isinstance(info.value, settings.ConfigErrors)
+    assert "\n" not in str(info.value)
+
+
+def test_read_only_commands_do_not_need_the_ntfy_settings() -> None:
+    loaded = load(None, {"NTFY_INTAKE_STATE_DIR": "/srv/state"}, need_ntfy=False)
+    assert loaded.state.dir == Path("/srv/state") and loaded.ntfy.topics == ()
+
+
+def test_missing_ntfy_settings_name_the_config_file_options() -> None:
+    message = error_of(lambda: load(None, {}), "ntfy.url")
+    assert "--config" in message and "/etc/ntfy-intake/config.toml" in message
+    assert "NTFY_INTAKE_NTFY_URL" in message and "ntfy.topics" in message
+
+
+def test_default_config_path_is_used_only_when_it_exists_and_nothing_else_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = tmp_path / "config.toml"
+    monkeypatch.setattr(settings, "DEFAULT_CONFIG", default)
+    assert settings.config_path(None, {}) is None
+    default.write_text(MINIMAL_TOML)
+    assert settings.config_path(None, {}) == default
+    assert settings.config_path(Path("/x.toml"), {}) == Path("/x.toml")
+    assert settings.config_path(None, {"NTFY_INTAKE_CONFIG": "/y.toml"}) is None  # load reads it
+
+
+def test_overlap_shorter_than_reorder_window_plus_delayed_sender_is_refused() -> None:
+    base = {env_name("ntfy", "url"): "http://x", env_name("ntfy", "topics"): "a"}
+    with pytest.raises(ConfigError, match=r"ntfy.overlap.*at least ntfy.reorder_window \+ 10s"):
+        load(
+            None,
+            {**base, env_name("ntfy", "reorder_window"): "25s", env_name("ntfy", "overlap"): "30s"},
+        )
+    # Unset, the overlap follows a long reorder window instead of failing on a key nobody wrote.
+    assert load(None, {**base, env_name("ntfy", "reorder_window"): "25s"}).ntfy.overlap == 35
+    assert load(None, base).ntfy.overlap == 30 and load(None, base).ntfy.cache_settle == 2

@@ -26,10 +26,11 @@ from typing import Any
 
 from ntfy_intake.emulator import access, account, admin, publish, wire
 from ntfy_intake.emulator.exchange import Exchange, Receive, Scope, Send, WebSocketExchange
-from ntfy_intake.emulator.hub import Hub, Stream
+from ntfy_intake.emulator.hub import Hub
 from ntfy_intake.emulator.params import Params, parse_query_filters
 from ntfy_intake.emulator.session import StreamSession, encoder
 from ntfy_intake.emulator.since import InvalidSince, parse_since
+from ntfy_intake.emulator.stream import Stream
 from ntfy_intake.emulator.websocket import WebSocketSession
 from ntfy_intake.emulator.wire import NtfyError
 

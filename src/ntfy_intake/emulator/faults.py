@@ -24,14 +24,16 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ntfy_intake.emulator import wire
+from ntfy_intake.emulator.stream import Stream
 from ntfy_intake.emulator.wire import Event, NtfyError
 
 if TYPE_CHECKING:
-    from ntfy_intake.emulator.cache import Row
-    from ntfy_intake.emulator.hub import Hub, Stream
+    import threading
+
+    from ntfy_intake.emulator.cache import MessageCache, Row
 
 _KNOWN_ERRORS = {
     400: wire.BAD_REQUEST,
@@ -68,10 +70,25 @@ def injected_error(status: int) -> NtfyError:
     return NtfyError(status * 100 + 1, status, HTTPStatus(status).phrase.lower())
 
 
+class FaultTarget(Protocol):
+    """What the switches act on: the hub's lock, cache, clock and open streams. A protocol, so
+    this module does not import the hub that owns a `Faults`."""
+
+    lock: threading.RLock
+    cache: MessageCache
+
+    def now(self) -> float: ...
+    def schedule(self, deliveries: Iterable[Delivery]) -> None: ...
+    def drop_streams(self, *, graceful: bool = False) -> int: ...
+    def inject_raw(self, data: bytes) -> int: ...
+    def zombify_streams(self) -> None: ...
+    def evict(self, ids: Iterable[str] | None) -> list[str]: ...
+
+
 class Faults:
     """The fault switches of one emulator (see docs/emulator.md for each one)."""
 
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: FaultTarget) -> None:
         self._hub = hub
         self._silenced = False
         self._forced_400 = 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import math
 import threading
 from collections.abc import Callable, Iterable
@@ -23,58 +22,12 @@ from ntfy_intake.emulator.access import FixedLimiter, TokenBucket
 from ntfy_intake.emulator.cache import MessageCache, Row
 from ntfy_intake.emulator.config import EmulatorConfig
 from ntfy_intake.emulator.faults import Delivery, Faults
-from ntfy_intake.emulator.params import QueryFilter
 from ntfy_intake.emulator.since import Since
+from ntfy_intake.emulator.stream import Signal, Stream
 from ntfy_intake.emulator.wire import Event
 
 _AUTH_FAILURE_BURST = 30
 _AUTH_FAILURE_EVERY = 60.0
-
-
-class Signal(enum.Enum):
-    """Control items on a stream's queue, next to the encoded frames."""
-
-    END = "end"  # a poll has written its replay: complete the response
-    CLOSE = "close"  # graceful drop: complete the response now
-    DROP = "drop"  # abort the connection
-    DISCONNECTED = "disconnected"  # the client went away
-
-
-class Stream:
-    """One subscribe request (a stream or a poll) as the hub sees it. Loop-thread methods only,
-    except `zombie` and `closed`, which are plain flags."""
-
-    def __init__(
-        self,
-        *,
-        topics: list[str],
-        topics_str: str,
-        filters: QueryFilter,
-        poll: bool,
-        encode: Callable[[Event], bytes | str],
-        scheduled: bool = False,
-    ) -> None:
-        self.topics = topics
-        self.topics_str = topics_str
-        self.filters = filters
-        self.poll = poll
-        self.encode = encode
-        self.scheduled = scheduled
-        self.queue: asyncio.Queue[bytes | str | Signal] = asyncio.Queue()
-        self.zombie = False
-        self.closed = False
-        self.live_seen = asyncio.Event()
-
-    def deliver(self, event: Event) -> None:
-        if not self.closed and self.filters.passes(event.to_dict()):
-            self.queue.put_nowait(self.encode(event))
-
-    def deliver_live(self, event: Event) -> None:
-        self.deliver(event)
-        self.live_seen.set()
-
-    def signal(self, signal: Signal) -> None:
-        self.queue.put_nowait(signal)
 
 
 class Hub:

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ntfy_intake.emulator import wire
-from ntfy_intake.emulator.hub import Hub, Signal, Stream
+from ntfy_intake.emulator.hub import Hub
 from ntfy_intake.emulator.since import Since
+from ntfy_intake.emulator.stream import Signal, Stream
 from ntfy_intake.emulator.wire import Event
 
 if TYPE_CHECKING:

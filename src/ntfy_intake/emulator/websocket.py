@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ntfy_intake.emulator.hub import Signal
 from ntfy_intake.emulator.session import StreamSession
+from ntfy_intake.emulator.stream import Signal
 
 
 class WebSocketSession(StreamSession):
