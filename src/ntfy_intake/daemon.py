@@ -374,6 +374,11 @@ class Daemon(Vitals):
             await asyncio.gather(*tasks, return_exceptions=True)
         try:
             await self._flush_audit()
+            if self.latched:
+                # The space may be back: write what the log is owed now (never twice: the
+                # writer knows its last seq) rather than leave it all to the next start.
+                with contextlib.suppress(AuditWriteError):
+                    await self._db(audit.flush, self.conn, self._audit)
             await self._db(self._write_health, final=True)
         except Exception as exc:  # noqa: BLE001 - shutting down: report, never a traceback
             log.error("daemon.shutdown_incomplete", error=repr(exc))

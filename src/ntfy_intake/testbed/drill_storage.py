@@ -29,6 +29,7 @@ import errno
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import threading
@@ -208,11 +209,12 @@ class StorageDrill(drill.Drill):
                 before = self._log_counts()
                 getattr(self, f"_{kind}")()
                 self.done[kind] += 1
+                time.sleep(0.3)  # a write that failed during the fault logs it just after
                 after = self._log_counts()
                 for marker, label in EFFECTS.items():
                     if after[marker] > before[marker]:
                         self.effects[kind][label] += 1
-                self._settle(kind)
+                self._settle(kind, latched=after["audit.latched"] > before["audit.latched"])
             self._final()
         finally:
             self.clock_file.write_text("0")
@@ -232,10 +234,10 @@ class StorageDrill(drill.Drill):
             self.daemon.start()
         self._wait_running()
 
-    def _settle(self, kind: str) -> None:
+    def _settle(self, kind: str, *, latched: bool) -> None:
         """After a fault: caught up with the live stream again (a latched daemon is restarted
         first: its latch notice advises exactly that)."""
-        if self._latched():
+        if latched or self._latched():
             self._restart(f"after {kind} (latched)")
         published, since = self.ledger.count(), time.monotonic()
         state, took = self._catch_up(published, since)
@@ -418,6 +420,9 @@ def run(
         )
         tally = storage_drill.run()
         tally.kept = keep
+        if keep and fs_problem is None:  # the tmpfs goes with the unmount: keep a copy
+            shutil.copytree(storage_drill.state_dir, workdir / "state-kept")
+            tally.state_dir = workdir / "state-kept"
         findings = check(
             storage_drill.ledger.ids(), storage_drill.state_dir, receiver_server.db_path
         )
