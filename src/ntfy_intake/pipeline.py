@@ -462,34 +462,26 @@ class EventPipeline:
         await self.queue.join()
 
 
-def append_triage_entry(
-    conn: sqlite3.Connection, key: str, payload: dict[str, Any], summary: str, now: float
-) -> None:
-    feed.append(
-        conn,
-        TRIAGE_CHANNEL,
-        payload,
-        delivery_key=key,
-        sender=FEED_SENDER,
-        summary=summary,
-        idempotency_key=key,
-        now=now,
-    )
+def _append_to(channel: str) -> Callable[[sqlite3.Connection, str, Any, str, float], None]:
+    """A feed appender for one channel, keyed by the delivery key (a replay appends nothing)."""
+
+    def append(conn: sqlite3.Connection, key: str, payload: Any, summary: str, now: float) -> None:
+        feed.append(
+            conn,
+            channel,
+            payload,
+            delivery_key=key,
+            sender=FEED_SENDER,
+            summary=summary,
+            idempotency_key=key,
+            now=now,
+        )
+
+    return append
 
 
-def append_info_entry(
-    conn: sqlite3.Connection, key: str, payload: dict[str, object], summary: str, now: float
-) -> None:
-    feed.append(
-        conn,
-        INFO_CHANNEL,
-        payload,
-        delivery_key=key,
-        sender=FEED_SENDER,
-        summary=summary,
-        idempotency_key=key,
-        now=now,
-    )
+append_triage_entry = _append_to(TRIAGE_CHANNEL)
+append_info_entry = _append_to(INFO_CHANNEL)
 
 
 def _utc(ts: int) -> str:
