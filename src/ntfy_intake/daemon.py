@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import structlog
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from ntfy_intake import (
     audit,
@@ -33,7 +32,6 @@ from ntfy_intake import (
     db,
     diagnose,
     feed,
-    http_api,
     intake,
     outbox,
     owner,
@@ -61,6 +59,8 @@ from ntfy_intake.settings import Settings
 from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
 
 log = structlog.get_logger("ntfy_intake.daemon")
+
+STARTUP_GRACE_S = 1.0
 
 __all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
 
@@ -126,6 +126,7 @@ class Daemon(Vitals):
         self._audit = audit.AuditLog(settings.state.audit_dir, self.clock)
         self._cursor = None
         self.ready = asyncio.Event()
+        self.subscribed = asyncio.Event()  # set when a subscription first opens
         self.notifier = notifier or Notifier(None)
         self.watchdog_interval = watchdog_interval
         self.heartbeat_at = time.monotonic()  # the ticker's last pass: proves the loop turns
@@ -332,19 +333,7 @@ class Daemon(Vitals):
                 after_send=lambda: self.crash.hit("after_owner_send"),
             )
             tasks.append(asyncio.create_task(self.owner.run(relay_stop), name="owner"))
-            # Housekeeping on a schedule (APScheduler): retention pruning, hourly and soon after
-            # start; coalesced, never two runs at once.
-            scheduler = AsyncIOScheduler(timezone="UTC")
-            scheduler.add_job(
-                self._prune,
-                "interval",
-                hours=1,
-                next_run_time=datetime.now(UTC) + timedelta(minutes=1),
-                coalesce=True,
-                max_instances=1,
-                id="retention",
-            )
-            scheduler.start()
+            tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
             http_stop = asyncio.Event()
             tasks.append(asyncio.create_task(self._serve_http(http_stop), name="http"))
             if self.settings.health.ping_url is not None:
@@ -366,7 +355,6 @@ class Daemon(Vitals):
                     asyncio.gather(*(asyncio.shield(t) for t in senders), return_exceptions=True),
                     timeout=self.settings.relay.timeout + 1,
                 )
-            scheduler.shutdown(wait=False)
             http_stop.set()
             for task in tasks[1:]:
                 if task.get_name() != "http":
@@ -452,7 +440,38 @@ class Daemon(Vitals):
 
     # -- the loopback HTTP surface: feed, notify, health, metrics ------------------------------------
 
+    async def _after_subscribing(self) -> None:
+        """What intake does not need (the HTTP surface, the scheduler) loads once the first
+        subscription is on its way, or after a second: a start never waits for starlette."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.subscribed.wait(), STARTUP_GRACE_S)
+
+    async def _housekeeping(self) -> None:
+        """Retention pruning on a schedule (APScheduler): hourly and a minute after start,
+        coalesced, never two runs at once. Stops with the task."""
+        await self._after_subscribing()
+        from apscheduler.schedulers.asyncio import AsyncIOScheduler  # noqa: PLC0415
+
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        scheduler.add_job(
+            self._prune,
+            "interval",
+            hours=1,
+            next_run_time=datetime.now(UTC) + timedelta(minutes=1),
+            coalesce=True,
+            max_instances=1,
+            id="retention",
+        )
+        scheduler.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            scheduler.shutdown(wait=False)
+
     async def _serve_http(self, stop: asyncio.Event) -> None:
+        await self._after_subscribing()
+        from ntfy_intake import http_api  # noqa: PLC0415 - starlette and uvicorn: after intake
+
         app = http_api.create_app(
             db_path=self.settings.state.database,
             token=self.settings.http.token,

@@ -139,6 +139,7 @@ class EventPipeline:
     _next_release: float | None
     _saved_frame_time: int | None
     _frame_time_saved_at: float
+    subscribed: asyncio.Event
 
     # -- database access: one lock, one worker thread; storage faults waited out ---------------------
 
@@ -211,6 +212,7 @@ class EventPipeline:
 
     async def _owe_backfill(self, since: int, gap_from: int | None) -> Owed:
         """The connection opened: persist the backfill it owes before anything else happens."""
+        self.subscribed.set()
         owed = await self._db(owe_backfill, self.conn, since, gap_from, self.clock())
         self.crash.hit("after_backfill_owed")
         return owed
