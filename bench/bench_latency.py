@@ -66,6 +66,7 @@ class Latency:
     recorded: list[float]
     received: list[float]
     floor: list[float]
+    post_only: list[float]  # a plain POST from this process to the same receiver -> decide
 
 
 def durable_floor(directory: Path, n: int) -> list[float]:
@@ -139,7 +140,21 @@ def live_latency(workdir: Path, n: int) -> Latency:
             if i >= WARMUP:
                 recorded.append(seen - began)
                 received.append(got - began)
-    return Latency(recorded, received, durable_floor(workdir, n))
+        # The receiver's own share: a plain POST of the same shape, from here, until `decide`.
+        post_only: list[float] = []
+        with httpx.Client(timeout=10) as client:
+            for i in range(WARMUP + n):
+                key = f"plainlat_{i:07d}"
+                payload = body(key, i)
+                payload["events"][0]["id"] = f"plainlat{i:04d}"  # type: ignore[index]
+                event_id = f"plainlat{i:04d}"
+                began = time.monotonic()
+                client.post(handle.url, json=payload, headers={"Idempotency-Key": key})
+                with arrived:
+                    got = received_at[event_id]
+                if i >= WARMUP:
+                    post_only.append(got - began)
+    return Latency(recorded, received, durable_floor(workdir, n), post_only)
 
 
 def latency_rows(result: Latency) -> list[Row]:
@@ -147,6 +162,7 @@ def latency_rows(result: Latency) -> list[Row]:
     rx50, rx99 = percentile(result.received, 50), percentile(result.received, 99)
     fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
     n = len(result.recorded)
+    po50, po99 = percentile(result.post_only, 50), percentile(result.post_only, 99)
     return [
         Row(
             f"live: publish -> received by receiver, p50 (n={n})",
@@ -169,6 +185,12 @@ def latency_rows(result: Latency) -> list[Row]:
             f"{ms(rec50)} / {ms(rec99)}",
             f"floor {ms(fl50)} / {ms(fl99)}",
             ratio(rec50, fl50),
+        ),
+        Row(
+            "  receiver's share: plain POST from the bench -> decide, p50 / p99",
+            f"{ms(po50)} / {ms(po99)}",
+            "",
+            ratio(rx50 - rec50, po50),
         ),
     ]
 

@@ -141,6 +141,8 @@ def main() -> int:
         rows += bench_latency.throughput_rows(bench_latency.relay_throughput(work, requests))
         step("feed ring")
         rows += bench_feed.rows(bench_feed.ring_latency(work, rounds))
+        # Not the product's setting: what a shorter Doorbell poll_interval would give.
+        rows += bench_feed.rows(bench_feed.ring_latency(work, rounds, poll_interval=0.004))
         step("idle RSS")
         rows += rss_rows(replays, idle_rss(work))
         step("startup")
