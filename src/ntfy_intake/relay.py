@@ -10,6 +10,10 @@ A 401 (a receiver whose clock is not synced yet, a secret being rotated) is retr
 like a 5xx and noticed to the owner once per streak, never dead at once. A reply is made valid
 UTF-8 where it is decoded: no value a receiver sends can stop the relay.
 
+Up to `concurrency` attempts are in flight at once (4 by default), never two of one incident:
+each incident's claimed rows go out one after another, oldest due first. A claim batch is settled
+in one transaction and the audit flushed once for it.
+
 `classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
 """
 
@@ -157,12 +161,14 @@ class Relay:
             )
         await self.run_db(outbox.release_leases, self.conn)
         while not stop.is_set():
+            # Cleared before looking, not after: a row released while we look (the writer sets
+            # the wakeup from the event loop between our awaits) must not wait out the timeout.
+            self.wakeup.clear()
             delivered_any = await self.run_once()
             if delivered_any:
                 continue
             next_due = await self.run_db(outbox.next_due_at, self.conn)
             wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
-            self.wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
 

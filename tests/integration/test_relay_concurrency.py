@@ -121,3 +121,62 @@ def test_relay_refuses_a_concurrency_below_one(store: sqlite3.Connection) -> Non
             flush_audit=_flushed,
             concurrency=0,
         )
+
+
+class _WatchedWakeup(asyncio.Event):
+    """Remembers whether it was already set each time the relay started waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_when_waited: list[bool] = []
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.set_when_waited.append(self.is_set())
+        return await super().wait()
+
+
+def test_row_released_while_the_relay_looks_for_work_does_not_wait_out_the_poll(
+    store: sqlite3.Connection,
+) -> None:
+    """The writer releases a row (and sets the wakeup) while the relay is between its claim and
+    its next-due query: the relay must go again at once, not sleep its 1 s poll first."""
+    released = {"done": False}
+
+    async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = fn(*args, **kwargs)
+        if fn is outbox.next_due_at and not released["done"]:
+            released["done"] = True
+            with db.write_txn(store):
+                outbox.create(store, "triage_late", "alerts:late", "new_incident", 0.0, 1.0)
+                store.execute("UPDATE outbox SET state = 'pending', payload = '{}'")
+            r.wakeup.set()
+        return result
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        stop.set()
+        return httpx.Response(200, json={"accepted": True})
+
+    async def scenario() -> None:
+        nonlocal r, stop
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                store,
+                client,
+                run_db=run_db,
+                owner_queue=owner_queue(),
+                url="http://receiver.invalid/triage",
+                timeout=5,
+                max_attempts=8,
+                clock=lambda: 100.0,
+                flush_audit=_flushed,
+            )
+            r.wakeup = _WatchedWakeup()
+            await asyncio.wait_for(r.run(stop), timeout=30)
+
+    r: relay.Relay
+    stop: asyncio.Event
+    asyncio.run(scenario())
+    assert isinstance(r.wakeup, _WatchedWakeup)
+    assert r.wakeup.set_when_waited[0] is True
+    assert store.execute("SELECT state FROM outbox").fetchone()[0] == "delivered"
