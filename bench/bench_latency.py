@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -49,7 +50,7 @@ from _common import (
     ratio,
     wait_for,
 )
-from ntfy_intake import relay
+from ntfy_intake import audit, relay
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -352,6 +353,96 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
             plain_s = time.perf_counter() - began
         plain_concurrent_s = asyncio.run(plain_concurrent(url, n, PLAIN_CONCURRENCY))
     return Throughput(n, daemon_span, plain_s, plain_concurrent_s)
+
+
+NULL_RECEIVER = """
+import asyncio, sys
+
+async def handle(reader, writer):
+    body = b'{"accepted":true}'
+    answer = b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: %d\\r\\n\\r\\n%s"
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            length = 0
+            for line in head.split(b"\\r\\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader.readexactly(length)
+            writer.write(answer % (len(body), body))
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+def relay_own_ceiling(workdir: Path, n: int) -> float:
+    """Deliveries/s to a receiver that stores nothing and answers 200 at once (its own process):
+    what the relay itself can do. Span: the first to the last `delivery` audit record."""
+    port = free_port()
+    state = workdir / "relay-null"
+    null = subprocess.Popen(
+        [sys.executable, "-c", NULL_RECEIVER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert null.stdout is not None
+        if null.stdout.readline().strip() != "ready":
+            raise RuntimeError("null receiver did not start")
+        with NtfyEmulator(
+            EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
+        ).running() as emu:
+            for i in range(n):
+                emu.publish("alerts", f"relay ceiling #{i}", title=f"ceiling {i}")
+            env = daemon_env(
+                emu.url,
+                state,
+                relay_url=f"http://127.0.0.1:{port}/triage",
+                cadence_debounce="0s",
+                ntfy_first_start="all",
+            )
+            stamps: list[str] = []
+            with daemon(env, workdir / "relay-null.log") as proc:
+
+                def all_delivered() -> bool:
+                    if proc.poll() is not None:
+                        raise RuntimeError("daemon exited during the relay")
+                    stamps[:] = [
+                        str(r["ts"])
+                        for r in audit.read_records(state / "audit")
+                        if r.get("kind") == "delivery" and r.get("result") == "delivered"
+                    ]
+                    return len(stamps) >= n
+
+                wait_for(all_delivered, 600, "every request delivered", interval=0.1)
+    finally:
+        null.terminate()
+        null.wait(10)
+        if null.stdout is not None:
+            null.stdout.close()
+    times = sorted(datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() for t in stamps)
+    return n / max(times[-1] - times[0], 1e-3)
+
+
+def ceiling_rows(n: int, rate: float) -> list[Row]:
+    return [
+        Row(
+            f"  relay's own ceiling: {n:,} requests to a null receiver (answers 200, stores nothing)",
+            f"{rate:,.0f} deliveries/s",
+            "",
+            "",
+            f">= {TARGET_RELAY_RATE:,.0f}/s",
+            met(rate >= TARGET_RELAY_RATE),
+        )
+    ]
 
 
 def throughput_rows(result: Throughput) -> list[Row]:

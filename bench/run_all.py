@@ -139,6 +139,9 @@ def main() -> int:
         rows += bench_latency.latency_rows(bench_latency.live_latency(work, events))
         step("relay throughput")
         rows += bench_latency.throughput_rows(bench_latency.relay_throughput(work, requests))
+        rows += bench_latency.ceiling_rows(
+            requests, bench_latency.relay_own_ceiling(work, requests)
+        )
         step("feed ring")
         rows += bench_feed.rows(bench_feed.ring_latency(work, rounds))
         # Not the product's setting: what a shorter Doorbell poll_interval would give.
