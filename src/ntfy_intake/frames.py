@@ -222,8 +222,13 @@ def decode_object(obj: dict[str, Any], text: str, topics: frozenset[str]) -> Fra
     return _ignored(obj, event, text)
 
 
+# What json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True) builds on every
+# call, built once: the same bytes (the stored raw and its hash must never change), ~1 us less.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def _canonical(obj: dict[str, Any]) -> tuple[str, str]:
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    canonical = _CANONICAL.encode(obj)
     return canonical, hashlib.sha256(canonical.encode()).hexdigest()
 
 

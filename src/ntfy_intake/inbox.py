@@ -204,6 +204,11 @@ def _quarantine_failed(
         total.candidates.append(Candidate(index, frame.id, frame.time, frame.cached))
 
 
+# Any delete/clear still waiting for its message? `+sequence_id` keeps the planner on the partial
+# index `inbox_unlinked` (a few rows at most): on `inbox_sequence` it walks every message ever
+# recorded, once per batch, which made a long replay quadratic.
+UNLINKED_PROBE = "SELECT 1 FROM inbox WHERE incident_key = '' AND +sequence_id IS NOT NULL LIMIT 1"
+
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
     " outcome, reason, delivery_key, received_at, event, sequence_id)"
@@ -456,12 +461,7 @@ class _Batch:
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
         self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
-        if (
-            self.new_sequences
-            and self.conn.execute(
-                "SELECT 1 FROM inbox WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
-            ).fetchone()
-        ):
+        if self.new_sequences and self.conn.execute(UNLINKED_PROBE).fetchone():
             # Deletes/clears that arrived before the message they name: link them now.
             self.conn.executemany(
                 "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"

@@ -154,12 +154,13 @@ def claim_due(conn: sqlite3.Connection, now: float, *, limit: int, lease: float)
             " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
             "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
             "   ORDER BY due_at, created_at LIMIT ?)"
-            " RETURNING delivery_key, payload, attempts",
+            " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at",
             (now + lease, now, now, limit),
         ).fetchall()
-    claims = [Claim(row[0], row[1], row[2]) for row in rows]
-    claims.sort(key=lambda claim: claim.delivery_key)
-    return claims
+    # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
+    # each incident), the key breaking ties.
+    rows.sort(key=lambda row: (row[4], row[5], row[0]))
+    return [Claim(row[0], row[1], row[2], row[3]) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,7 @@ class Claim:
     delivery_key: str
     payload: str
     attempt: int
+    incident_key: str = ""
 
 
 # Both outboxes (triage requests, owner messages) lease rows the same way.

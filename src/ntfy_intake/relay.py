@@ -10,6 +10,10 @@ A 401 (a receiver whose clock is not synced yet, a secret being rotated) is retr
 like a 5xx and noticed to the owner once per streak, never dead at once. A reply is made valid
 UTF-8 where it is decoded: no value a receiver sends can stop the relay.
 
+Up to `concurrency` attempts are in flight at once (4 by default), never two of one incident:
+each incident's claimed rows go out one after another, oldest due first. A claim batch is settled
+in one transaction and the audit flushed once for it.
+
 `classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
 """
 
@@ -26,7 +30,7 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, db, jsonsafe, notices, outbox, signing
+from ntfy_intake import audit, backoff, cadence, db, jsonsafe, notices, outbox, signing
 from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
@@ -34,6 +38,8 @@ log = structlog.get_logger("ntfy_intake.relay")
 RETRY_BASE = 2.0
 RETRY_CAP = 300.0
 CLAIM_BATCH = 16
+CLAIMS_PER_LANE = 8  # a claim batch holds this many per connection, so none sits idle
+DEFAULT_CONCURRENCY = 4  # deliveries in flight at once (to different incidents)
 MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
 
 
@@ -122,7 +128,11 @@ class Relay:
         retry_base: float = RETRY_BASE,
         signing_key: bytes | None = None,
         token: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("relay concurrency must be at least 1")
+        self.concurrency = concurrency
         self.conn = conn
         self.run_db = run_db
         self.owner_queue = owner_queue
@@ -151,26 +161,50 @@ class Relay:
             )
         await self.run_db(outbox.release_leases, self.conn)
         while not stop.is_set():
+            # Cleared before looking, not after: a row released while we look (the writer sets
+            # the wakeup from the event loop between our awaits) must not wait out the timeout.
+            self.wakeup.clear()
             delivered_any = await self.run_once()
             if delivered_any:
                 continue
             next_due = await self.run_db(outbox.next_due_at, self.conn)
             wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
-            self.wakeup.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
 
     async def run_once(self) -> bool:
+        """Claim a batch, POST it over at most `concurrency` connections, settle it in one
+        transaction, flush the audit once. One incident's deliveries go out one after another
+        in claim order (oldest due first): never two of them in flight, never reordered."""
         claims = await self.run_db(
-            outbox.claim_due, self.conn, self.clock(), limit=CLAIM_BATCH, lease=self.lease
+            outbox.claim_due,
+            self.conn,
+            self.clock(),
+            limit=max(CLAIM_BATCH, CLAIMS_PER_LANE * self.concurrency),
+            lease=self.lease,
         )
+        if not claims:
+            return False
+        lanes: dict[str, list[outbox.Claim]] = {}
         for claim in claims:
-            outcome = await self.attempt(claim)
-            self.after_post()
-            await self.run_db(self._settle, claim, outcome)
-        if claims:
-            await self.flush_audit()
-        return bool(claims)
+            lanes.setdefault(claim.incident_key or claim.delivery_key, []).append(claim)
+        slots = asyncio.Semaphore(self.concurrency)
+        outcomes: dict[str, Outcome] = {}
+
+        async def lane(queue: list[outbox.Claim]) -> None:
+            for claim in queue:
+                async with slots:
+                    outcomes[claim.delivery_key] = await self.attempt(claim)
+                self.after_post()
+
+        async with asyncio.TaskGroup() as group:
+            for queue in lanes.values():
+                group.create_task(lane(queue))
+        # A delivery is marked only after its 2xx; a crash before this settle re-sends the same
+        # keys (at-least-once, absorbed by the receiver's dedup).
+        await self.run_db(self._settle_all, [(c, outcomes[c.delivery_key]) for c in claims])
+        await self.flush_audit()
+        return True
 
     def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
         """This attempt's headers, signed now (a retry carries a fresh timestamp)."""
@@ -210,56 +244,81 @@ class Relay:
                     break
             return response.status_code, response.headers, b"".join(chunks)[:MAX_REPLY_BYTES]
 
-    def _settle(self, claim: outbox.Claim, outcome: Outcome) -> None:
+    def _settle_all(self, settlements: list[tuple[outbox.Claim, Outcome]]) -> None:
+        """Every attempt of a batch in ONE transaction (one fsync, not one per delivery)."""
         now = self.clock()
+        done: list[tuple[outbox.Claim, Outcome, str]] = []
+        # Owner decisions (the daily cap) see this batch's earlier ones; the live cadence state
+        # takes them only after COMMIT, as the inbox batch does.
+        work = self.owner_queue.state.fork()
+        with db.write_txn(self.conn):
+            for claim, outcome in settlements:
+                settled, result, records = self._settle_one(claim, outcome, now, work)
+                for record in records:
+                    work.apply(record)
+                if settled:
+                    done.append((claim, outcome, result))
+        self.owner_queue.adopt(work)
+        for claim, outcome, result in done:
+            self._count(claim, outcome, result)
+
+    def _settle_one(
+        self, claim: outbox.Claim, outcome: Outcome, now: float, work: cadence.CadenceState
+    ) -> tuple[bool, str, list[Record]]:
+        """Inside the caller's transaction: (settled, result, owner records written)."""
         key = claim.delivery_key
         records: list[Record] = []
-        with db.write_txn(self.conn):
-            if outcome.kind == "delivered":
-                settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
-                result = "delivered"
-                if settled and outcome.notify_text is not None:
-                    # The agent's reply: one owner message per delivery key, under the cap.
-                    _, records = self.owner_queue.triage_message(
-                        self.conn, f"notify:{key}", outcome.notify_text, now
-                    )
-            elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
-                due = now + retry_delay(
-                    claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
+        if outcome.kind == "delivered":
+            settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
+            result = "delivered"
+            if settled and outcome.notify_text is not None:
+                # The agent's reply: one owner message per delivery key, under the cap.
+                _, records = self.owner_queue.triage_message(
+                    self.conn, f"notify:{key}", outcome.notify_text, now, state=work
                 )
-                settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
-                result = "retry"
-                if settled and outcome.status == 401 and not self.unauthorized_streak:
-                    records = self.owner_queue.notice(
-                        self.conn, unauthorized_notice(key, claim.attempt, outcome.detail), now
-                    )
-            else:
-                settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
-                result = "dead"
-                if settled:
-                    records = self.owner_queue.notice(
-                        self.conn,
-                        notices.dead_row(key, outcome.detail, claim.attempt),
-                        now,
-                    )
-            if settled:
-                audit.stage(
+        elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
+            due = now + retry_delay(
+                claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
+            )
+            settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
+            result = "retry"
+            if settled and outcome.status == 401 and not self.unauthorized_streak:
+                records = self.owner_queue.notice(
                     self.conn,
-                    "delivery",
+                    unauthorized_notice(key, claim.attempt, outcome.detail),
                     now,
-                    delivery_key=key,
-                    attempt=claim.attempt,
-                    result=result,
-                    status=outcome.status,
-                    detail=outcome.detail,
+                    state=work,
                 )
-        self.owner_queue.commit(records)
-        if not settled:
-            return
-        if outcome.status == 401:
-            self.unauthorized_streak = True
-        elif result == "delivered":
-            self.unauthorized_streak = False
+        else:
+            settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
+            result = "dead"
+            if settled:
+                records = self.owner_queue.notice(
+                    self.conn,
+                    notices.dead_row(key, outcome.detail, claim.attempt),
+                    now,
+                    state=work,
+                )
+        if settled:
+            audit.stage(
+                self.conn,
+                "delivery",
+                now,
+                delivery_key=key,
+                attempt=claim.attempt,
+                result=result,
+                status=outcome.status,
+                detail=outcome.detail,
+            )
+            # In order, inside the batch: a later 401 of it must see this streak's notice.
+            if outcome.status == 401:
+                self.unauthorized_streak = True
+            elif result == "delivered":
+                self.unauthorized_streak = False
+        return settled, result, records
+
+    def _count(self, claim: outbox.Claim, outcome: Outcome, result: str) -> None:
+        key = claim.delivery_key
         if result == "delivered":
             self.stats.delivered += 1
             log.info("relay.delivered", delivery_key=key, attempt=claim.attempt)

@@ -218,3 +218,18 @@ def test_triage_payload_keeps_what_publishers_send_and_never_a_null_title(
     assert "title" not in plain_event
     assert plain_event["message"] == "\ufffd\ufffd\x00bin"
     assert None not in rich_event.values() and None not in plain_event.values()
+
+
+def test_unlinked_probe_reads_the_partial_index_not_every_recorded_message(
+    store: sqlite3.Connection,
+) -> None:
+    """Once per batch the inbox asks whether any delete/clear waits for its message. Planned on
+    `inbox_sequence` that walked every message ever recorded: a long replay went quadratic."""
+    record(store, [make_message(f"aaaaaaaaa{i:03d}") for i in range(20)])
+    plan = " ".join(
+        str(row[3]) for row in store.execute("EXPLAIN QUERY PLAN " + inbox.UNLINKED_PROBE)
+    )
+    assert "inbox_unlinked" in plan, plan
+    old = "SELECT 1 FROM inbox WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
+    old_plan = " ".join(str(row[3]) for row in store.execute("EXPLAIN QUERY PLAN " + old))
+    assert "inbox_unlinked" not in old_plan  # what the probe was: a scan of inbox_sequence

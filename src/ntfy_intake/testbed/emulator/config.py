@@ -38,6 +38,9 @@ class EmulatorConfig:
     auth_failure_limit: ntfy's (not configurable) 30 failed logins, one back per minute.
     manager_interval: seconds between background prune runs; None disables them.
     admin: serve the fault-injection and inspection endpoints under /v1/emulator/.
+    flush_each_frame: write like ntfy does (one chunk per frame, flushed, and the next frame only
+        once the socket took it, as Go's blocking write does), never several frames buffered in
+        the server and sent together. Off by default: the benches turn it on.
     """
 
     keepalive_interval: float = 45.0
@@ -54,6 +57,7 @@ class EmulatorConfig:
     delayed_sender_interval: float | None = 10.0
     ntfy_version: str = "2.17"
     admin: bool = True
+    flush_each_frame: bool = False
 
     @property
     def sequences(self) -> bool:

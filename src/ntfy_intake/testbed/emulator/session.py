@@ -6,7 +6,8 @@ Invariants owned here (ntfy-spec.md sections 1.5, 1.6, 4.1):
   between them;
 - a keepalive is queued every `keepalive_interval` seconds after the replay, whatever else is sent
   (the timer is not reset by traffic); a poll gets neither `open` nor keepalives;
-- every frame is one chunk, flushed at once; a poll that has nothing to send is a 200 with an
+- every frame is one chunk, flushed at once (`flush_each_frame`: and never coalesced with the next
+  one in the server's buffer, as ntfy's blocking per-message write); a poll that has nothing to send is a 200 with an
   empty body;
 - a zombie (silenced) stream writes nothing at all until it is closed;
 - a dropped stream's connection is closed under the response, so the client sees the chunked
@@ -146,6 +147,8 @@ class StreamSession:
         assert isinstance(item, bytes)
         await self._start()
         await self._exchange.send({"type": "http.response.body", "body": item, "more_body": True})
+        if self._hub.config.flush_each_frame:
+            await asyncio.sleep(0)  # one frame per loop turn, as ntfy's per-message write+flush
 
     async def _start(self) -> None:
         if not self._started:
@@ -157,6 +160,15 @@ class StreamSession:
                     (b"access-control-allow-origin", b"*"),
                 ],
             )
+            transport = self._transport()
+            if self._hub.config.flush_each_frame and transport is not None:
+                # Pause (uvicorn awaits the drain) as soon as one byte is left unsent: the next
+                # frame is written only once the kernel took this one, never coalesced with it.
+                transport.set_write_buffer_limits(high=0)
+
+    def _transport(self) -> asyncio.WriteTransport | None:
+        transport = getattr(getattr(self._exchange.send, "__self__", None), "transport", None)
+        return transport if isinstance(transport, asyncio.WriteTransport) else None
 
     async def _finish(self) -> None:
         if not self._started:

@@ -1,0 +1,182 @@
+"""The relay's bounded concurrency: several incidents in flight at once, one incident never twice,
+each incident's deliveries in the order they fell due, and a whole batch settled together."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import httpx
+import pytest
+
+from ntfy_intake import db, outbox, relay
+
+from ..conftest import owner_queue
+
+INCIDENTS = ("alerts:disk", "alerts:cpu", "backups:nas", "alerts:ups", "alerts:dns", "x:y")
+PER_INCIDENT = 4
+
+
+def _pending_rows(conn: sqlite3.Connection) -> dict[str, str]:
+    """PER_INCIDENT due rows per incident, created in turn; delivery key -> incident."""
+    owners: dict[str, str] = {}
+    with db.write_txn(conn):
+        for n in range(PER_INCIDENT):
+            for i, incident in enumerate(INCIDENTS):
+                key = f"triage_{incident.replace(':', '_')}_{n}"
+                created = n * 10.0 + i
+                outbox.create(conn, key, incident, "new_incident", 0.0, created)
+                conn.execute(
+                    "UPDATE outbox SET state = 'pending', payload = '{}' WHERE delivery_key = ?",
+                    (key,),
+                )
+                owners[key] = incident
+    return owners
+
+
+async def _flushed() -> bool:
+    return True
+
+
+def _deliver_all(
+    conn: sqlite3.Connection, owners: dict[str, str], concurrency: int
+) -> tuple[int, dict[str, int], dict[str, list[str]], list[str]]:
+    """Run the relay once against a receiver that holds each request a moment: the most in
+    flight at once, overall and per incident, and the order each incident's keys arrived."""
+    in_flight: dict[str, int] = {}
+    most = {"all": 0}
+    most_per: dict[str, int] = {}
+    arrived: dict[str, list[str]] = {}
+    flushes: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        incident = owners[key]
+        arrived.setdefault(incident, []).append(key)
+        in_flight[incident] = in_flight.get(incident, 0) + 1
+        most_per[incident] = max(most_per.get(incident, 0), in_flight[incident])
+        most["all"] = max(most["all"], sum(in_flight.values()))
+        await asyncio.sleep(0.002)
+        in_flight[incident] -= 1
+        return httpx.Response(200, json={"accepted": True})
+
+    async def flushed() -> bool:
+        flushes.append("flush")
+        return True
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                conn,
+                client,
+                run_db=db.run_inline,
+                owner_queue=owner_queue(),
+                url="http://receiver.invalid/triage",
+                timeout=5,
+                max_attempts=8,
+                clock=lambda: 100.0,
+                flush_audit=flushed,
+                concurrency=concurrency,
+            )
+            while await r.run_once():
+                pass
+
+    asyncio.run(scenario())
+    return most["all"], most_per, arrived, flushes
+
+
+def test_relay_never_sends_two_deliveries_of_one_incident_at_once_nor_out_of_order(
+    store: sqlite3.Connection,
+) -> None:
+    owners = _pending_rows(store)
+    most, most_per, arrived, flushes = _deliver_all(store, owners, concurrency=4)
+    assert most == 4  # concurrent across incidents, up to the limit
+    assert len(flushes) == 1  # 24 rows fit one claim batch (8 per lane): one settle, one flush
+    assert set(most_per.values()) == {1}
+    for incident, keys in arrived.items():
+        expected = [k for k, owner in owners.items() if owner == incident]  # creation order
+        assert keys == expected, incident
+    states = store.execute("SELECT state, attempts, count(*) FROM outbox GROUP BY 1, 2").fetchall()
+    assert [tuple(row) for row in states] == [("delivered", 1, len(owners))]
+
+
+def test_relay_in_flight_limit_is_the_constructor_concurrency(store: sqlite3.Connection) -> None:
+    owners = _pending_rows(store)
+    most, _, _, flushes = _deliver_all(store, owners, concurrency=2)
+    assert most == 2
+    assert len(flushes) == 2  # claim batches of 16 (at least CLAIM_BATCH)
+
+
+def test_relay_refuses_a_concurrency_below_one(store: sqlite3.Connection) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        relay.Relay(
+            store,
+            httpx.AsyncClient(),
+            run_db=db.run_inline,
+            owner_queue=owner_queue(),
+            url="http://receiver.invalid/triage",
+            timeout=5,
+            max_attempts=8,
+            clock=lambda: 0.0,
+            flush_audit=_flushed,
+            concurrency=0,
+        )
+
+
+class _WatchedWakeup(asyncio.Event):
+    """Remembers whether it was already set each time the relay started waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.set_when_waited: list[bool] = []
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.set_when_waited.append(self.is_set())
+        return await super().wait()
+
+
+def test_row_released_while_the_relay_looks_for_work_does_not_wait_out_the_poll(
+    store: sqlite3.Connection,
+) -> None:
+    """The writer releases a row (and sets the wakeup) while the relay is between its claim and
+    its next-due query: the relay must go again at once, not sleep its 1 s poll first."""
+    released = {"done": False}
+
+    async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = fn(*args, **kwargs)
+        if fn is outbox.next_due_at and not released["done"]:
+            released["done"] = True
+            with db.write_txn(store):
+                outbox.create(store, "triage_late", "alerts:late", "new_incident", 0.0, 1.0)
+                store.execute("UPDATE outbox SET state = 'pending', payload = '{}'")
+            r.wakeup.set()
+        return result
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        stop.set()
+        return httpx.Response(200, json={"accepted": True})
+
+    async def scenario() -> None:
+        nonlocal r, stop
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                store,
+                client,
+                run_db=run_db,
+                owner_queue=owner_queue(),
+                url="http://receiver.invalid/triage",
+                timeout=5,
+                max_attempts=8,
+                clock=lambda: 100.0,
+                flush_audit=_flushed,
+            )
+            r.wakeup = _WatchedWakeup()
+            await asyncio.wait_for(r.run(stop), timeout=30)
+
+    r: relay.Relay
+    stop: asyncio.Event
+    asyncio.run(scenario())
+    assert isinstance(r.wakeup, _WatchedWakeup)
+    assert r.wakeup.set_when_waited[0] is True
+    assert store.execute("SELECT state FROM outbox").fetchone()[0] == "delivered"
