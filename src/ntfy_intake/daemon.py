@@ -312,6 +312,7 @@ class Daemon(Vitals):
                     url=self.settings.relay.url,
                     timeout=self.settings.relay.timeout,
                     max_attempts=self.settings.relay.max_attempts,
+                    concurrency=self.settings.relay.concurrency,
                     clock=self.clock,
                     flush_audit=self._flush_audit,
                     after_post=lambda: self.crash.hit("after_post"),

@@ -168,6 +168,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
+        ("relay", "concurrency"): "2",
         ("relay", "secret"): WEBHOOK_SECRET,
         ("relay", "token"): "rx-token",
         ("cadence", "debounce"): "30s",
@@ -201,7 +202,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ),
         state=settings.StateSettings(tmp_path),
         relay=settings.RelaySettings(
-            "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token"
+            "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token", concurrency=2
         ),
         cadence=settings.CadenceSettings(30, 7200, 0, "Europe/Berlin"),
         owner=settings.OwnerSettings(
@@ -853,6 +854,7 @@ def test_the_webhook_secret_and_relay_token_are_redacted() -> None:
         "max_attempts": 8,
         "secret": "***",
         "token": "***",
+        "concurrency": 4,
     }
     assert WEBHOOK_SECRET not in repr(s) and "rx-token" not in repr(s)
 
@@ -936,3 +938,14 @@ def test_overlap_shorter_than_reorder_window_plus_delayed_sender_is_refused() ->
     # Unset, the overlap follows a long reorder window instead of failing on a key nobody wrote.
     assert load(None, {**base, env_name("ntfy", "reorder_window"): "25s"}).ntfy.overlap == 35
     assert load(None, base).ntfy.overlap == 30 and load(None, base).ntfy.cache_settle == 2
+
+
+@pytest.mark.parametrize("value", ["0", "17", "-1"])
+def test_relay_concurrency_outside_1_to_16_is_refused(value: str) -> None:
+    message = error_of(lambda: load(None, env(RELAY_CONCURRENCY=value)), "relay.concurrency")
+    assert f"must be from 1 to 16, got {value}" in message
+
+
+def test_relay_concurrency_defaults_to_4_and_one_means_serial() -> None:
+    assert load(None, env()).relay.concurrency == 4
+    assert load(None, env(RELAY_CONCURRENCY="1")).relay.concurrency == 1

@@ -288,10 +288,20 @@ def _state_dir(r: _Reader, environ: Mapping[str, str]) -> Path:
     return base / text if base is not None else Path(text)
 
 
+MAX_RELAY_CONCURRENCY = 16
+
+
 def _relay(r: _Reader) -> RelaySettings:
     attempts = r.integer("relay", "max_attempts")
     if attempts is not None and attempts < 1:
         r.fail("relay", "max_attempts", f"must be at least 1, got {attempts}")
+    concurrency = r.integer("relay", "concurrency")
+    if concurrency is not None and not 1 <= concurrency <= MAX_RELAY_CONCURRENCY:
+        r.fail(
+            "relay",
+            "concurrency",
+            f"must be from 1 to {MAX_RELAY_CONCURRENCY}, got {concurrency}",
+        )
     secret = r.text("relay", "secret")
     if secret is not None:
         try:
@@ -302,6 +312,7 @@ def _relay(r: _Reader) -> RelaySettings:
         url=_url(r, "relay", "url", query=True),
         timeout=_duration(r, "relay", "timeout", 10.0, 0.0, strict=True),
         max_attempts=8 if attempts is None else attempts,
+        concurrency=4 if concurrency is None else concurrency,
         secret=secret,
         token=_token(r, "relay"),
     )

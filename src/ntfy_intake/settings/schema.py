@@ -51,6 +51,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("relay", "max_attempts"): "int",
     ("relay", "secret"): "str",
     ("relay", "token"): "str",
+    ("relay", "concurrency"): "int",
     ("cadence", "debounce"): "duration",
     ("cadence", "cooldown"): "duration",
     ("cadence", "daily_cap"): "int",
@@ -138,6 +139,7 @@ class RelaySettings:
         default=None, repr=False
     )  # `whsec_...`: Standard Webhooks signing
     token: str | None = dataclasses.field(default=None, repr=False)  # optional receiver bearer
+    concurrency: int = 4  # deliveries in flight at once, never two of one incident
 
     @property
     def signing_key(self) -> bytes | None:
