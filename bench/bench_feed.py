@@ -33,7 +33,7 @@ from ntfy_intake.feed import FeedStore
 
 WARMUP = 20
 TARGET_P50_S = 0.005
-DEFAULT_POLL_S = 0.01  # Doorbell's default poll_interval
+DEFAULT_POLL_S = 0.004  # Doorbell's default poll_interval
 
 WAITER = """
 import sys, time

@@ -15,7 +15,9 @@ Invariants owned here:
 Latency: posts through the same `FeedStore` wake a synchronous waiter via a condition variable.
 Everything else (another process, or the daemon's own connection) is noticed by polling
 ``PRAGMA data_version``, which changes whenever another connection commits; the entry query runs
-only when it changed, so an idle doorbell costs one cheap pragma per poll interval (10 ms default).
+only when it changed, so an idle doorbell costs one cheap pragma per poll interval (4 ms default:
+about 3.6 us each here, under 0.1 % of a core per waiting agent; it puts the cross-process ring's
+median near 3 ms, where 10 ms gave 6 ms).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Doorbell:
         handle: str,
         *,
         channels: Sequence[str] | None = None,
-        poll_interval: float = 0.01,
+        poll_interval: float = 0.004,
     ) -> None:
         self._store = store
         self._handle = feed.check_name("handle", handle)
