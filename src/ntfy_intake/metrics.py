@@ -39,7 +39,7 @@ scrape: keep it cheap and free of blocking I/O. If it raises, the scrape still s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import structlog
@@ -200,37 +200,39 @@ class SnapshotCollector:
 
 
 def _intake_state(state: object) -> Iterator[Metric]:
-    if not isinstance(state, str):
-        return
-    yield GaugeMetricFamily(
-        f"{PREFIX}intake_up",
-        "1 when the ntfy subscription is live.",
-        value=1.0 if state == "live" else 0.0,
+    yield from _state_families(
+        state,
+        INTAKE_STATES,
+        ("intake_up", "1 when the ntfy subscription is live."),
+        ("intake_state", "Intake state: 1 for the current state, 0 for the others."),
     )
-    family = GaugeMetricFamily(
-        f"{PREFIX}intake_state",
-        "Intake state: 1 for the current state, 0 for the others.",
-        labels=["state"],
-    )
-    for name in (*INTAKE_STATES, *(() if state in INTAKE_STATES else (state,))):
-        family.add_metric([name], 1.0 if name == state else 0.0)
-    yield family
 
 
 def _health_state(state: object) -> Iterator[Metric]:
+    yield from _state_families(
+        state,
+        HEALTH_STATES,
+        (
+            "healthy",
+            "1 when the overall health state is live (the same verdict as `ntfy-intake check`).",
+        ),
+        (
+            "health_state",
+            "Overall health (live, degraded, reconnecting, dead, latched): 1 for the current state.",
+        ),
+    )
+
+
+def _state_families(
+    state: object, known: Sequence[str], up: tuple[str, str], one_hot: tuple[str, str]
+) -> Iterator[Metric]:
+    """A 0/1 gauge that says "live", and a one-hot gauge over the known states (plus an unknown
+    current one, so a new state name never disappears from the scrape)."""
     if not isinstance(state, str):
         return
-    yield GaugeMetricFamily(
-        f"{PREFIX}healthy",
-        "1 when the overall health state is live (the same verdict as `ntfy-intake check`).",
-        value=1.0 if state == "live" else 0.0,
-    )
-    family = GaugeMetricFamily(
-        f"{PREFIX}health_state",
-        "Overall health (live, degraded, reconnecting, dead, latched): 1 for the current state.",
-        labels=["state"],
-    )
-    for name in (*HEALTH_STATES, *(() if state in HEALTH_STATES else (state,))):
+    yield GaugeMetricFamily(f"{PREFIX}{up[0]}", up[1], value=1.0 if state == "live" else 0.0)
+    family = GaugeMetricFamily(f"{PREFIX}{one_hot[0]}", one_hot[1], labels=["state"])
+    for name in (*known, *(() if state in known else (state,))):
         family.add_metric([name], 1.0 if name == state else 0.0)
     yield family
 
