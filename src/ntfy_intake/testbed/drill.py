@@ -171,6 +171,10 @@ class Drill:
         finally:
             self.publisher.stop()
             self.daemon.close()
+        return self._closing_tally()
+
+    def _closing_tally(self) -> Tally:
+        """What was published, how often the daemon started and how long it all took."""
         self._summarise_faults()
         self.tally.published = self.ledger.count()
         self.tally.published_by_topic = Counter(self.ledger.by_topic)

@@ -220,13 +220,7 @@ class StorageDrill(drill.Drill):
             self.clock_file.write_text("0")
             self.publisher.stop()
             self.daemon.close()
-        self._summarise_faults()
-        self.tally.published = self.ledger.count()
-        self.tally.published_by_topic = Counter(self.ledger.by_topic)
-        self.tally.publish_errors = self.ledger.errors
-        self.tally.starts = self.daemon.starts
-        self.tally.wall_s = time.monotonic() - self._started_at
-        return self.tally
+        return self._closing_tally()
 
     def _ensure_running(self) -> None:
         if not self.daemon.alive():
