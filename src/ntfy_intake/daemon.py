@@ -33,6 +33,7 @@ from ntfy_intake import (
     diagnose,
     feed,
     intake,
+    notices,
     outbox,
     owner,
     rebuild,
@@ -190,7 +191,7 @@ class Daemon(Vitals):
         rebuilt = self._rebuild_from_audit()
         self._rehydrate_cadence()
         if rebuilt is not None:
-            self._record_notice(storage.rebuilt_from_audit(str(rebuilt), self.boot_id))
+            self._record_notice(notices.rebuilt_from_audit(str(rebuilt), self.boot_id))
         try:
             written = audit.recover(self._conn, self._audit)
             if written:

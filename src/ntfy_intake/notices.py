@@ -88,3 +88,60 @@ def dead_row(delivery_key: str, detail: str, attempts: int) -> Notice:
         f"attempt(s). `ntfy-intake redrive {delivery_key}` retries it.",
         key=f"dead_row:{delivery_key}:{attempts}",
     )
+
+
+def audit_file_replaced(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "audit_file_replaced",
+        f"The audit log was changed under the running daemon: {detail}. Recording goes on in "
+        "the file at its path; nothing recorded is lost.",
+        key=f"audit_file_replaced:{boot_id}:{count}",
+    )
+
+
+def database_locked(holder: str, boot_id: str) -> Notice:
+    return Notice(
+        "db_locked",
+        f"The database is locked by another process ({holder}); intake waits with backoff and "
+        "loses nothing. Health is degraded until the lock is released.",
+        key=f"db_locked:{boot_id}",
+    )
+
+
+def storage_fault(kind: str, description: str, boot_id: str) -> Notice:
+    """`kind` and `description` of a storage.StorageFault (disk_full, io, ...)."""
+    return Notice(
+        "storage_fault",
+        f"Storage trouble: {description}. Intake waits and retries; free space or fix the cause.",
+        key=f"storage_fault:{kind}:{boot_id}",
+    )
+
+
+def rebuilt_from_audit(summary: str, boot_id: str) -> Notice:
+    return Notice(
+        "rebuilt_from_audit",
+        f"The database was missing or empty and was rebuilt from the audit log ({summary}). "
+        "Agent feed cursors cannot be known and restart at each channel's head; undelivered "
+        "triage requests and owner messages are pending again under their old keys.",
+        key=f"rebuilt_from_audit:{boot_id}",
+    )
+
+
+def clock_jump(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "clock_jump",
+        f"The local clock disagrees with ntfy's frame times ({detail}); cadence and retention "
+        "follow the server's time until they agree again.",
+        key=f"clock_jump:{boot_id}:{count}",
+    )
+
+
+def relay_unauthorized(delivery_key: str, attempt: int, detail: str) -> Notice:
+    """Once per streak of 401s: the key of the attempt that started it keeps it stable."""
+    return Notice(
+        "relay_unauthorized",
+        f"The triage receiver refused triage request {delivery_key} ({detail}): check that "
+        "relay.secret (and relay.token) match the receiver's and that both clocks are synced. "
+        "The daemon keeps retrying with backoff; nothing is dropped.",
+        key=f"relay_unauthorized:{delivery_key}:{attempt}",
+    )

@@ -190,9 +190,9 @@ class EventPipeline:
         log.warning("storage.recovered", fault=str(fault))
         episode = f"{self.boot_id}:{self.storage_episodes}"
         self._storage_notices.append(
-            storage.database_locked(fault.detail, episode)
+            notices.database_locked(fault.detail, episode)
             if fault.kind == "locked"
-            else storage.storage_fault(fault, episode)
+            else notices.storage_fault(fault.kind, str(fault), episode)
         )
 
     async def _send_storage_notices(self) -> None:
@@ -393,7 +393,7 @@ class EventPipeline:
                 self.counters.extra.get("audit_file_replaced", 0) + 1
             )
             log.error("audit.file_replaced", detail=detail)
-            self._record_notice(storage.audit_file_replaced(detail, self.boot_id, count))
+            self._record_notice(notices.audit_file_replaced(detail, self.boot_id, count))
         return bool(replaced)
 
     def _trip_latch_sync(self, detail: str) -> None:

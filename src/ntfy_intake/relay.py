@@ -31,7 +31,7 @@ import httpx
 import structlog
 
 from ntfy_intake import audit, backoff, cadence, db, jsonsafe, notices, outbox, signing
-from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
+from ntfy_intake.owner_queue import OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
 
@@ -79,17 +79,6 @@ def _notify_text(body: bytes) -> str | None:
     if isinstance(notify, dict) and isinstance(notify.get("text"), str) and notify["text"].strip():
         return str(notify["text"])
     return None
-
-
-def unauthorized_notice(delivery_key: str, attempt: int, detail: str) -> Notice:
-    """Once per streak of 401s: the key of the attempt that started it keeps it stable."""
-    return Notice(
-        "relay_unauthorized",
-        f"The triage receiver refused triage request {delivery_key} ({detail}): check that "
-        "relay.secret (and relay.token) match the receiver's and that both clocks are synced. "
-        "The daemon keeps retrying with backoff; nothing is dropped.",
-        key=f"relay_unauthorized:{delivery_key}:{attempt}",
-    )
 
 
 def retry_delay(
@@ -285,7 +274,7 @@ class Relay:
             if settled and outcome.status == 401 and not self.unauthorized_streak:
                 records = self.owner_queue.notice(
                     self.conn,
-                    unauthorized_notice(key, claim.attempt, outcome.detail),
+                    notices.relay_unauthorized(key, claim.attempt, outcome.detail),
                     now,
                     state=work,
                 )

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Literal
 
 from ntfy_intake.errors import IntakeError, StartupError
-from ntfy_intake.owner_queue import Notice
 
 Kind = Literal["disk_full", "file_too_large", "locked", "corrupt", "permission", "io", "other"]
 TRANSIENT: frozenset[Kind] = frozenset({"disk_full", "file_too_large", "locked", "io"})
@@ -151,51 +150,3 @@ def check_audit_files(audit_dir: Path, files: list[Path]) -> str | None:
         if not os.access(path, os.W_OK):
             return f"audit file {path} is read-only: permission denied"
     return None
-
-
-# -- the owner notices of storage trouble ---------------------------------------------------------
-
-
-def audit_file_replaced(detail: str, boot_id: str, count: int) -> Notice:
-    return Notice(
-        "audit_file_replaced",
-        f"The audit log was changed under the running daemon: {detail}. Recording goes on in "
-        "the file at its path; nothing recorded is lost.",
-        key=f"audit_file_replaced:{boot_id}:{count}",
-    )
-
-
-def database_locked(holder: str, boot_id: str) -> Notice:
-    return Notice(
-        "db_locked",
-        f"The database is locked by another process ({holder}); intake waits with backoff and "
-        "loses nothing. Health is degraded until the lock is released.",
-        key=f"db_locked:{boot_id}",
-    )
-
-
-def storage_fault(fault: StorageFault, boot_id: str) -> Notice:
-    return Notice(
-        "storage_fault",
-        f"Storage trouble: {fault}. Intake waits and retries; free space or fix the cause.",
-        key=f"storage_fault:{fault.kind}:{boot_id}",
-    )
-
-
-def rebuilt_from_audit(summary: str, boot_id: str) -> Notice:
-    return Notice(
-        "rebuilt_from_audit",
-        f"The database was missing or empty and was rebuilt from the audit log ({summary}). "
-        "Agent feed cursors cannot be known and restart at each channel's head; undelivered "
-        "triage requests and owner messages are pending again under their old keys.",
-        key=f"rebuilt_from_audit:{boot_id}",
-    )
-
-
-def clock_jump(detail: str, boot_id: str, count: int) -> Notice:
-    return Notice(
-        "clock_jump",
-        f"The local clock disagrees with ntfy's frame times ({detail}); cadence and retention "
-        "follow the server's time until they agree again.",
-        key=f"clock_jump:{boot_id}:{count}",
-    )

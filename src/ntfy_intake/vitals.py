@@ -20,7 +20,6 @@ import structlog
 from ntfy_intake import (
     db,
     notices,
-    storage,
     watchdog,
 )
 from ntfy_intake import health as health_model
@@ -65,7 +64,7 @@ class Vitals(EventPipeline):
         for detail in self.trusted_clock.take_jumps():
             log.error("clock.jump", detail=detail)
             count = self.trusted_clock.jumps
-            await self._db(self._record_notice, storage.clock_jump(detail, self.boot_id, count))
+            await self._db(self._record_notice, notices.clock_jump(detail, self.boot_id, count))
             await self._flush_audit()
 
     # -- liveness and systemd ------------------------------------------------------------------------
