@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ntfy_intake import audit, db, frames
+from ntfy_intake import audit, db, frames, sanitize
 
 SCHEMA = "ntfy-intake.triage/1"
 UNTRUSTED_FIELDS = [
@@ -110,7 +110,8 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
         " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
         (key,),
     ):
-        events.append(event_view(json.loads(raw)))
+        # The raw frame is kept as received; what reaches an agent obeys the decode rule.
+        events.append(event_view(sanitize.valid_utf8(json.loads(raw))))
     # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
     # agent, never a resolution: the request goes out all the same.
     device_actions = [

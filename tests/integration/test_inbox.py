@@ -233,3 +233,23 @@ def test_unlinked_probe_reads_the_partial_index_not_every_recorded_message(
     old = "SELECT 1 FROM inbox WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
     old_plan = " ".join(str(row[3]) for row in store.execute("EXPLAIN QUERY PLAN " + old))
     assert "inbox_unlinked" not in old_plan  # what the probe was: a scan of inbox_sequence
+
+
+def test_lone_surrogate_in_a_message_reaches_the_triage_payload_as_valid_text(
+    store: sqlite3.Connection,
+) -> None:
+    """The inbox keeps the raw frame byte-exact (escapes and all); the payload, read back from
+    it, must still obey the decode boundary's rule: valid UTF-8 for any agent and any writer."""
+    line = (
+        '{"id":"surrogate001","time":1764470000,"expires":1764513200,"event":"message",'
+        '"topic":"alerts","title":"Disk \\ud83d","message":"full \\udc00",'
+        '"actions":[{"action":"view","label":"\\ud83d","url":"https://x/"}]}'
+    )
+    record(store, [decode_line(line.encode(), frozenset({"alerts"}))])
+    (key,) = store.execute(
+        "SELECT delivery_key FROM outbox_events WHERE event_id = 'surrogate001'"
+    ).fetchone()
+    (event,) = outbox.build_payload(store, key)[0]["events"]
+    assert (event["title"], event["message"]) == ("Disk \ufffd", "full \ufffd")
+    assert event["actions"][0]["label"] == "\ufffd"
+    json.dumps(event, ensure_ascii=False).encode("utf-8")  # any UTF-8 writer accepts it
