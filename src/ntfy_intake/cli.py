@@ -464,6 +464,10 @@ def _cmd_signal_standin(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
+    if args.faults == "storage":
+        from ntfy_intake.testbed import drill_storage  # noqa: PLC0415
+
+        return drill_storage.main(args)
     from ntfy_intake.testbed import drill  # noqa: PLC0415
 
     return drill.main(args)

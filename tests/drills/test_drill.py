@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ntfy_intake import cli
 from ntfy_intake.testbed import drill, drill_args, drill_parts, drill_plan
 
 
@@ -139,3 +140,11 @@ def test_drill_takes_its_token_from_the_environment_and_refuses_a_readable_file(
     assert "readable by group or others" in capsys.readouterr().err
     options = {o for action in parser._actions for o in action.option_strings}
     assert "--token" not in options  # no way to put the token itself in argv
+
+
+def test_storage_faults_are_dispatched_by_the_cli_and_refuse_zero_rounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`drill --faults storage` goes to the storage drill (the kill drill no longer imports it)."""
+    assert cli.main(["drill", "--faults", "storage", "--rounds", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "drill: --rounds must be at least 1"

@@ -569,13 +569,6 @@ def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "faults", "kill") == "storage":
-        from ntfy_intake.testbed import drill_storage  # noqa: PLC0415 - it imports this module
-
-        if args.rounds < 1:
-            print("drill: --rounds must be at least 1", file=sys.stderr)
-            return 2
-        return drill_storage.run(rounds=args.rounds, seed=args.seed, keep=args.keep)
     try:
         token = settings.secret_from(
             "--token-file",

@@ -24,6 +24,7 @@ Each fault records what the daemon did about it (from its log). The verdict is t
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import os
@@ -422,3 +423,11 @@ def run(
         )
         passed = render(tally, findings, out)
         return 0 if passed else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ntfy-intake drill --faults storage`."""
+    if args.rounds < 1:
+        print("drill: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    return run(rounds=args.rounds, seed=args.seed, keep=args.keep)

@@ -1,0 +1,133 @@
+"""The house rules, read from the source: the product never imports its test bed (the one
+exception is the CLI's dispatch, which imports a test-bed command lazily, inside the function that
+runs it), and no package has an import cycle. Imports inside functions count."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = SRC / "ntfy_intake"
+TESTBED = "ntfy_intake.testbed"
+TESTBED_TOOLS = ("emulator", "receiver", "signal_standin", "drill", "demo")
+LAZY_DISPATCH = "ntfy_intake.cli"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path: Path, source: str | None = None) -> Iterator[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in the file, nested ones too.
+
+    `from pkg import name` counts as importing `pkg.name` when that is a module, else `pkg`."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` blocks are module level too
+        if isinstance(node, ast.If):
+            top_level.update(id(child) for child in node.body)
+    known = modules()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, id(node) in top_level
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in known else base), id(node) in top_level
+
+
+def in_testbed(name: str) -> bool:
+    return name == TESTBED or name.startswith(TESTBED + ".")
+
+
+def test_the_test_bed_is_its_own_package_holding_every_tool() -> None:
+    found = modules()
+    for tool in TESTBED_TOOLS:
+        assert f"{TESTBED}.{tool}" in found, f"{tool} is not in {TESTBED}"
+        assert f"ntfy_intake.{tool}" not in found, f"{tool} still stands among the product"
+
+
+def test_the_product_never_imports_its_test_bed() -> None:
+    violations = []
+    for name, path in modules().items():
+        if in_testbed(name):
+            continue
+        for imported, top_level in imports(path):
+            if not in_testbed(imported):
+                continue
+            if name == LAZY_DISPATCH and not top_level:
+                continue  # the CLI runs a test-bed command by importing it when asked
+            violations.append(f"{name} imports {imported}")
+    assert violations == []
+
+
+def test_the_direction_check_sees_imports_inside_functions() -> None:
+    """The checker itself must catch a lazy import that is not the CLI's dispatch."""
+    source = "import os\n\ndef f():\n    from ntfy_intake.testbed import drill\n"
+    found = list(imports(PACKAGE / "status.py", source))
+    assert ("ntfy_intake.testbed", False) in found or ("ntfy_intake.testbed.drill", False) in found
+    assert ("os", True) in found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_among_modules() -> None:
+    found = modules()
+    graph = {
+        name: {imported for imported, _ in imports(path) if imported in found and imported != name}
+        for name, path in found.items()
+    }
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
