@@ -32,6 +32,7 @@ from ntfy_intake import (
     db,
     diagnose,
     feed,
+    http_stream,
     intake,
     notices,
     outbox,
@@ -256,6 +257,14 @@ class Daemon(Vitals):
         # Persisted at once: a crash before the first event resumes from this time, inclusive.
         return Cursor.at_time(int(self.clock() - history))
 
+    def _stream_opener(self) -> http_stream.StreamOpener | None:
+        """The lean stream reader, unless a test transport or a proxy means httpx must carry it."""
+        if self.transport is not None or http_stream.proxied(self.settings.ntfy.url):
+            return None
+        return http_stream.RawStreamOpener(
+            on_response=lambda headers: self.trusted_clock.observe_date_header(headers.get("date"))
+        )
+
     # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -296,6 +305,7 @@ class Daemon(Vitals):
                 owe_backfill=self._owe_backfill,
                 new_generation=self.resume.connection_lost,
                 health=self.health,
+                open_stream=self._stream_opener(),
             )
             tasks = [
                 asyncio.create_task(reader.run(intake_stop), name="intake"),

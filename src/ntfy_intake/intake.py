@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
-from ntfy_intake import backoff, diagnose, frames, refusals
+from ntfy_intake import backoff, diagnose, frames, http_stream, refusals
 from ntfy_intake.cursor import Cursor, Owed, Resume, backfill_since, gap_window
 from ntfy_intake.frames import Event, Junk, Message
 from ntfy_intake.refusals import Refused, StatusFailure
@@ -124,9 +124,12 @@ class Intake:
         health: IntakeHealth,
         rng: Callable[[], float] = random.random,
         server_clock: Callable[[], float] = time.time,
+        open_stream: http_stream.StreamOpener | None = None,
     ) -> None:
         self.config = config
         self.client = client
+        # The stream and the backfill poll: httpx unless the daemon hands over the lean reader.
+        self.open_stream = open_stream or http_stream.httpx_opener(client)
         self.sink = sink
         self.current_resume = current_resume
         self.on_rejected_cursor = on_rejected_cursor
@@ -251,12 +254,8 @@ class Intake:
         timeout = httpx.Timeout(
             self.config.connect_timeout, read=self.config.keepalive_timeout + 1.0
         )
-        async with self.client.stream(
-            "GET",
-            self.stream_url,
-            params={"since": cursor.since},
-            headers=self._headers(),
-            timeout=timeout,
+        async with self.open_stream(
+            self.stream_url, {"since": cursor.since}, self._headers(), timeout
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
@@ -271,7 +270,11 @@ class Intake:
             await self._read(response, cursor, gap_from, generation)
 
     async def _read(
-        self, response: httpx.Response, cursor: Cursor, gap_from: int | None, generation: int
+        self,
+        response: http_stream.StreamResponse,
+        cursor: Cursor,
+        gap_from: int | None,
+        generation: int,
     ) -> None:
         """Read frames until the stream ends; the frame watchdog raises `_WatchdogExpired`.
 
@@ -392,12 +395,11 @@ class Intake:
         self.sink(Backfilled(owed, events, len(lines), gap))
 
     async def _poll(self, since: int) -> list[bytes | Junk]:
-        async with self.client.stream(
-            "GET",
+        async with self.open_stream(
             self.stream_url,
-            params={"poll": "1", "since": str(since)},
-            headers=self._headers(),
-            timeout=httpx.Timeout(self.config.connect_timeout, read=60.0),
+            {"poll": "1", "since": str(since)},
+            self._headers(),
+            httpx.Timeout(self.config.connect_timeout, read=60.0),
         ) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:512].decode("utf-8", "replace")
