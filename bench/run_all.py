@@ -21,6 +21,7 @@ from pathlib import Path
 
 import bench_feed
 import bench_latency
+import bench_read
 import bench_replay
 import bench_spawn
 from _common import Row, daemon, daemon_env, machine, met, proc_status, ratio, render
@@ -131,6 +132,8 @@ def main() -> int:
             rows += found
             if replay is not None:
                 replays.append(replay)
+        step(f"read side {big:,} frames")
+        rows += bench_read.rows(big)
         step("fsync counts (strace)")
         rows += bench_replay.fsync_rows(small, bench_replay.fsync_counts(small, work))
         step("spawn -> subscribed")

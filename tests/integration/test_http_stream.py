@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import shutil
+import socket
+import socketserver
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +19,11 @@ import httpx
 import pytest
 
 from ntfy_intake import diagnose
+from ntfy_intake.daemon import Daemon
 from ntfy_intake.http_stream import RawStreamOpener, proxied
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+
+from ..harness import DaemonThread, event_ids, settings_for, wait_until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUTS = httpx.Timeout(2.0, read=2.0)
@@ -289,3 +297,76 @@ def test_proxy_in_the_environment_is_noticed(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("NO_PROXY", "ntfy.lan,localhost")
     assert not proxied("http://ntfy.lan/alerts")
     assert proxied("https://ntfy.example/alerts")
+
+
+class ForwardingProxy(socketserver.ThreadingTCPServer):
+    """An HTTP proxy for plain http:// URLs: records each request line and relays the bytes."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        self.request_lines: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(socketserver.StreamRequestHandler):
+    server: ForwardingProxy
+
+    def handle(self) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = self.request.recv(65536)
+            if not data:
+                return
+            head += data
+        line, rest = head.split(b"\r\n", 1)
+        method, target, version = line.decode().split(" ")
+        self.server.request_lines.append(f"{method} {target}")
+        url = httpx.URL(target)
+        upstream = socket.create_connection((url.host, url.port or 80))
+        upstream.sendall(f"{method} {url.raw_path.decode()} {version}\r\n".encode() + rest)
+        pump = threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)
+        pump.start()
+        _pump(self.request, upstream)
+        pump.join(5)
+        upstream.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def test_stream_goes_through_the_proxy_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failure mode: the lean reader connects directly and ignores the proxy a site requires."""
+    for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    config = EmulatorConfig(keepalive_interval=1.0, request_limit=False)
+    with NtfyEmulator(config).running() as emu, ForwardingProxy() as proxy:
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            state = tmp_path / "state"
+            assert isinstance(
+                Daemon(settings_for(emu.url, state))._stream_opener(), RawStreamOpener
+            )
+            monkeypatch.setenv("HTTP_PROXY", proxy.url)
+            with DaemonThread(settings_for(emu.url, state, ntfy_cache_settle="200ms")):
+                emu.wait_for_subscribers(1)
+                ids = [str(emu.publish("alerts", f"via proxy {i}")["id"]) for i in range(3)]
+                wait_until(lambda: set(ids) <= set(event_ids(state)), what="events via the proxy")
+        finally:
+            proxy.shutdown()
+    streams = [line for line in proxy.request_lines if "/alerts,backups/json?" in line]
+    assert streams and streams[0].startswith(f"GET {emu.url}/alerts,backups/json?since=")
