@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import httpx
 import structlog
@@ -45,8 +46,9 @@ CURSOR_INVALID = 40008
 POLL_RETRY_BASE = 5.0  # a failed backfill poll waits for ntfy's request bucket (1 per 5 s)
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
+class Received(NamedTuple):
+    """A frame off the stream (a tuple: built once per event, cheaper than a frozen dataclass)."""
+
     frame: Event | Junk
     read_at: float  # monotonic
     generation: int
@@ -310,16 +312,20 @@ class Intake:
                 deadline = now + self.config.keepalive_timeout
                 self.health.last_frame_at = now
                 self.health.last_frame_wall = time.time()
+                latest = self.health.last_server_time or 0
                 for line in lines:
                     frame = (
                         line if isinstance(line, Junk) else frames.decode_line(line, self.topics)
                     )
+                    if type(frame) is Message:  # most frames: nothing else to look at
+                        latest = max(latest, frame.time)
+                        self.sink(Received(frame, now, generation))
+                        continue
                     server_time = getattr(frame, "time", None)
                     if isinstance(server_time, int):
-                        self.health.last_server_time = max(
-                            server_time, self.health.last_server_time or 0
-                        )
+                        latest = max(latest, server_time)
                     if isinstance(frame, frames.Open):
+                        self.health.last_server_time = latest
                         self.health.state = "live"
                         self.health.connected_at = now
                         self.health.connections += 1
@@ -337,6 +343,8 @@ class Intake:
                     if isinstance(frame, frames.Keepalive):
                         continue
                     self.sink(Received(frame, now, generation))
+                if latest:
+                    self.health.last_server_time = latest
         except asyncio.CancelledError:
             # Ours (the watchdog) unless someone else cancelled too (stop): then theirs wins.
             if expired and reader.uncancel() == 0:
