@@ -53,8 +53,7 @@ from ntfy_intake.cursor import (
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
-from ntfy_intake.owner_queue import OwnerQueue
-from ntfy_intake.pipeline import Counters, CrashPoints, append_triage_entry
+from ntfy_intake.pipeline import CountedOwnerQueue, Counters, CrashPoints, append_triage_entry
 from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
@@ -114,7 +113,8 @@ class Daemon(Vitals):
             timezone=settings.cadence.timezone,
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
-        self.owner_queue = OwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
+        self.owner_queue = CountedOwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
+        self._owner_woken_for = 0
         self.queue = asyncio.Queue()
         self._saved_frame_time = None  # last server time persisted (gap windows)
         self._frame_time_saved_at = 0.0
