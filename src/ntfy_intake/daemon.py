@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -61,6 +62,7 @@ from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
 log = structlog.get_logger("ntfy_intake.daemon")
 
 STARTUP_GRACE_S = 1.0
+GIL_SWITCH_INTERVAL_S = 0.001  # see run(); measured in bench/bench_live.py
 
 __all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
 
@@ -259,6 +261,17 @@ class Daemon(Vitals):
     # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        # The event loop and the database thread take turns on the GIL. A thread that wants it
+        # back (an fsync returned) waits up to the switch interval while the other runs Python
+        # (httpx reading a reply): 5 ms by default, which is a live event's whole budget.
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        try:
+            await self._run(stop)
+        finally:
+            sys.setswitchinterval(previous)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         if self._conn is None:
             await asyncio.to_thread(self.recover)
         # READY once local recovery is done, not when ntfy answers: an ntfy outage must never

@@ -8,6 +8,7 @@ the trip where the guarantees need it. Each test is named after the failure it k
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 import time
@@ -49,8 +50,16 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     found = Daemon(config)
     found.recover()
     yield found
-    found._audit.close()
-    found.conn.close()
+    shut(found)
+
+
+def shut(daemon: Daemon) -> None:
+    """What the end of `Daemon.run` releases (idempotent): the audit file, the store, the lock."""
+    daemon._audit.close()
+    daemon.conn.close()
+    if daemon._lock_fd is not None:
+        os.close(daemon._lock_fd)
+        daemon._lock_fd = None
 
 
 def failing_first(times: int, fn: Callable[..., Any], error: str) -> Callable[..., Any]:
@@ -92,6 +101,27 @@ def test_storage_fault_after_the_commit_records_no_event_twice(
     assert len(daemon.resume) == 2  # both made durable for the cursor, once each
     assert daemon.storage_wait is None and daemon.storage_episodes == 1
     assert audit.flushed_seq(daemon.conn) == daemon._audit.last_seq  # the mark caught up
+
+
+def test_flush_mark_lost_with_the_power_writes_no_line_twice_after_restart(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flush's mark commits without an fsync, so a power cut can lose it after the lines
+    are in the files: the restart must find them there (by seq), not write them again."""
+    monkeypatch.setattr(audit, "_mark_flushed", lambda conn, seq: None)  # never reached disk
+    asyncio.run(daemon._record(received("power0000001", "power0000002")))
+    asyncio.run(daemon._record(received("power0000003")))
+    shut(daemon)
+    monkeypatch.undo()
+    assert query(tmp_path, "SELECT value FROM kv WHERE name = ?", audit.FLUSHED_KEY) == []
+
+    restarted = Daemon(daemon.settings)
+    restarted.recover()
+    asyncio.run(restarted._record(received("power0000004", "power0000001")))
+    shut(restarted)
+
+    assert event_lines(tmp_path) == {f"power000000{n}": 1 for n in range(1, 5)}
+    assert restarted.counters.duplicates == 1
 
 
 def test_storage_fault_in_the_batch_transaction_loses_no_event(
