@@ -6,6 +6,11 @@ what that one does not give: p90 and max besides p50/p99, the durable-write floo
 `--stamps FILE` every event's id and its three times (time.monotonic(), the same clock as the
 daemon's `loop.time()` on Linux), for a per-stage breakdown against stamps taken in the daemon.
 `--poll` sets how often this process looks at the audit log (default 0.5 ms, as bench_latency).
+`--settled` publishes the next event only once the previous delivery is settled (its `delivery`
+audit line written), as alerts minutes apart arrive; by default the next event is published as
+soon as the receiver saw the previous one, while that POST's reply, its settle and its audit
+line are still on their way (bench_latency's method), and the relay claims no new row until
+they are done.
 
 Run alone: uv run python bench/bench_live.py [--events 300] [--stamps out.json]
 """
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import AuditCounter, daemon, daemon_env, ms, percentile
+from ntfy_intake import audit
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -65,7 +71,27 @@ def durable_floor(directory: Path, n: int) -> list[float]:
     return times
 
 
-def live(workdir: Path, n: int, poll: float) -> Run:
+class DeliveryCounter:
+    """Counts `delivery` audit lines as the log grows (complete lines only)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.count = 0
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> int:
+        for path in audit.log_files(self.directory):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+            end = data.rfind(b"\n") + 1
+            self.count += data[:end].count(b'"kind":"delivery"')
+            self._offsets[path] = offset + end
+        return self.count
+
+
+def live(workdir: Path, n: int, poll: float, *, settled: bool = False) -> Run:
     run = Run()
     arrived = threading.Condition()
 
@@ -88,7 +114,14 @@ def live(workdir: Path, n: int, poll: float) -> Run:
         stack.enter_context(daemon(env, workdir / "live.log"))
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
+        deliveries = DeliveryCounter(state / "audit")
         for i in range(WARMUP + n):
+            if settled:
+                deadline = time.monotonic() + STEP_TIMEOUT_S
+                while deliveries.poll() < i:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"delivery {i} not settled")
+                    time.sleep(poll)
             began = time.monotonic()
             event_id = emu.publish("alerts", f"probe #{i}", title=f"live probe {i}")["id"]
             deadline = began + STEP_TIMEOUT_S
@@ -119,9 +152,10 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.0005)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--stamps", type=Path, default=None)
+    parser.add_argument("--settled", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-live-", dir=args.dir) as tmp:
-        run = live(Path(tmp), args.events, args.poll)
+        run = live(Path(tmp), args.events, args.poll, settled=args.settled)
     print(summary("publish -> durably recorded", run.latencies(run.recorded)))
     print(summary("publish -> received", run.latencies(run.received)))
     print(summary("durable-write floor", run.floor))

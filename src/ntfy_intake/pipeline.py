@@ -313,7 +313,7 @@ class EventPipeline:
         self,
         batch: list[intake.Received] | list[Event | Junk | Notice],
         also: inbox.InTransaction | None = None,
-    ) -> None:
+    ) -> inbox.BatchResult:
         frames: list[Event | Junk | Notice] = [
             item.frame if isinstance(item, intake.Received) else item for item in batch
         ]
@@ -331,7 +331,7 @@ class EventPipeline:
             self._next_release = write.next_release
         self._wake_owner()
         if not write.audit_written:
-            return  # latched: the cursor stays frozen for the life of the process
+            return result  # latched: the cursor stays frozen for the life of the process
         self.crash.hit("after_audit_write")
         for candidate in result.candidates:
             item = batch[candidate.index]
@@ -344,6 +344,7 @@ class EventPipeline:
                 read_at=item.read_at,
                 generation=item.generation,
             )
+        return result
 
     def _write_batch(self, write: _BatchWrite, loop: asyncio.AbstractEventLoop) -> None:
         """The batch's whole database work in ONE trip to the worker thread: the transaction,
@@ -385,26 +386,24 @@ class EventPipeline:
             if last and backfill.gap is not None:
                 frames.append(self._gap_notice(backfill.gap))
 
-            def finish(
-                conn: sqlite3.Connection, result: inbox.BatchResult, last: bool = last
-            ) -> None:
-                totals["new"] += result.recorded
-                totals["duplicate"] += result.duplicates
-                if last:
-                    audit.stage(
-                        conn,
-                        "backfill",
-                        self.clock(),
-                        since=backfill.owed.since,
-                        polled=backfill.polled,
-                        new=totals["new"],
-                        duplicate=totals["duplicate"],
-                        gap=backfill.gap is not None,
-                    )
-                    clear_backfill(conn, backfill.owed)
+            def finish(conn: sqlite3.Connection, result: inbox.BatchResult) -> None:
+                # Nothing is added up in here: a commit that fails runs this again.
+                audit.stage(
+                    conn,
+                    "backfill",
+                    self.clock(),
+                    since=backfill.owed.since,
+                    polled=backfill.polled,
+                    new=totals["new"] + result.recorded,
+                    duplicate=totals["duplicate"] + result.duplicates,
+                    gap=backfill.gap is not None,
+                )
+                clear_backfill(conn, backfill.owed)
 
             self.crash.hit("before_backfill_recorded" if last else "backfill_chunk")
-            await self._record(frames, also=finish)
+            result = await self._record(frames, also=finish if last else None)
+            totals["new"] += result.recorded
+            totals["duplicate"] += result.duplicates
         log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
         self.counters.extra["backfills"] = self.counters.extra.get("backfills", 0) + 1
         self.counters.extra["backfill_new"] = (

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import audit, intake, pipeline, refusals
+from ntfy_intake import audit, cursor, intake, pipeline, refusals
 from ntfy_intake.daemon import Daemon
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -140,6 +140,35 @@ def test_storage_fault_in_the_batch_transaction_loses_no_event(
     assert event_lines(tmp_path) == {"locked000001": 1}
     assert (daemon.counters.recorded, daemon.counters.duplicates) == (1, 0)
     assert daemon.storage_wait is None and len(daemon._storage_notices) == 1
+
+
+def test_storage_fault_at_the_backfill_commit_does_not_double_its_counts(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backfill's totals were summed inside its transaction: a commit that failed (the lock
+    held elsewhere) and ran again counted the batch twice in the `backfill` audit record."""
+    real = pipeline.inbox.record_batch
+    failed = {"n": 0}
+
+    def locked_at_first_commit(*args: Any, **kwargs: Any) -> Any:
+        if failed["n"] == 0:
+            failed["n"] += 1
+
+            def locked() -> None:
+                raise sqlite3.OperationalError("database is locked")
+
+            kwargs["before_commit"] = locked
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.inbox, "record_batch", locked_at_first_commit)
+    owed = cursor.owe_backfill(daemon.conn, 1_764_469_000, None, time.time())
+    events: list[Any] = [make_message(f"backfill{n:04d}") for n in range(3)]
+
+    asyncio.run(daemon._record_backfill(intake.Backfilled(owed, events, polled=3)))
+
+    (record,) = [r for r in audit_records(tmp_path) if r["kind"] == "backfill"]
+    assert (record["new"], record["duplicate"], record["polled"]) == (3, 0, 3)
+    assert event_lines(tmp_path) == {f"backfill{n:04d}": 1 for n in range(3)}
 
 
 def test_storage_fault_while_tripping_the_latch_still_queues_its_notice(
