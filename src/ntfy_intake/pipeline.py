@@ -26,7 +26,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
@@ -204,7 +204,7 @@ class EventPipeline:
         while True:
             async with self._db_lock:
                 try:
-                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                    result = await _until_done(asyncio.to_thread(fn, *args, **kwargs))
                 except sqlite3.OperationalError as exc:
                     fault = storage.classify(exc, str(self.settings.state.database))
                     if not fault.transient:
@@ -549,6 +549,24 @@ class EventPipeline:
 
     async def _wait_queue_empty(self) -> None:
         await self.queue.join()
+
+
+async def _until_done(work: Awaitable[T]) -> T:
+    """Await `work` to its end even if the caller is cancelled meanwhile, then let the cancel
+    through: a thread cannot be stopped, and the lock it runs under must stay held until it
+    returns, or the next user would start a transaction on the same connection mid-way."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait((future,))  # never cancels `future`, never raises its error
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the caller is gone, its cancel wins
+        raise asyncio.CancelledError
+    return future.result()
 
 
 def _append_to(channel: str) -> Callable[[sqlite3.Connection, str, Any, str, float], None]:

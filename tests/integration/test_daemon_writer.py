@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sqlite3
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -232,3 +233,36 @@ def test_kill9_inside_the_writers_trip_leaves_one_event_line_after_restart(
 
 def backfills(state: Path) -> int:
     return sum(1 for record in audit_records(state) if record["kind"] == "backfill")
+
+
+def test_cancelled_caller_keeps_the_connection_until_its_thread_is_done(daemon: Daemon) -> None:
+    """A caller cancelled while its function ran in the worker thread (intake's watchdog
+    cancelling `owe_backfill` stuck behind another process's write lock) let go of the lock at
+    once; the ticker's next transaction then began on the same connection mid-transaction
+    ("cannot start a transaction within a transaction") and the daemon exited."""
+    release = threading.Event()
+    running = threading.Event()
+    overlapped: list[bool] = []
+
+    def slow() -> None:
+        running.set()
+        release.wait(5)
+
+    def next_user() -> None:
+        overlapped.append(running.is_set() and not release.is_set())
+
+    async def run() -> None:
+        first = asyncio.create_task(daemon._db(slow))
+        while not running.is_set():
+            await asyncio.sleep(0.001)
+        first.cancel()
+        second = asyncio.create_task(daemon._db(next_user))
+        await asyncio.sleep(0.05)  # the second user would have run by now if the lock were free
+        release.set()
+        await second
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(run())
+
+    assert overlapped == [False]
