@@ -199,7 +199,8 @@ class EventPipeline:
         """Run `fn` in the worker thread. A transient storage failure (the database locked by
         another process past the busy timeout, a full disk, an I/O error) is waited out with
         backoff and `fn` run again: every database function here is one transaction that
-        rolled back whole. Health is degraded meanwhile; nothing exits."""
+        rolled back whole. Health is degraded meanwhile; nothing exits. A caller cancelled
+        meanwhile holds the lock until the thread returns (it cannot be stopped)."""
         delay = STORAGE_RETRY_BASE
         while True:
             async with self._db_lock:
@@ -438,6 +439,7 @@ class EventPipeline:
     async def _flush_audit(self) -> bool:
         """Write what the audit log is owed (one trip to the worker thread); False if latched."""
         if self.latched:
+            self._wake_owner()  # the latch notice, and what else was queued, still go out
             return False
         written = await self._db(self._flush_audit_sync)
         self._wake_owner()
@@ -457,9 +459,13 @@ class EventPipeline:
                 with db.commits_without_fsync(self.conn):
                     audit.flush(self.conn, self._audit)
         except AuditWriteError as exc:
-            self._trip_latch_sync(str(exc))
-            return False
-        return True
+            failure = str(exc)
+        else:
+            return True
+        # Outside the handler: a storage fault while tripping must be judged on its own, not
+        # through the audit error it would otherwise be chained to (see storage.classify).
+        self._trip_latch_sync(failure)
+        return False
 
     def _wake_owner(self) -> None:
         """Wake the owner sender when a row was queued for it since it was last woken (a flush
