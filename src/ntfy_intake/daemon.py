@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -54,8 +55,7 @@ from ntfy_intake.cursor import (
 from ntfy_intake.cursor import load as load_cursor
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError, StartupError, StateLockedError
-from ntfy_intake.owner_queue import OwnerQueue
-from ntfy_intake.pipeline import Counters, CrashPoints, append_triage_entry
+from ntfy_intake.pipeline import CountedOwnerQueue, Counters, CrashPoints, append_triage_entry
 from ntfy_intake.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
@@ -63,6 +63,7 @@ from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
 log = structlog.get_logger("ntfy_intake.daemon")
 
 STARTUP_GRACE_S = 1.0
+GIL_SWITCH_INTERVAL_S = 0.001  # see run(); measured in bench/bench_live.py
 
 __all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
 
@@ -115,7 +116,8 @@ class Daemon(Vitals):
             timezone=settings.cadence.timezone,
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
-        self.owner_queue = OwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
+        self.owner_queue = CountedOwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
+        self._owner_woken_for = 0
         self.queue = asyncio.Queue()
         self._saved_frame_time = None  # last server time persisted (gap windows)
         self._frame_time_saved_at = 0.0
@@ -268,6 +270,17 @@ class Daemon(Vitals):
     # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        # The event loop and the database thread take turns on the GIL. A thread that wants it
+        # back (an fsync returned) waits up to the switch interval while the other runs Python
+        # (httpx reading a reply): 5 ms by default, which is a live event's whole budget.
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        try:
+            await self._run(stop)
+        finally:
+            sys.setswitchinterval(previous)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         if self._conn is None:
             await asyncio.to_thread(self.recover)
         # READY once local recovery is done, not when ntfy answers: an ntfy outage must never

@@ -1,8 +1,9 @@
 """SQLite foundation: connections, the one write-transaction helper, and the migration ledger.
 
 Invariants owned here:
-- every connection is in autocommit mode (isolation_level=None), WAL, synchronous=FULL,
-  foreign keys on, and a busy timeout, so no transaction is ever opened implicitly;
+- every connection is in autocommit mode (isolation_level=None), WAL, synchronous=FULL (only
+  `commits_without_fsync` relaxes it, for writes whose loss is harmless), foreign keys on, and
+  a busy timeout, so no transaction is ever opened implicitly;
 - every write goes through `write_txn`, which starts with BEGIN IMMEDIATE (the write lock is taken
   up front, so two writers serialize instead of failing at COMMIT) and rolls back on any exception;
 - migrations are an ordered, named list, each applied once in its own transaction and recorded.
@@ -85,6 +86,18 @@ def write_txn(
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+
+
+@contextlib.contextmanager
+def commits_without_fsync(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """Commits inside do not fsync (WAL, synchronous=NORMAL); the next FULL commit or
+    checkpoint makes them durable with its own fsync, and a power cut may lose them. Only for
+    writes whose loss is harmless (a mark that recovery derives again). Outside a transaction."""
+    conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        yield conn
+    finally:
+        conn.execute("PRAGMA synchronous=FULL")
 
 
 def fail_before_commit() -> None:

@@ -26,7 +26,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
@@ -35,6 +35,7 @@ import structlog
 
 from ntfy_intake import (
     audit,
+    cadence,
     db,
     feed,
     inbox,
@@ -59,7 +60,7 @@ from ntfy_intake.cursor import backfill_done as clear_backfill
 from ntfy_intake.cursor import save as save_cursor
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.frames import Event, Junk
-from ntfy_intake.owner_queue import Notice, OwnerQueue
+from ntfy_intake.owner_queue import Notice, OwnerQueue, Record
 from ntfy_intake.settings import Settings
 
 log = structlog.get_logger("ntfy_intake.pipeline")
@@ -109,6 +110,51 @@ class Counters:
     extra: dict[str, int] = field(default_factory=dict)
 
 
+class CountedOwnerQueue(OwnerQueue):
+    """The owner queue, counting the decisions it wrote (a rolled-back one too: it only costs
+    the owner sender one look), so the pipeline wakes the sender only when one may be waiting."""
+
+    queued: int = 0
+
+    def notice(
+        self,
+        conn: sqlite3.Connection,
+        notice: Notice,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> list[Record]:
+        records = super().notice(conn, notice, now, state=state)
+        self.queued += len(records)
+        return records
+
+    def triage_message(
+        self,
+        conn: sqlite3.Connection,
+        key: str,
+        text: str,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> tuple[str, list[Record]]:
+        result, records = super().triage_message(conn, key, text, now, state=state)
+        self.queued += len(records)
+        return result, records
+
+
+@dataclass(slots=True)
+class _BatchWrite:
+    """One batch on its way to disk, and how far it got (see `EventPipeline._write_batch`)."""
+
+    frames: list[Event | Junk | Notice]
+    now: float
+    also: inbox.InTransaction | None
+    result: inbox.BatchResult | None = None
+    next_release: float | None = None
+    release_known: bool = False
+    audit_written: bool = False
+
+
 class EventPipeline:
     """frame -> inbox transaction -> audit line -> cursor (see the module docstring)."""
 
@@ -122,7 +168,8 @@ class EventPipeline:
     resume: ResumePoint
     latched: bool
     failed: bool
-    owner_queue: OwnerQueue
+    owner_queue: CountedOwnerQueue
+    _owner_woken_for: int
     queue: asyncio.Queue[intake.Item]
     relay: relay.Relay | None
     owner: owner.OwnerSender | None
@@ -152,12 +199,13 @@ class EventPipeline:
         """Run `fn` in the worker thread. A transient storage failure (the database locked by
         another process past the busy timeout, a full disk, an I/O error) is waited out with
         backoff and `fn` run again: every database function here is one transaction that
-        rolled back whole. Health is degraded meanwhile; nothing exits."""
+        rolled back whole. Health is degraded meanwhile; nothing exits. A caller cancelled
+        meanwhile holds the lock until the thread returns (it cannot be stopped)."""
         delay = STORAGE_RETRY_BASE
         while True:
             async with self._db_lock:
                 try:
-                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                    result = await _until_done(asyncio.to_thread(fn, *args, **kwargs))
                 except sqlite3.OperationalError as exc:
                     fault = storage.classify(exc, str(self.settings.state.database))
                     if not fault.transient:
@@ -266,23 +314,14 @@ class EventPipeline:
         self,
         batch: list[intake.Received] | list[Event | Junk | Notice],
         also: inbox.InTransaction | None = None,
-    ) -> None:
+    ) -> inbox.BatchResult:
         frames: list[Event | Junk | Notice] = [
             item.frame if isinstance(item, intake.Received) else item for item in batch
         ]
-        result = await self._db(
-            inbox.record_batch,
-            self.conn,
-            frames,
-            self.clock(),
-            queue=self.owner_queue,
-            relay_enabled=self.settings.relay.url is not None,
-            feed_append=append_triage_entry,
-            also=also,
-            note_append=append_info_entry,
-        )
-        self.owner_queue.adopt(result.state)
-        self.crash.hit("after_inbox_commit")
+        write = _BatchWrite(frames, self.clock(), also)
+        await self._db(self._write_batch, write, asyncio.get_running_loop())
+        result = write.result
+        assert result is not None
         self.counters.batches += 1
         self.counters.recorded += result.recorded
         self.counters.duplicates += result.duplicates
@@ -290,11 +329,10 @@ class EventPipeline:
         self.counters.quarantined += result.quarantined
         if result.recorded:
             self.counters.last_event_wall = self.clock()
-            self._next_release = await self._db(outbox.next_release_at, self.conn)
-        if result.released and self.relay is not None:
-            self.relay.wakeup.set()
-        if not await self._flush_audit():
-            return  # latched: the cursor stays frozen for the life of the process
+            self._next_release = write.next_release
+        self._wake_owner()
+        if not write.audit_written:
+            return result  # latched: the cursor stays frozen for the life of the process
         self.crash.hit("after_audit_write")
         for candidate in result.candidates:
             item = batch[candidate.index]
@@ -307,6 +345,35 @@ class EventPipeline:
                 read_at=item.read_at,
                 generation=item.generation,
             )
+        return result
+
+    def _write_batch(self, write: _BatchWrite, loop: asyncio.AbstractEventLoop) -> None:
+        """The batch's whole database work in ONE trip to the worker thread: the transaction,
+        then the audit flush. `_db` runs this again after a transient storage fault; the
+        transaction is committed at most once (`write` remembers it), and the flush writes only
+        the lines the files lack, so a fault after the commit repeats nothing."""
+        if write.result is None:
+            result = inbox.record_batch(
+                self.conn,
+                write.frames,
+                write.now,
+                queue=self.owner_queue,
+                relay_enabled=self.settings.relay.url is not None,
+                feed_append=append_triage_entry,
+                also=write.also,
+                note_append=append_info_entry,
+            )
+            write.result = result
+            # Before anything else decides on the cadence state (the flush may queue a notice).
+            self.owner_queue.adopt(result.state)
+            self.crash.hit("after_inbox_commit")
+            if result.released and self.relay is not None:
+                # The rows are durable: the relay queues for the lock while the audit is written.
+                loop.call_soon_threadsafe(self.relay.wakeup.set)
+        if write.result.recorded and not write.release_known:
+            write.next_release = outbox.next_release_at(self.conn)
+            write.release_known = True
+        write.audit_written = self._flush_audit_sync()
 
     async def _record_backfill(self, backfill: intake.Backfilled) -> None:
         """The poll's events, in batches; the last one also writes the `backfill` audit record,
@@ -320,26 +387,24 @@ class EventPipeline:
             if last and backfill.gap is not None:
                 frames.append(self._gap_notice(backfill.gap))
 
-            def finish(
-                conn: sqlite3.Connection, result: inbox.BatchResult, last: bool = last
-            ) -> None:
-                totals["new"] += result.recorded
-                totals["duplicate"] += result.duplicates
-                if last:
-                    audit.stage(
-                        conn,
-                        "backfill",
-                        self.clock(),
-                        since=backfill.owed.since,
-                        polled=backfill.polled,
-                        new=totals["new"],
-                        duplicate=totals["duplicate"],
-                        gap=backfill.gap is not None,
-                    )
-                    clear_backfill(conn, backfill.owed)
+            def finish(conn: sqlite3.Connection, result: inbox.BatchResult) -> None:
+                # Nothing is added up in here: a commit that fails runs this again.
+                audit.stage(
+                    conn,
+                    "backfill",
+                    self.clock(),
+                    since=backfill.owed.since,
+                    polled=backfill.polled,
+                    new=totals["new"] + result.recorded,
+                    duplicate=totals["duplicate"] + result.duplicates,
+                    gap=backfill.gap is not None,
+                )
+                clear_backfill(conn, backfill.owed)
 
             self.crash.hit("before_backfill_recorded" if last else "backfill_chunk")
-            await self._record(frames, also=finish)
+            result = await self._record(frames, also=finish if last else None)
+            totals["new"] += result.recorded
+            totals["duplicate"] += result.duplicates
         log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
         self.counters.extra["backfills"] = self.counters.extra.get("backfills", 0) + 1
         self.counters.extra["backfill_new"] = (
@@ -372,18 +437,44 @@ class EventPipeline:
         self.owner_queue.commit(records)
 
     async def _flush_audit(self) -> bool:
+        """Write what the audit log is owed (one trip to the worker thread); False if latched."""
+        if self.latched:
+            self._wake_owner()  # the latch notice, and what else was queued, still go out
+            return False
+        written = await self._db(self._flush_audit_sync)
+        self._wake_owner()
+        return written
+
+    def _flush_audit_sync(self) -> bool:
+        """In the worker thread. Safe to run again: only lines the files lack are written."""
         if self.latched:
             return False
-        if self.owner is not None:
-            self.owner.wakeup.set()  # a flush follows every write that may queue an owner row
         try:
-            await self._db(audit.flush, self.conn, self._audit)
-            if await self._db(self._note_replaced_audit_files):
-                await self._db(audit.flush, self.conn, self._audit)
+            # The flush's own commit (the mark of what the files hold) skips its fsync: losing
+            # it costs nothing (lines are found by seq in the files, never written twice), and
+            # the next commit makes it durable. One fsync fewer before the relay can claim.
+            with db.commits_without_fsync(self.conn):
+                audit.flush(self.conn, self._audit)
+            if self._note_replaced_audit_files():
+                with db.commits_without_fsync(self.conn):
+                    audit.flush(self.conn, self._audit)
         except AuditWriteError as exc:
-            await self._db(self._trip_latch_sync, str(exc))
-            return False
-        return True
+            failure = str(exc)
+        else:
+            return True
+        # Outside the handler: a storage fault while tripping must be judged on its own, not
+        # through the audit error it would otherwise be chained to (see storage.classify).
+        self._trip_latch_sync(failure)
+        return False
+
+    def _wake_owner(self) -> None:
+        """Wake the owner sender when a row was queued for it since it was last woken (a flush
+        follows every write that may queue one); not on every flush, where it would take the
+        database lock twice per event for nothing."""
+        if self.owner is None or self.owner_queue.queued == self._owner_woken_for:
+            return
+        self._owner_woken_for = self.owner_queue.queued
+        self.owner.wakeup.set()
 
     def _note_replaced_audit_files(self) -> bool:
         """An audit file deleted or replaced under us: one notice per time it happened."""
@@ -400,9 +491,11 @@ class EventPipeline:
         """Freeze the cursor for this process and queue exactly one owner notice."""
         if self.latched:
             return
+        # The notice first: a storage fault here is waited out and this run again, which must
+        # still record it (its key makes a second attempt a no-op).
+        self._record_notice(notices.latch(detail, self.boot_id))
         self.latched = True
         log.error("audit.latched", detail=detail)
-        self._record_notice(notices.latch(detail, self.boot_id))
 
     # -- what the ticker moves: the cursor, the last frame's time, debounce releases -----------------
 
@@ -462,6 +555,24 @@ class EventPipeline:
 
     async def _wait_queue_empty(self) -> None:
         await self.queue.join()
+
+
+async def _until_done(work: Awaitable[T]) -> T:
+    """Await `work` to its end even if the caller is cancelled meanwhile, then let the cancel
+    through: a thread cannot be stopped, and the lock it runs under must stay held until it
+    returns, or the next user would start a transaction on the same connection mid-way."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait((future,))  # never cancels `future`, never raises its error
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the caller is gone, its cancel wins
+        raise asyncio.CancelledError
+    return future.result()
 
 
 def _append_to(channel: str) -> Callable[[sqlite3.Connection, str, Any, str, float], None]:
