@@ -63,6 +63,8 @@ from ntfy_intake.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
 log = structlog.get_logger("ntfy_intake.daemon")
 
 STARTUP_GRACE_S = 1.0
+STARTUP_CAP_S = 5.0
+CATCH_UP_POLL_S = 0.05
 GIL_SWITCH_INTERVAL_S = 0.001  # see run(); measured in bench/bench_live.py
 
 __all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
@@ -467,9 +469,16 @@ class Daemon(Vitals):
 
     async def _after_subscribing(self) -> None:
         """What intake does not need (the HTTP surface, the scheduler) loads once the first
-        subscription is on its way, or after a second: a start never waits for starlette."""
+        subscription is on its way and the writer has caught up with what it replays (its queue
+        found empty twice, CATCH_UP_POLL_S apart), or STARTUP_CAP_S after start at the latest: a
+        start never waits for starlette, and a backlog is not slowed by its imports."""
+        cap = time.monotonic() + STARTUP_CAP_S
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.subscribed.wait(), STARTUP_GRACE_S)
+        idle = 0
+        while idle < 2 and time.monotonic() < cap:
+            await asyncio.sleep(CATCH_UP_POLL_S)
+            idle = idle + 1 if self.queue.empty() else 0
 
     async def _housekeeping(self) -> None:
         """Retention pruning on a schedule (APScheduler): hourly and a minute after start,
