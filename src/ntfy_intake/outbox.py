@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -147,21 +147,53 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
 # -- the relay's side: claim, settle, redrive ------------------------------------------------------
 
 
-def claim_due(conn: sqlite3.Connection, now: float, *, limit: int, lease: float) -> list[Claim]:
+def claim_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
     """Lease up to `limit` due rows (pending, or leased by a claim whose lease ran out)."""
     with db.write_txn(conn):
-        rows = conn.execute(
-            "UPDATE outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
-            " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
-            "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
-            "   ORDER BY due_at, created_at LIMIT ?)"
-            " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at",
-            (now + lease, now, now, limit),
-        ).fetchall()
+        return lease_due(conn, now, limit=limit, lease=lease, holding=holding)
+
+
+def lease_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
+    """`claim_due` inside the caller's write transaction. `holding`: keys the caller already
+    holds (claimed, not yet settled); their lease may run out while they wait their turn, and
+    they must not be claimed twice."""
+    rows = conn.execute(
+        "UPDATE outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
+        " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
+        "   WHERE ((state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?))"
+        "   AND delivery_key NOT IN (SELECT value FROM json_each(?))"
+        "   ORDER BY due_at, created_at LIMIT ?)"
+        " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at",
+        (now + lease, now, now, json.dumps(list(holding)), limit),
+    ).fetchall()
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.
     rows.sort(key=lambda row: (row[4], row[5], row[0]))
     return [Claim(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def unclaim(conn: sqlite3.Connection, keys: Collection[str]) -> int:
+    """Claimed rows whose attempt never started (the relay is stopping) go back to pending, the
+    attempt they were counted for taken back."""
+    return conn.execute(
+        "UPDATE outbox SET state = 'pending', lease_until = NULL, attempts = attempts - 1"
+        " WHERE state = 'leased' AND delivery_key IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(keys)),),
+    ).rowcount
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import random
 import sqlite3
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -100,6 +101,16 @@ class RelayStats:
 
 
 class Relay:
+    """The relay loop. `run` keeps up to `concurrency` attempts in flight and claims more as they
+    settle; each turn settles what finished and claims what is due in ONE transaction, then
+    flushes the audit once. `run_once` is one claim, post, settle and flush, for tests and tools.
+
+    Every claimed row waits in its incident's lane (a queue worked by one task, one attempt at a
+    time): a row claimed while an earlier one of its incident is still queued or in flight goes
+    out after it, never beside it. Claimed rows are held until they settle and are never claimed
+    twice, even when their lease runs out while they wait their turn.
+    """
+
     def __init__(
         self,
         conn: sqlite3.Connection,
@@ -140,6 +151,15 @@ class Relay:
         self.wakeup = asyncio.Event()
         self.stats = RelayStats()
         self.lease = timeout * 2 + 5.0
+        # Claimed rows held at most: enough that no connection waits for the next claim.
+        self.window = max(CLAIM_BATCH, CLAIMS_PER_LANE * concurrency)
+        self._slots = asyncio.Semaphore(concurrency)
+        self._lanes: dict[str, deque[outbox.Claim]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._held: set[str] = set()  # claimed, not yet settled
+        self._finished: list[tuple[outbox.Claim, Outcome]] = []
+        self._stop: asyncio.Event | None = None  # run()'s: no attempt starts once it is set
+        self._failure: BaseException | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.signing_key is None:
@@ -148,52 +168,133 @@ class Relay:
                 detail="relay.secret is not set: deliveries are unsigned, so a receiver cannot "
                 "tell them from forgeries (docs/triage-contract.md, section 5)",
             )
+        self._stop = stop
         await self.run_db(outbox.release_leases, self.conn)
-        while not stop.is_set():
-            # Cleared before looking, not after: a row released while we look (the writer sets
-            # the wakeup from the event loop between our awaits) must not wait out the timeout.
-            self.wakeup.clear()
-            delivered_any = await self.run_once()
-            if delivered_any:
-                continue
-            next_due = await self.run_db(outbox.next_due_at, self.conn)
-            wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+        look = True  # rows may be due: a claim is worth its query
+        try:
+            while not stop.is_set():
+                self._raise_lane_failure()
+                # Taken before looking, not after: a row released while we look (the writer sets
+                # the wakeup from the event loop between our awaits) must not wait out the poll.
+                if self.wakeup.is_set():
+                    self.wakeup.clear()
+                    look = True
+                finished = self._take_finished()
+                want = self.window - len(self._held)
+                if finished or (look and want > 0):
+                    claims = await self._turn(finished, want if look else 0)
+                    # Fewer than asked: nothing more is due until a release or a due time.
+                    look = want <= 0 or len(claims) == want
+                    continue
+                if self._held:
+                    wait = 1.0  # an attempt in flight sets the wakeup when it ends
+                else:
+                    next_due = await self.run_db(outbox.next_due_at, self.conn)
+                    wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+                look = True
+        except BaseException:
+            for task in self._tasks:  # a failure or a cancel: no attempt outlives the relay
+                task.cancel()
+            raise
+        await self._wind_down()
 
     async def run_once(self) -> bool:
         """Claim a batch, POST it over at most `concurrency` connections, settle it in one
         transaction, flush the audit once. One incident's deliveries go out one after another
         in claim order (oldest due first): never two of them in flight, never reordered."""
-        claims = await self.run_db(
-            outbox.claim_due,
-            self.conn,
-            self.clock(),
-            limit=max(CLAIM_BATCH, CLAIMS_PER_LANE * self.concurrency),
-            lease=self.lease,
-        )
-        if not claims:
+        if not await self._turn([], self.window - len(self._held)):
             return False
-        lanes: dict[str, list[outbox.Claim]] = {}
-        for claim in claims:
-            lanes.setdefault(claim.incident_key or claim.delivery_key, []).append(claim)
-        slots = asyncio.Semaphore(self.concurrency)
-        outcomes: dict[str, Outcome] = {}
-
-        async def lane(queue: list[outbox.Claim]) -> None:
-            for claim in queue:
-                async with slots:
-                    outcomes[claim.delivery_key] = await self.attempt(claim)
-                self.after_post()
-
-        async with asyncio.TaskGroup() as group:
-            for queue in lanes.values():
-                group.create_task(lane(queue))
-        # A delivery is marked only after its 2xx; a crash before this settle re-sends the same
-        # keys (at-least-once, absorbed by the receiver's dedup).
-        await self.run_db(self._settle_all, [(c, outcomes[c.delivery_key]) for c in claims])
-        await self.flush_audit()
+        await self._settle_in_flight()
         return True
+
+    async def _turn(
+        self, finished: list[tuple[outbox.Claim, Outcome]], want: int
+    ) -> list[outbox.Claim]:
+        """Settle `finished` and claim up to `want` due rows in one transaction, start the new
+        claims, then flush the audit (with the new attempts already under way)."""
+        for claim, _ in finished:
+            self._held.discard(claim.delivery_key)
+        claims = await self.run_db(
+            self._settle_and_claim, finished, max(0, want), tuple(self._held), ()
+        )
+        self._dispatch(claims)
+        if finished:
+            # A delivery is marked only after its 2xx; a crash before this settle re-sends the
+            # same keys (at-least-once, absorbed by the receiver's dedup).
+            await self.flush_audit()
+        return claims
+
+    async def _settle_in_flight(self) -> None:
+        """Wait for every lane to finish, then settle what it did (and put back what it never
+        started, when stopping) in one transaction and flush the audit."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._raise_lane_failure()
+        unstarted = [claim.delivery_key for queue in self._lanes.values() for claim in queue]
+        self._lanes.clear()
+        finished = self._take_finished()
+        for key in unstarted:
+            self._held.discard(key)
+        for claim, _ in finished:
+            self._held.discard(claim.delivery_key)
+        if finished or unstarted:
+            await self.run_db(self._settle_and_claim, finished, 0, (), tuple(unstarted))
+            await self.flush_audit()
+
+    async def _wind_down(self) -> None:
+        """Stopping: in-flight attempts finish (bounded by the timeout) and are settled; claimed
+        rows whose attempt never started go back to pending."""
+        await self._settle_in_flight()
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _take_finished(self) -> list[tuple[outbox.Claim, Outcome]]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _raise_lane_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _dispatch(self, claims: list[outbox.Claim]) -> None:
+        """Queue each claim behind its incident's earlier ones; start a lane where none runs."""
+        for claim in claims:
+            self._held.add(claim.delivery_key)
+            lane_key = claim.incident_key or claim.delivery_key
+            queue = self._lanes.get(lane_key)
+            if queue is None:
+                queue = self._lanes[lane_key] = deque()
+                task = asyncio.create_task(self._lane(lane_key, queue), name="relay-lane")
+                self._tasks.add(task)
+                task.add_done_callback(self._lane_done)
+            queue.append(claim)
+
+    async def _lane(self, lane_key: str, queue: deque[outbox.Claim]) -> None:
+        """One incident's claims, one attempt at a time, in the order they were claimed."""
+        try:
+            while queue and not self._stopping():
+                async with self._slots:
+                    if self._stopping():
+                        break
+                    claim = queue[0]
+                    outcome = await self.attempt(claim)
+                queue.popleft()
+                self.after_post()
+                self._finished.append((claim, outcome))
+                self.wakeup.set()
+        finally:
+            if not queue:
+                del self._lanes[lane_key]
+
+    def _lane_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            self._failure = task.exception()
+            self.wakeup.set()
 
     def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
         """This attempt's headers, signed now (a retry carries a fresh timestamp)."""
@@ -233,8 +334,15 @@ class Relay:
                     break
             return response.status_code, response.headers, b"".join(chunks)[:MAX_REPLY_BYTES]
 
-    def _settle_all(self, settlements: list[tuple[outbox.Claim, Outcome]]) -> None:
-        """Every attempt of a batch in ONE transaction (one fsync, not one per delivery)."""
+    def _settle_and_claim(
+        self,
+        settlements: list[tuple[outbox.Claim, Outcome]],
+        want: int,
+        holding: tuple[str, ...],
+        unstarted: tuple[str, ...],
+    ) -> list[outbox.Claim]:
+        """Every finished attempt settled, unstarted claims put back and up to `want` due rows
+        claimed, in ONE transaction (one fsync, not one per delivery)."""
         now = self.clock()
         done: list[tuple[outbox.Claim, Outcome, str]] = []
         # Owner decisions (the daily cap) see this batch's earlier ones; the live cadence state
@@ -247,9 +355,18 @@ class Relay:
                     work.apply(record)
                 if settled:
                     done.append((claim, outcome, result))
-        self.owner_queue.adopt(work)
+            if unstarted:
+                outbox.unclaim(self.conn, unstarted)
+            claims = (
+                outbox.lease_due(self.conn, now, limit=want, lease=self.lease, holding=holding)
+                if want > 0
+                else []
+            )
+        if settlements:
+            self.owner_queue.adopt(work)
         for claim, outcome, result in done:
             self._count(claim, outcome, result)
+        return claims
 
     def _settle_one(
         self, claim: outbox.Claim, outcome: Outcome, now: float, work: cadence.CadenceState

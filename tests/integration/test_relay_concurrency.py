@@ -180,3 +180,139 @@ def test_row_released_while_the_relay_looks_for_work_does_not_wait_out_the_poll(
     assert isinstance(r.wakeup, _WatchedWakeup)
     assert r.wakeup.set_when_waited[0] is True
     assert store.execute("SELECT state FROM outbox").fetchone()[0] == "delivered"
+
+
+# -- the continuous loop: claims made while earlier ones are still in flight ----------------------
+
+
+def _pending(conn: sqlite3.Connection, key: str, incident: str, created: float) -> None:
+    with db.write_txn(conn):
+        outbox.create(conn, key, incident, "new_incident", 0.0, created)
+        conn.execute(
+            "UPDATE outbox SET state = 'pending', payload = '{}' WHERE delivery_key = ?", (key,)
+        )
+
+
+def _count(conn: sqlite3.Connection, state: str) -> int:
+    return int(conn.execute("SELECT count(*) FROM outbox WHERE state = ?", (state,)).fetchone()[0])
+
+
+class _Loop:
+    """`Relay.run` over a mock receiver, stopped once `until()` holds."""
+
+    def __init__(self, conn: sqlite3.Connection, handler, **options) -> None:  # type: ignore[no-untyped-def]
+        self.conn = conn
+        self.handler = handler
+        self.options = {"concurrency": 4, "clock": lambda: 100.0, **options}
+        self.stop = asyncio.Event()
+        self.relay: relay.Relay
+
+    def run(self, until) -> None:  # type: ignore[no-untyped-def]
+        async def scenario() -> None:
+            self.stop = asyncio.Event()
+            transport = httpx.MockTransport(self.handler)
+            async with httpx.AsyncClient(transport=transport) as client:
+                self.relay = relay.Relay(
+                    self.conn,
+                    client,
+                    run_db=db.run_inline,
+                    owner_queue=owner_queue(),
+                    url="http://receiver.invalid/triage",
+                    timeout=5,
+                    max_attempts=8,
+                    flush_audit=_flushed,
+                    **self.options,
+                )
+                task = asyncio.create_task(self.relay.run(self.stop))
+                for _ in range(2000):
+                    if until() or task.done():
+                        break
+                    await asyncio.sleep(0.005)
+                self.stop.set()
+                self.relay.wakeup.set()
+                await asyncio.wait_for(task, timeout=10)
+
+        asyncio.run(scenario())
+
+
+def test_delivery_released_while_its_incidents_earlier_one_is_in_flight_waits_behind_it(
+    store: sqlite3.Connection,
+) -> None:
+    """A row claimed in a later turn, while its incident's earlier delivery is still in flight,
+    goes out only after that one ended; another incident's row goes out meanwhile."""
+    _pending(store, "triage_disk_1", "alerts:disk", 1.0)
+    events: list[str] = []
+    first_may_end = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        events.append(f"start {key}")
+        if key == "triage_disk_1":
+            # Released while the first is in flight: the relay claims them in its next turn.
+            _pending(store, "triage_disk_2", "alerts:disk", 2.0)
+            _pending(store, "triage_cpu_1", "alerts:cpu", 3.0)
+            loop.relay.wakeup.set()
+            await asyncio.wait_for(first_may_end.wait(), timeout=5)
+        if key == "triage_cpu_1":
+            first_may_end.set()  # the other incident went out while disk_1 was in flight
+        events.append(f"end {key}")
+        return httpx.Response(200, json={"accepted": True})
+
+    loop = _Loop(store, handler)
+    loop.run(until=lambda: _count(store, "delivered") == 3)
+    assert events.index("start triage_cpu_1") < events.index("end triage_disk_1")
+    assert events.index("start triage_disk_2") > events.index("end triage_disk_1")
+    states = store.execute("SELECT state, attempts, count(*) FROM outbox GROUP BY 1, 2").fetchall()
+    assert [tuple(row) for row in states] == [("delivered", 1, 3)]
+
+
+def test_claim_whose_lease_runs_out_while_it_waits_its_turn_is_not_claimed_twice(
+    store: sqlite3.Connection,
+) -> None:
+    """One connection, two claimed rows: the second waits while the first's attempt outlasts the
+    lease. A claim made meanwhile (a new row released) must not take the waiting row again."""
+    _pending(store, "triage_a", "alerts:a", 1.0)
+    _pending(store, "triage_b", "alerts:b", 2.0)
+    now = {"t": 100.0}
+    sent: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        key = request.headers["Idempotency-Key"]
+        sent.append(key)
+        if key == "triage_a" and sent.count(key) == 1:
+            now["t"] += loop.relay.lease + 1  # triage_b's lease has run out while it waits
+            _pending(store, "triage_c", "alerts:c", 3.0)
+            loop.relay.wakeup.set()
+            for _ in range(20):  # let the relay take its turn (and claim) while this is in flight
+                await asyncio.sleep(0)
+        return httpx.Response(200, json={"accepted": True})
+
+    loop = _Loop(store, handler, concurrency=1, clock=lambda: now["t"])
+    loop.run(until=lambda: _count(store, "delivered") == 3)
+    assert sorted(sent) == ["triage_a", "triage_b", "triage_c"]  # each once
+    states = store.execute("SELECT state, attempts, count(*) FROM outbox GROUP BY 1, 2").fetchall()
+    assert [tuple(row) for row in states] == [("delivered", 1, 3)]
+
+
+def test_relay_stopping_puts_back_claims_it_never_started_without_counting_an_attempt(
+    store: sqlite3.Connection,
+) -> None:
+    for n in range(3):
+        _pending(store, f"triage_{n}", f"alerts:{n}", float(n))
+    sent: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["Idempotency-Key"])
+        loop.stop.set()  # the daemon is stopping while the first attempt is in flight
+        loop.relay.wakeup.set()
+        return httpx.Response(200, json={"accepted": True})
+
+    loop = _Loop(store, handler, concurrency=1)
+    loop.run(until=lambda: False)
+    assert sent == ["triage_0"]
+    rows = store.execute("SELECT delivery_key, state, attempts, lease_until FROM outbox").fetchall()
+    assert sorted(tuple(row) for row in rows) == [
+        ("triage_0", "delivered", 1, None),
+        ("triage_1", "pending", 0, None),
+        ("triage_2", "pending", 0, None),
+    ]
