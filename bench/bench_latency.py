@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import json
 import os
 import sqlite3
 import subprocess
@@ -48,9 +50,13 @@ from _common import (
     ms,
     percentile,
     ratio,
+    render,
     wait_for,
 )
-from ntfy_intake import audit, relay
+from ntfy_intake import audit, cadence, logs, outbox, relay
+from ntfy_intake import db as dbmod
+from ntfy_intake.daemon import migrations
+from ntfy_intake.owner_queue import OwnerQueue
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -164,6 +170,8 @@ def latency_rows(result: Latency) -> list[Row]:
     fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
     n = len(result.recorded)
     po50, po99 = percentile(result.post_only, 50), percentile(result.post_only, 99)
+    share = [rx - rec for rx, rec in zip(result.received, result.recorded, strict=True)]
+    sh50, sh99 = percentile(share, 50), percentile(share, 99)
     return [
         Row(
             f"live: publish -> received by receiver, p50 (n={n})",
@@ -186,6 +194,12 @@ def latency_rows(result: Latency) -> list[Row]:
             f"{ms(rec50)} / {ms(rec99)}",
             f"floor {ms(fl50)} / {ms(fl99)}",
             ratio(rec50, fl50),
+        ),
+        Row(
+            "  relay's share: durably recorded -> received, p50 / p99 (per event)",
+            f"{ms(sh50)} / {ms(sh99)}",
+            "",
+            "",
         ),
         Row(
             "  receiver's share: plain POST from the bench -> decide, p50 / p99",
@@ -432,6 +446,126 @@ def relay_own_ceiling(workdir: Path, n: int) -> float:
     return n / max(times[-1] - times[0], 1e-3)
 
 
+def _null_receiver(port: int) -> subprocess.Popen[str]:
+    null = subprocess.Popen(
+        [sys.executable, "-c", NULL_RECEIVER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    assert null.stdout is not None
+    if null.stdout.readline().strip() != "ready":
+        raise RuntimeError("null receiver did not start")
+    return null
+
+
+@dataclass
+class InProcess:
+    target: str
+    requests: int
+    wall_s: float
+    cpu_s: float  # this process, user+sys: the relay, its worker thread and sqlite
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.wall_s
+
+
+def relay_in_process(
+    workdir: Path, n: int, target: str, profile: Path | None = None, concurrency: int = 4
+) -> InProcess:
+    """The relay alone in this process (its own event loop, worker thread and audit log, as the
+    daemon wires them) against a receiver process: the reference receiver or the null one.
+    `profile` writes a cProfile of the run there."""
+    state = workdir / f"inproc-{target}"
+    conn = dbmod.connect(state / "intake.sqlite3")
+    dbmod.migrate(conn, migrations())
+    with dbmod.write_txn(conn):
+        for i in range(n):
+            key = f"triage_inproc_{target}_{i:07d}"
+            outbox.create(conn, key, f"alerts:inproc {i}", "new_incident", 0.0, float(i))
+            conn.execute(
+                "UPDATE outbox SET state = 'pending', payload = ? WHERE delivery_key = ?",
+                (json.dumps(body(key, i), separators=(",", ":")), key),
+            )
+    log = audit.AuditLog(state / "audit", time.time)
+    # The daemon's logging (JSON lines, one `relay.delivered` per delivery), into a file.
+    log_file = (workdir / f"inproc-{target}.log").open("w")
+    stdout, sys.stdout = sys.stdout, log_file
+    try:
+        logs.configure(json_output=True)
+    finally:
+        sys.stdout = stdout
+    policy = cadence.Policy(debounce=0.0)
+    with contextlib.ExitStack() as stack:
+        if target == "null":
+            port = free_port()
+            null = _null_receiver(port)
+            stack.callback(null.wait, 10)
+            stack.callback(null.terminate)
+            url = f"http://127.0.0.1:{port}/triage"
+        else:
+            url = stack.enter_context(
+                receiver_process(workdir / "rx-inproc.sqlite3", workdir / "receiver.log")
+            )
+
+        async def scenario() -> tuple[float, float]:
+            lock = asyncio.Lock()
+
+            async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+                async with lock:
+                    return await asyncio.to_thread(fn, *args, **kwargs)
+
+            async def flush() -> bool:
+                await run_db(audit.flush, conn, log)
+                return True
+
+            stop = asyncio.Event()
+            async with httpx.AsyncClient() as client:
+                r = relay.Relay(
+                    conn,
+                    client,
+                    run_db=run_db,
+                    owner_queue=OwnerQueue(policy, cadence.CadenceState.empty(policy)),
+                    url=url,
+                    timeout=10.0,
+                    max_attempts=8,
+                    clock=time.time,
+                    flush_audit=flush,
+                    concurrency=concurrency,
+                )
+                began, cpu = time.perf_counter(), time.process_time()
+                task = asyncio.create_task(r.run(stop))
+                while r.stats.delivered < n:
+                    if task.done():
+                        task.result()
+                        raise RuntimeError("relay stopped early")
+                    await asyncio.sleep(0.005)
+                wall, used = time.perf_counter() - began, time.process_time() - cpu
+                stop.set()
+                r.wakeup.set()
+                await task
+            return wall, used
+
+        if profile is not None:
+            profiler = cProfile.Profile()
+            wall, used = profiler.runcall(asyncio.run, scenario())
+            profiler.dump_stats(profile)
+        else:
+            wall, used = asyncio.run(scenario())
+    conn.close()
+    log_file.close()
+    return InProcess(target, n, wall, used)
+
+
+def in_process_rows(result: InProcess) -> list[Row]:
+    return [
+        Row(
+            f"  relay in-process -> {result.target} receiver process, {result.requests:,} requests",
+            f"{result.rate:,.0f} deliveries/s",
+            f"CPU here {result.cpu_s / result.requests * 1e6:,.0f} us/delivery",
+            "",
+        )
+    ]
+
+
 def ceiling_rows(n: int, rate: float) -> list[Row]:
     return [
         Row(
@@ -470,12 +604,31 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        choices=["latency", "relay", "ceiling", "inproc-null", "inproc-receiver"],
+        action="append",
+        default=None,
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile the in-process run")
+    parser.add_argument("--concurrency", type=int, default=relay.DEFAULT_CONCURRENCY)
     args = parser.parse_args()
+    parts = args.only or ["latency", "relay", "ceiling"]
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-", dir=args.dir) as tmp:
-        for row in latency_rows(live_latency(Path(tmp), args.events)):
-            print(row)
-        for row in throughput_rows(relay_throughput(Path(tmp), args.requests)):
-            print(row)
+        if "latency" in parts:
+            rows += latency_rows(live_latency(Path(tmp), args.events))
+        if "relay" in parts:
+            rows += throughput_rows(relay_throughput(Path(tmp), args.requests))
+        if "ceiling" in parts:
+            rows += ceiling_rows(args.requests, relay_own_ceiling(Path(tmp), args.requests))
+        for target in ("null", "receiver"):
+            if f"inproc-{target}" in parts:
+                result = relay_in_process(
+                    Path(tmp), args.requests, target, args.profile, args.concurrency
+                )
+                rows += in_process_rows(result)
+    print(render(rows))
 
 
 if __name__ == "__main__":
