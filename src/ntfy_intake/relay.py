@@ -31,7 +31,7 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import audit, backoff, cadence, db, jsonsafe, notices, outbox, signing
+from ntfy_intake import __version__, audit, backoff, cadence, db, jsonsafe, notices, outbox, signing
 from ntfy_intake.owner_queue import OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
@@ -151,6 +151,13 @@ class Relay:
         self.wakeup = asyncio.Event()
         self.stats = RelayStats()
         self.lease = timeout * 2 + 5.0
+        self._timeout = {"timeout": httpx.Timeout(timeout).as_dict()}
+        self._fixed_headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"ntfy-intake/{__version__}",
+        }
+        if token is not None:
+            self._fixed_headers["Authorization"] = f"Bearer {token}"
         # Claimed rows held at most: enough that no connection waits for the next claim.
         self.window = max(CLAIM_BATCH, CLAIMS_PER_LANE * concurrency)
         self._slots = asyncio.Semaphore(concurrency)
@@ -179,12 +186,17 @@ class Relay:
                 if self.wakeup.is_set():
                     self.wakeup.clear()
                     look = True
-                finished = self._take_finished()
-                want = self.window - len(self._held)
-                if finished or (look and want > 0):
-                    claims = await self._turn(finished, want if look else 0)
+                # A turn (one transaction, one audit flush) when the lanes are about to run dry
+                # or half the window waits to be settled: not one per delivery under load, and
+                # at once for a lone delivery.
+                done = len(self._finished)
+                unfinished = len(self._held) - done  # in flight, or waiting their turn
+                want = self.window - unfinished
+                running_dry = unfinished <= self.concurrency
+                if (done and (running_dry or done >= self.window // 2)) or (look and running_dry):
+                    claims = await self._turn(self._take_finished(), want if look else 0)
                     # Fewer than asked: nothing more is due until a release or a due time.
-                    look = want <= 0 or len(claims) == want
+                    look = not running_dry or len(claims) == want
                     continue
                 if self._held:
                     wait = 1.0  # an attempt in flight sets the wakeup when it ends
@@ -298,11 +310,9 @@ class Relay:
 
     def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
         """This attempt's headers, signed now (a retry carries a fresh timestamp)."""
-        headers = {"Idempotency-Key": claim.delivery_key, "Content-Type": "application/json"}
+        headers = {"Idempotency-Key": claim.delivery_key, **self._fixed_headers}
         if self.signing_key is not None:
             headers |= signing.sign(self.signing_key, claim.delivery_key, body, self.clock())
-        if self.token is not None:
-            headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
     async def attempt(self, claim: outbox.Claim) -> Outcome:
@@ -322,9 +332,13 @@ class Relay:
         return classify(status, headers, reply, None, self.clock())
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
-        async with self.client.stream(
-            "POST", self.url, content=body, headers=headers, timeout=self.timeout
-        ) as response:
+        # Built here rather than by `client.stream(...)`: no merging of the client's defaults,
+        # cookies and params into every request (~5-10 % of the relay's CPU per delivery).
+        request = httpx.Request(
+            "POST", self.url, content=body, headers=headers, extensions=self._timeout
+        )
+        response = await self.client.send(request, stream=True)
+        try:
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
@@ -333,6 +347,8 @@ class Relay:
                 if size >= MAX_REPLY_BYTES:
                     break
             return response.status_code, response.headers, b"".join(chunks)[:MAX_REPLY_BYTES]
+        finally:
+            await response.aclose()
 
     def _settle_and_claim(
         self,
