@@ -160,6 +160,21 @@ def claim_due(
         return lease_due(conn, now, limit=limit, lease=lease, holding=holding)
 
 
+# Pending rows are taken only up to the due time of the `limit`-th one (ties included): found on
+# the (state, due_at) index, so a claim sorts about `limit` rows, not the whole backlog.
+_LEASE_DUE = (
+    "UPDATE outbox SET state = 'leased', lease_until = :until, attempts = attempts + 1"
+    " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
+    "   WHERE (state = 'pending' AND due_at <= coalesce((SELECT due_at FROM outbox"
+    "       WHERE state = 'pending' AND due_at <= :now ORDER BY due_at LIMIT 1 OFFSET :limit - 1),"
+    "     :now))"
+    "   OR (state = 'leased' AND lease_until <= :now"
+    "     AND delivery_key NOT IN (SELECT value FROM json_each(:holding)))"
+    "   ORDER BY due_at, created_at LIMIT :limit)"
+    " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at"
+)
+
+
 def lease_due(
     conn: sqlite3.Connection,
     now: float,
@@ -172,13 +187,8 @@ def lease_due(
     holds (claimed, not yet settled); their lease may run out while they wait their turn, and
     they must not be claimed twice."""
     rows = conn.execute(
-        "UPDATE outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
-        " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
-        "   WHERE ((state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?))"
-        "   AND delivery_key NOT IN (SELECT value FROM json_each(?))"
-        "   ORDER BY due_at, created_at LIMIT ?)"
-        " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at",
-        (now + lease, now, now, json.dumps(list(holding)), limit),
+        _LEASE_DUE,
+        {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
     ).fetchall()
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.

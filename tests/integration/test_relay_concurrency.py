@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from ntfy_intake import db, outbox, relay
+from ntfy_intake.daemon import migrations
 
 from ..conftest import owner_queue
 
@@ -316,3 +317,58 @@ def test_relay_stopping_puts_back_claims_it_never_started_without_counting_an_at
         ("triage_1", "pending", 0, None),
         ("triage_2", "pending", 0, None),
     ]
+
+
+# -- the claim query -------------------------------------------------------------------------------
+
+
+def _backlog(conn: sqlite3.Connection, n: int, *, per_due: int = 7) -> None:
+    """`n` pending rows, `per_due` sharing each due time, created newest-key-first within it."""
+    with db.write_txn(conn):
+        for i in range(n):
+            due = float(i // per_due)
+            created = due * 100 + (per_due - i % per_due)
+            outbox.create(conn, f"triage_{i:05d}", f"alerts:{i}", "new_incident", due, created)
+        conn.execute("UPDATE outbox SET state = 'pending', payload = '{}'")
+
+
+def test_claim_takes_the_oldest_due_then_oldest_created_even_when_a_tie_spans_the_limit(
+    store: sqlite3.Connection,
+) -> None:
+    _backlog(store, 30)
+    expected = [
+        row[0]
+        for row in store.execute(
+            "SELECT delivery_key FROM outbox ORDER BY due_at, created_at, delivery_key LIMIT 10"
+        )
+    ]
+    claims = outbox.claim_due(store, 1e9, limit=10, lease=60)  # 10 cuts the 2nd due time's 7
+    assert [c.delivery_key for c in claims] == expected
+
+
+def _claim_steps(conn: sqlite3.Connection) -> int:
+    """SQLite VM steps (in hundreds) one claim of 32 takes."""
+    steps = {"n": 0}
+
+    def count() -> int:
+        steps["n"] += 1
+        return 0
+
+    conn.set_progress_handler(count, 100)
+    try:
+        assert len(outbox.claim_due(conn, 1e9, limit=32, lease=60)) == 32
+    finally:
+        conn.set_progress_handler(None, 0)
+    return steps["n"]
+
+
+def test_claim_cost_does_not_grow_with_the_backlog(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A claim of 32 used to sort every due row: a 10x backlog made each claim 10x dearer."""
+    costs = []
+    for n in (300, 3000):
+        conn = db.connect(tmp_path / f"backlog-{n}.sqlite3")
+        db.migrate(conn, migrations())
+        _backlog(conn, n)
+        costs.append(_claim_steps(conn))
+        conn.close()
+    assert costs[1] < costs[0] * 2, costs
