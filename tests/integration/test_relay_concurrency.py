@@ -372,3 +372,36 @@ def test_claim_cost_does_not_grow_with_the_backlog(tmp_path) -> None:  # type: i
         costs.append(_claim_steps(conn))
         conn.close()
     assert costs[1] < costs[0] * 2, costs
+
+
+def test_claim_alone_skips_its_fsync_and_the_connection_is_back_at_full_even_when_it_fails(
+    store: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim-only turn commits at synchronous=NORMAL (a lost lease is re-sent under the same
+    key anyway); a settle never does, and every other user of the connection finds FULL."""
+    seen: list[int] = []
+
+    def failing_lease(conn: sqlite3.Connection, *args: object, **kwargs: object) -> list[object]:
+        seen.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+        raise sqlite3.OperationalError("disk I/O error")
+
+    r = relay.Relay(
+        store,
+        httpx.AsyncClient(),
+        run_db=db.run_inline,
+        owner_queue=owner_queue(),
+        url="http://receiver.invalid/triage",
+        timeout=5,
+        max_attempts=8,
+        clock=lambda: 100.0,
+        flush_audit=_flushed,
+    )
+    monkeypatch.setattr(outbox, "lease_due", failing_lease)
+    with pytest.raises(sqlite3.OperationalError):
+        r._settle_and_claim([], 8, (), ())
+    claim = outbox.Claim("triage_x", "{}", 1, "alerts:x")
+    with pytest.raises(sqlite3.OperationalError):
+        r._settle_and_claim([(claim, relay.Outcome("retry", "HTTP 503", 503))], 8, (), ())
+    assert seen == [1, 2]  # NORMAL for the claim alone, FULL beside a settle
+    assert store.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert not store.in_transaction
