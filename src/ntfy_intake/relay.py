@@ -115,8 +115,8 @@ class RelayStats:
 
 class Relay:
     """The relay loop. `run` keeps up to `concurrency` attempts in flight and claims more as they
-    settle; each turn settles what finished and claims what is due in ONE transaction, then
-    flushes the audit once. `run_once` is one claim, post, settle and flush, for tests and tools.
+    settle; each turn claims what is due (no fsync), settles what finished in ONE transaction,
+    then flushes the audit once. `run_once` is one claim, post, settle and flush, for tests and tools.
 
     Every claimed row waits in its incident's lane (a queue worked by one task, one attempt at a
     time): a row claimed while an earlier one of its incident is still queued or in flight goes
@@ -199,7 +199,7 @@ class Relay:
                 if self.wakeup.is_set():
                     self.wakeup.clear()
                     look = True
-                # A turn (one transaction, one audit flush) when the lanes are about to run dry
+                # A turn (a claim, one settle transaction, one audit flush) when the lanes run dry
                 # or half the window waits to be settled: not one per delivery under load, and
                 # at once for a lone delivery.
                 done = len(self._finished)
@@ -237,15 +237,18 @@ class Relay:
     async def _turn(
         self, finished: list[tuple[outbox.Claim, Outcome]], want: int
     ) -> list[outbox.Claim]:
-        """Settle `finished` and claim up to `want` due rows in one transaction, start the new
-        claims, then flush the audit (with the new attempts already under way)."""
-        for claim, _ in finished:
-            self._held.discard(claim.delivery_key)
-        claims = await self.run_db(
-            self._settle_and_claim, finished, max(0, want), tuple(self._held), ()
-        )
-        self._dispatch(claims)
+        """Claim up to `want` due rows and start them, then settle `finished` and flush the
+        audit. The claim goes first, in a transaction of its own without an fsync: a released
+        row's POST never waits for the settle's fsync. Returns the new claims."""
+        claims: list[outbox.Claim] = []
+        if want > 0:
+            holding = tuple(self._held)  # finished rows too: still leased until settled
+            claims = await self.run_db(self._settle_and_claim, [], want, holding, ())
+            self._dispatch(claims)
         if finished:
+            for claim, _ in finished:
+                self._held.discard(claim.delivery_key)
+            await self.run_db(self._settle_and_claim, finished, 0, (), ())
             # A delivery is marked only after its 2xx; a crash before this settle re-sends the
             # same keys (at-least-once, absorbed by the receiver's dedup).
             await self.flush_audit()
