@@ -49,6 +49,7 @@ from _common import (
     met,
     ms,
     percentile,
+    proc_cpu_s,
     ratio,
     render,
     wait_for,
@@ -214,7 +215,8 @@ def latency_rows(result: Latency) -> list[Row]:
 
 
 @contextlib.contextmanager
-def receiver_process(db_path: Path, log: Path) -> Iterator[str]:
+def receiver_process(db_path: Path, log: Path) -> Iterator[tuple[str, int]]:
+    """The reference receiver as its own process: (triage URL, pid)."""
     port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -241,7 +243,7 @@ def receiver_process(db_path: Path, log: Path) -> Iterator[str]:
                 return False
 
             wait_for(up, 30, "the receiver", interval=0.05)
-            yield f"{base}/triage"
+            yield f"{base}/triage", proc.pid
         finally:
             proc.terminate()
             try:
@@ -300,6 +302,8 @@ class Throughput:
     daemon_s: float
     plain_s: float
     plain_concurrent_s: float
+    daemon_cpu_per: float = 0.0  # CPU seconds per delivery, daemon process
+    receiver_cpu_per: float = 0.0  # the same, receiver process
 
     @property
     def rate(self) -> float:
@@ -340,7 +344,7 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
         NtfyEmulator(
             EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
         ).running() as emu,
-        receiver_process(rx_db, workdir / "receiver.log") as url,
+        receiver_process(rx_db, workdir / "receiver.log") as (url, rx_pid),
     ):
         for i in range(n):
             emu.publish("alerts", f"relay throughput #{i}", title=f"relay {i}")
@@ -350,10 +354,16 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
         with daemon(env, workdir / "relay.log") as proc:
             deadline = time.monotonic() + 600
 
+            # CPU of both processes from the first receipt seen to the last: per delivery.
+            cpu: list[tuple[int, float, float]] = []
+
             def all_in() -> bool:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("daemon exited or relay did not finish in 600 s")
-                return receipt_count(rx_db) >= n
+                count = receipt_count(rx_db)
+                if count and (not cpu or count >= n):
+                    cpu.append((count, proc_cpu_s(proc.pid), proc_cpu_s(rx_pid)))
+                return count >= n
 
             wait_for(all_in, 600, "every triage request receipted", interval=0.05)
         count, daemon_span = receipts_span(rx_db, "")
@@ -366,7 +376,9 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
                 response.raise_for_status()
             plain_s = time.perf_counter() - began
         plain_concurrent_s = asyncio.run(plain_concurrent(url, n, PLAIN_CONCURRENCY))
-    return Throughput(n, daemon_span, plain_s, plain_concurrent_s)
+    (n0, d0, r0), (n1, d1, r1) = cpu[0], cpu[-1]
+    per = max(1, n1 - n0)
+    return Throughput(n, daemon_span, plain_s, plain_concurrent_s, (d1 - d0) / per, (r1 - r0) / per)
 
 
 NULL_RECEIVER = """
@@ -502,7 +514,7 @@ def relay_in_process(
             stack.callback(null.terminate)
             url = f"http://127.0.0.1:{port}/triage"
         else:
-            url = stack.enter_context(
+            url, _ = stack.enter_context(
                 receiver_process(workdir / "rx-inproc.sqlite3", workdir / "receiver.log")
             )
 
@@ -589,6 +601,14 @@ def throughput_rows(result: Throughput) -> list[Row]:
             ratio(result.rate, result.plain_rate),
             f">= {TARGET_RELAY_RATE:,.0f}/s",
             met(result.rate >= TARGET_RELAY_RATE),
+        ),
+        Row(
+            "  CPU per delivery (user+sys): daemon / receiver process",
+            f"{result.daemon_cpu_per * 1e6:,.0f} us / {result.receiver_cpu_per * 1e6:,.0f} us",
+            f"2 cores' ceiling {2 / (result.daemon_cpu_per + result.receiver_cpu_per):,.0f}/s"
+            if result.daemon_cpu_per + result.receiver_cpu_per > 0
+            else "",
+            "",
         ),
         Row(
             "  receiver ceiling: plain httpx, same concurrency",
