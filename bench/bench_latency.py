@@ -102,7 +102,72 @@ def durable_floor(directory: Path, n: int) -> list[float]:
     return times
 
 
-def live_latency(workdir: Path, n: int) -> Latency:
+# The reference receiver in a process of its own, printing "<event id> <monotonic>" from `decide`
+# (CLOCK_MONOTONIC is one clock for every process on the machine), until its stdin closes.
+STAMPING_RECEIVER = """
+import sys, time
+from pathlib import Path
+from ntfy_intake import _serve
+from ntfy_intake.testbed import receiver
+
+def decide(body):
+    now = time.monotonic()
+    for event in body.get("events") or []:
+        sys.stdout.write(f"{event['id']} {now:.6f}\\n")
+    sys.stdout.flush()
+    return None
+
+app = receiver.create_app(Path(sys.argv[1]), decide=decide)
+with _serve.serving(app) as base:
+    print("url " + base + "/triage", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def stamping_receiver(
+    db_path: Path, received_at: dict[str, float], arrived: threading.Condition
+) -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STAMPING_RECEIVER, str(db_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    first = proc.stdout.readline()
+    if not first.startswith("url "):
+        proc.kill()
+        raise RuntimeError("the receiver process did not start")
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fields = line.split()
+            if len(fields) != 2 or not fields[1].replace(".", "", 1).isdigit():
+                continue  # a log line of the receiver's
+            with arrived:
+                received_at[fields[0]] = float(fields[1])
+                arrived.notify_all()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield first.split()[1]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        proc.stdout.close()
+
+
+def live_latency(workdir: Path, n: int, *, receiver_process: bool = False) -> Latency:
+    """`receiver_process`: the receiver runs in its own process (as an agent's endpoint would),
+    not in a thread of this one, where it shares the GIL with the emulator and the audit poll."""
     received_at: dict[str, float] = {}
     arrived = threading.Condition()
 
@@ -115,17 +180,19 @@ def live_latency(workdir: Path, n: int) -> Latency:
             arrived.notify_all()
         return None
 
-    state = workdir / "latency"
+    state = workdir / ("latency-process" if receiver_process else "latency")
     recorded: list[float] = []
     received: list[float] = []
     with contextlib.ExitStack() as stack:
         emu = stack.enter_context(
             NtfyEmulator(EmulatorConfig(keepalive_interval=1.0, manager_interval=None)).running()
         )
-        handle = stack.enter_context(
-            receiver.running(workdir / "rx-latency.sqlite3", decide=decide)
-        )
-        env = daemon_env(emu.url, state, relay_url=handle.url, cadence_debounce="0s")
+        rx_db = workdir / f"rx-latency{'-process' if receiver_process else ''}.sqlite3"
+        if receiver_process:
+            url = stack.enter_context(stamping_receiver(rx_db, received_at, arrived))
+        else:
+            url = stack.enter_context(receiver.running(rx_db, decide=decide)).url
+        env = daemon_env(emu.url, state, relay_url=url, cadence_debounce="0s")
         stack.enter_context(daemon(env, workdir / "latency.log"))
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
@@ -157,15 +224,18 @@ def live_latency(workdir: Path, n: int) -> Latency:
                 payload["events"][0]["id"] = f"plainlat{i:04d}"  # type: ignore[index]
                 event_id = f"plainlat{i:04d}"
                 began = time.monotonic()
-                client.post(handle.url, json=payload, headers={"Idempotency-Key": key})
+                client.post(url, json=payload, headers={"Idempotency-Key": key})
                 with arrived:
+                    arrived.wait_for(lambda e=event_id: e in received_at, STEP_TIMEOUT_S)
                     got = received_at[event_id]
                 if i >= WARMUP:
                     post_only.append(got - began)
-    return Latency(recorded, received, durable_floor(workdir, n), post_only)
+    floor_dir = workdir / ("floor-process" if receiver_process else "floor")
+    floor_dir.mkdir(exist_ok=True)
+    return Latency(recorded, received, durable_floor(floor_dir, n), post_only)
 
 
-def latency_rows(result: Latency) -> list[Row]:
+def latency_rows(result: Latency, where: str = "") -> list[Row]:
     rec50, rec99 = percentile(result.recorded, 50), percentile(result.recorded, 99)
     rx50, rx99 = percentile(result.received, 50), percentile(result.received, 99)
     fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
@@ -173,9 +243,10 @@ def latency_rows(result: Latency) -> list[Row]:
     po50, po99 = percentile(result.post_only, 50), percentile(result.post_only, 99)
     share = [rx - rec for rx, rec in zip(result.received, result.recorded, strict=True)]
     sh50, sh99 = percentile(share, 50), percentile(share, 99)
+    tag = f" ({where})" if where else ""
     return [
         Row(
-            f"live: publish -> received by receiver, p50 (n={n})",
+            f"live: publish -> received by receiver{tag}, p50 (n={n})",
             ms(rx50),
             f"durable-write floor p50 {ms(fl50)}",
             ratio(rx50, fl50),
@@ -183,7 +254,7 @@ def latency_rows(result: Latency) -> list[Row]:
             met(rx50 <= TARGET_P50_S),
         ),
         Row(
-            f"live: publish -> received by receiver, p99 (n={n})",
+            f"live: publish -> received by receiver{tag}, p99 (n={n})",
             ms(rx99),
             f"durable-write floor p99 {ms(fl99)}",
             ratio(rx99, fl99),
@@ -206,7 +277,7 @@ def latency_rows(result: Latency) -> list[Row]:
             "  receiver's share: plain POST from the bench -> decide, p50 / p99",
             f"{ms(po50)} / {ms(po99)}",
             "",
-            ratio(rx50 - rec50, po50),
+            ratio(rx50 - rec50, po50) if rx50 > rec50 else "",
         ),
     ]
 
@@ -626,7 +697,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument(
         "--only",
-        choices=["latency", "relay", "ceiling", "inproc-null", "inproc-receiver"],
+        choices=["latency", "latency-rxproc", "relay", "ceiling", "inproc-null", "inproc-receiver"],
         action="append",
         default=None,
     )
@@ -638,6 +709,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-latency-", dir=args.dir) as tmp:
         if "latency" in parts:
             rows += latency_rows(live_latency(Path(tmp), args.events))
+        if "latency-rxproc" in parts:
+            result = live_latency(Path(tmp), args.events, receiver_process=True)
+            rows += latency_rows(result, "receiver in its own process")
         if "relay" in parts:
             rows += throughput_rows(relay_throughput(Path(tmp), args.requests))
         if "ceiling" in parts:
