@@ -11,8 +11,9 @@ like a 5xx and noticed to the owner once per streak, never dead at once. A reply
 UTF-8 where it is decoded: no value a receiver sends can stop the relay.
 
 Up to `concurrency` attempts are in flight at once (4 by default), never two of one incident:
-each incident's claimed rows go out one after another, oldest due first. A claim batch is settled
-in one transaction and the audit flushed once for it.
+each incident's claimed rows go out one after another, oldest due first. Claims are made while
+earlier attempts are still in flight; what finished is settled in one transaction per turn and
+the audit flushed once for it.
 
 `classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
 """
@@ -223,7 +224,9 @@ class Relay:
             for task in self._tasks:  # a failure or a cancel: no attempt outlives the relay
                 task.cancel()
             raise
-        await self._wind_down()
+        # Stopping: in-flight attempts finish (bounded by the timeout) and are settled; claimed
+        # rows whose attempt never started go back to pending.
+        await self._settle_in_flight()
 
     async def run_once(self) -> bool:
         """Claim a batch, POST it over at most `concurrency` connections, settle it in one
@@ -270,11 +273,6 @@ class Relay:
         if finished or unstarted:
             await self.run_db(self._settle_and_claim, finished, 0, (), tuple(unstarted))
             await self.flush_audit()
-
-    async def _wind_down(self) -> None:
-        """Stopping: in-flight attempts finish (bounded by the timeout) and are settled; claimed
-        rows whose attempt never started go back to pending."""
-        await self._settle_in_flight()
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()

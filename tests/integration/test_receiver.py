@@ -662,3 +662,24 @@ def test_kill9_of_the_receiver_mid_flood_never_loses_a_receipt_it_answered_200(
     assert len(answered) >= 200
     stored = {r.key for r in receiver.receipts(db_path)}
     assert set(answered) <= stored
+
+
+def test_receiver_whose_database_cannot_be_opened_answers_500_and_does_not_hang(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    """The receipt writer cannot open the database (its directory became a file): the request
+    is answered 500 with nothing stored, not left waiting for a writer that died; once the
+    database is reachable again the next request is served."""
+    directory = tmp_path / "state"
+    db_path = directory / "r.sqlite3"
+    with receiver.running(db_path) as rx:
+        moved = tmp_path / "moved"
+        directory.rename(moved)
+        directory.write_text("not a directory")
+        failed = post(http, rx.url, triage_body(), timeout=10)
+        assert failed.status_code == 500
+        assert failed.json()["error"] == "not_settled"
+        directory.unlink()
+        moved.rename(directory)
+        assert post(http, rx.url, triage_body(), timeout=10).status_code == 200
+    assert [r.key for r in receiver.receipts(db_path)] == ["tri_0001"]

@@ -258,7 +258,9 @@ class _Job:
 class ReceiptWriter:
     """One SQLite connection in one thread, committing the receipts of the requests waiting for
     it in one transaction (group commit): under load many receipts share one fsync, and a lone
-    request commits at once. Each future is resolved only after its group's COMMIT returned."""
+    request commits at once. Each future is resolved only after its group's COMMIT returned.
+    A writer that cannot go on (the database cannot be opened) fails what waits for it, so those
+    requests answer 500 and store nothing; the next request starts a new one."""
 
     MAX_GROUP = 64
 
@@ -266,53 +268,72 @@ class ReceiptWriter:
         self.db_path = db_path
         self.decide = decide
         self.groups = 0  # transactions committed (tests, benches)
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None  # the running writer's queue
+        self._thread: threading.Thread | None = None
 
     async def settle(self, key: str, body: dict[str, object]) -> _Answer:
-        self._start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Answer] = loop.create_future()
-        self._jobs.put(_Job(key, body, loop, future))
+        with self._lock:  # a job is queued only for a writer that will take it
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._jobs,), name="receipt-writer", daemon=True
+                )
+                self._thread.start()
+            self._jobs.put(_Job(key, body, loop, future))
         return await future
 
     def close(self) -> None:
+        """Commit and answer what is queued, then stop the writer."""
         with self._lock:
-            thread, self._thread = self._thread, None
+            jobs, thread = self._jobs, self._thread
+            self._jobs = self._thread = None
+        if jobs is not None:
+            jobs.put(None)
         if thread is not None:
-            self._jobs.put(None)
             thread.join(10)
 
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="receipt-writer", daemon=True
-                )
-                self._thread.start()
-
-    def _run(self) -> None:
-        conn = db.connect(self.db_path)
+    def _run(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        try:
+            conn = db.connect(self.db_path)
+        except Exception as exc:  # noqa: BLE001 - answered as 500s, never a hang
+            self._abandon(jobs, exc)
+            return
         try:
             while True:
-                first = self._jobs.get()
+                first = jobs.get()
                 if first is None:
                     return
-                group = [first]
-                while len(group) < self.MAX_GROUP:
+                group, stopping = [first], False
+                while len(group) < self.MAX_GROUP and not stopping:
                     try:
-                        job = self._jobs.get_nowait()
+                        job = jobs.get_nowait()
                     except queue.Empty:
                         break
                     if job is None:
-                        self._jobs.put(None)  # stop after this group
-                        break
-                    group.append(job)
+                        stopping = True
+                    else:
+                        group.append(job)
                 for job, result in zip(group, self._commit(conn, group), strict=True):
-                    job.loop.call_soon_threadsafe(_resolve, job.future, result)
+                    _answer(job, result)
+                if stopping:
+                    return
         finally:
             conn.close()
+
+    def _abandon(self, jobs: queue.SimpleQueue[_Job | None], exc: Exception) -> None:
+        with self._lock:
+            if self._jobs is jobs:
+                self._jobs = self._thread = None
+        while True:  # nothing is queued here any more: fail what is
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                _answer(job, exc)
 
     def _commit(self, conn: sqlite3.Connection, group: list[_Job]) -> list[_Answer | Exception]:
         results: list[_Answer | Exception] = []
@@ -330,6 +351,11 @@ class ReceiptWriter:
         except Exception as exc:  # noqa: BLE001 - the COMMIT failed: nothing of the group stored
             return [exc] * len(group)
         return results
+
+
+def _answer(job: _Job, result: _Answer | Exception) -> None:
+    with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody waits
+        job.loop.call_soon_threadsafe(_resolve, job.future, result)
 
 
 def _resolve(future: asyncio.Future[_Answer], result: _Answer | Exception) -> None:
