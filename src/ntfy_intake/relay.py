@@ -377,7 +377,8 @@ class Relay:
         done: list[tuple[outbox.Claim, Outcome, str]] = []
         # Owner decisions (the daily cap) see this batch's earlier ones; the live cadence state
         # takes them only after COMMIT, as the inbox batch does.
-        work = self.owner_queue.state.fork()
+        # (No copy for a claim alone: it writes no owner message.)
+        work = self.owner_queue.state.fork() if settlements else self.owner_queue.state
         # A claim alone commits without its own fsync: a lease lost to a power cut leaves the
         # row pending, to be sent again under the same key, which a lost lease does anyway (the
         # next start releases every lease). The next FULL commit makes it durable with the rest.
