@@ -638,13 +638,53 @@ def relay_in_process(
     return InProcess(target, n, wall, used)
 
 
-def in_process_rows(result: InProcess) -> list[Row]:
+def plain_null(n: int, concurrency: int) -> InProcess:
+    """httpx alone: `concurrency` workers POSTing n requests of the same shape to a null
+    receiver process with one AsyncClient, no database, no audit. What the HTTP client costs."""
+    port = free_port()
+    null = _null_receiver(port)
+    try:
+        url = f"http://127.0.0.1:{port}/triage"
+
+        async def scenario() -> tuple[float, float]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                queue = list(range(n))
+
+                async def worker() -> None:
+                    while queue:
+                        i = queue.pop()
+                        key = f"plainnull_{i:07d}"
+                        content = json.dumps(body(key, i), separators=(",", ":")).encode()
+                        headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+                        response = await client.post(url, content=content, headers=headers)
+                        response.raise_for_status()
+
+                began, cpu = time.perf_counter(), time.process_time()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                return time.perf_counter() - began, time.process_time() - cpu
+
+        wall, used = asyncio.run(scenario())
+    finally:
+        null.terminate()
+        null.wait(10)
+        if null.stdout is not None:
+            null.stdout.close()
+    return InProcess("plain httpx ->", n, wall, used)
+
+
+def in_process_rows(result: InProcess, plain: InProcess | None = None) -> list[Row]:
+    reference = f"CPU here {result.cpu_s / result.requests * 1e6:,.0f} us/delivery"
+    if plain is not None:
+        reference += (
+            f"; plain httpx {plain.rate:,.0f}/s, "
+            f"{plain.cpu_s / plain.requests * 1e6:,.0f} us/request"
+        )
     return [
         Row(
             f"  relay in-process -> {result.target} receiver process, {result.requests:,} requests",
             f"{result.rate:,.0f} deliveries/s",
-            f"CPU here {result.cpu_s / result.requests * 1e6:,.0f} us/delivery",
-            "",
+            reference,
+            ratio(result.rate, plain.rate) if plain is not None else "",
         )
     ]
 
@@ -721,7 +761,8 @@ def main() -> None:
                 result = relay_in_process(
                     Path(tmp), args.requests, target, args.profile, args.concurrency
                 )
-                rows += in_process_rows(result)
+                plain = plain_null(args.requests, args.concurrency) if target == "null" else None
+                rows += in_process_rows(result, plain)
     print(render(rows))
 
 
