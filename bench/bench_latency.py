@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import json
 import os
 import sqlite3
 import subprocess
@@ -47,10 +49,15 @@ from _common import (
     met,
     ms,
     percentile,
+    proc_cpu_s,
     ratio,
+    render,
     wait_for,
 )
-from ntfy_intake import audit, relay
+from ntfy_intake import audit, cadence, logs, outbox, relay
+from ntfy_intake import db as dbmod
+from ntfy_intake.daemon import migrations
+from ntfy_intake.owner_queue import OwnerQueue
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -95,7 +102,72 @@ def durable_floor(directory: Path, n: int) -> list[float]:
     return times
 
 
-def live_latency(workdir: Path, n: int) -> Latency:
+# The reference receiver in a process of its own, printing "<event id> <monotonic>" from `decide`
+# (CLOCK_MONOTONIC is one clock for every process on the machine), until its stdin closes.
+STAMPING_RECEIVER = """
+import sys, time
+from pathlib import Path
+from ntfy_intake import _serve
+from ntfy_intake.testbed import receiver
+
+def decide(body):
+    now = time.monotonic()
+    for event in body.get("events") or []:
+        sys.stdout.write(f"{event['id']} {now:.6f}\\n")
+    sys.stdout.flush()
+    return None
+
+app = receiver.create_app(Path(sys.argv[1]), decide=decide)
+with _serve.serving(app) as base:
+    print("url " + base + "/triage", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def stamping_receiver(
+    db_path: Path, received_at: dict[str, float], arrived: threading.Condition
+) -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STAMPING_RECEIVER, str(db_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    first = proc.stdout.readline()
+    if not first.startswith("url "):
+        proc.kill()
+        raise RuntimeError("the receiver process did not start")
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fields = line.split()
+            if len(fields) != 2 or not fields[1].replace(".", "", 1).isdigit():
+                continue  # a log line of the receiver's
+            with arrived:
+                received_at[fields[0]] = float(fields[1])
+                arrived.notify_all()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield first.split()[1]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        proc.stdout.close()
+
+
+def live_latency(workdir: Path, n: int, *, receiver_process: bool = False) -> Latency:
+    """`receiver_process`: the receiver runs in its own process (as an agent's endpoint would),
+    not in a thread of this one, where it shares the GIL with the emulator and the audit poll."""
     received_at: dict[str, float] = {}
     arrived = threading.Condition()
 
@@ -108,17 +180,19 @@ def live_latency(workdir: Path, n: int) -> Latency:
             arrived.notify_all()
         return None
 
-    state = workdir / "latency"
+    state = workdir / ("latency-process" if receiver_process else "latency")
     recorded: list[float] = []
     received: list[float] = []
     with contextlib.ExitStack() as stack:
         emu = stack.enter_context(
             NtfyEmulator(EmulatorConfig(keepalive_interval=1.0, manager_interval=None)).running()
         )
-        handle = stack.enter_context(
-            receiver.running(workdir / "rx-latency.sqlite3", decide=decide)
-        )
-        env = daemon_env(emu.url, state, relay_url=handle.url, cadence_debounce="0s")
+        rx_db = workdir / f"rx-latency{'-process' if receiver_process else ''}.sqlite3"
+        if receiver_process:
+            url = stack.enter_context(stamping_receiver(rx_db, received_at, arrived))
+        else:
+            url = stack.enter_context(receiver.running(rx_db, decide=decide)).url
+        env = daemon_env(emu.url, state, relay_url=url, cadence_debounce="0s")
         stack.enter_context(daemon(env, workdir / "latency.log"))
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
@@ -150,23 +224,29 @@ def live_latency(workdir: Path, n: int) -> Latency:
                 payload["events"][0]["id"] = f"plainlat{i:04d}"  # type: ignore[index]
                 event_id = f"plainlat{i:04d}"
                 began = time.monotonic()
-                client.post(handle.url, json=payload, headers={"Idempotency-Key": key})
+                client.post(url, json=payload, headers={"Idempotency-Key": key})
                 with arrived:
+                    arrived.wait_for(lambda e=event_id: e in received_at, STEP_TIMEOUT_S)
                     got = received_at[event_id]
                 if i >= WARMUP:
                     post_only.append(got - began)
-    return Latency(recorded, received, durable_floor(workdir, n), post_only)
+    floor_dir = workdir / ("floor-process" if receiver_process else "floor")
+    floor_dir.mkdir(exist_ok=True)
+    return Latency(recorded, received, durable_floor(floor_dir, n), post_only)
 
 
-def latency_rows(result: Latency) -> list[Row]:
+def latency_rows(result: Latency, where: str = "") -> list[Row]:
     rec50, rec99 = percentile(result.recorded, 50), percentile(result.recorded, 99)
     rx50, rx99 = percentile(result.received, 50), percentile(result.received, 99)
     fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
     n = len(result.recorded)
     po50, po99 = percentile(result.post_only, 50), percentile(result.post_only, 99)
+    share = [rx - rec for rx, rec in zip(result.received, result.recorded, strict=True)]
+    sh50, sh99 = percentile(share, 50), percentile(share, 99)
+    tag = f" ({where})" if where else ""
     return [
         Row(
-            f"live: publish -> received by receiver, p50 (n={n})",
+            f"live: publish -> received by receiver{tag}, p50 (n={n})",
             ms(rx50),
             f"durable-write floor p50 {ms(fl50)}",
             ratio(rx50, fl50),
@@ -174,7 +254,7 @@ def latency_rows(result: Latency) -> list[Row]:
             met(rx50 <= TARGET_P50_S),
         ),
         Row(
-            f"live: publish -> received by receiver, p99 (n={n})",
+            f"live: publish -> received by receiver{tag}, p99 (n={n})",
             ms(rx99),
             f"durable-write floor p99 {ms(fl99)}",
             ratio(rx99, fl99),
@@ -188,10 +268,16 @@ def latency_rows(result: Latency) -> list[Row]:
             ratio(rec50, fl50),
         ),
         Row(
+            "  relay's share: durably recorded -> received, p50 / p99 (per event)",
+            f"{ms(sh50)} / {ms(sh99)}",
+            "",
+            "",
+        ),
+        Row(
             "  receiver's share: plain POST from the bench -> decide, p50 / p99",
             f"{ms(po50)} / {ms(po99)}",
             "",
-            ratio(rx50 - rec50, po50),
+            ratio(rx50 - rec50, po50) if rx50 > rec50 else "",
         ),
     ]
 
@@ -200,7 +286,8 @@ def latency_rows(result: Latency) -> list[Row]:
 
 
 @contextlib.contextmanager
-def receiver_process(db_path: Path, log: Path) -> Iterator[str]:
+def receiver_process(db_path: Path, log: Path) -> Iterator[tuple[str, int]]:
+    """The reference receiver as its own process: (triage URL, pid)."""
     port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -227,7 +314,7 @@ def receiver_process(db_path: Path, log: Path) -> Iterator[str]:
                 return False
 
             wait_for(up, 30, "the receiver", interval=0.05)
-            yield f"{base}/triage"
+            yield f"{base}/triage", proc.pid
         finally:
             proc.terminate()
             try:
@@ -286,6 +373,8 @@ class Throughput:
     daemon_s: float
     plain_s: float
     plain_concurrent_s: float
+    daemon_cpu_per: float = 0.0  # CPU seconds per delivery, daemon process
+    receiver_cpu_per: float = 0.0  # the same, receiver process
 
     @property
     def rate(self) -> float:
@@ -326,7 +415,7 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
         NtfyEmulator(
             EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
         ).running() as emu,
-        receiver_process(rx_db, workdir / "receiver.log") as url,
+        receiver_process(rx_db, workdir / "receiver.log") as (url, rx_pid),
     ):
         for i in range(n):
             emu.publish("alerts", f"relay throughput #{i}", title=f"relay {i}")
@@ -336,10 +425,16 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
         with daemon(env, workdir / "relay.log") as proc:
             deadline = time.monotonic() + 600
 
+            # CPU of both processes from the first receipt seen to the last: per delivery.
+            cpu: list[tuple[int, float, float]] = []
+
             def all_in() -> bool:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("daemon exited or relay did not finish in 600 s")
-                return receipt_count(rx_db) >= n
+                count = receipt_count(rx_db)
+                if count and (not cpu or count >= n):
+                    cpu.append((count, proc_cpu_s(proc.pid), proc_cpu_s(rx_pid)))
+                return count >= n
 
             wait_for(all_in, 600, "every triage request receipted", interval=0.05)
         count, daemon_span = receipts_span(rx_db, "")
@@ -352,7 +447,9 @@ def relay_throughput(workdir: Path, n: int) -> Throughput:
                 response.raise_for_status()
             plain_s = time.perf_counter() - began
         plain_concurrent_s = asyncio.run(plain_concurrent(url, n, PLAIN_CONCURRENCY))
-    return Throughput(n, daemon_span, plain_s, plain_concurrent_s)
+    (n0, d0, r0), (n1, d1, r1) = cpu[0], cpu[-1]
+    per = max(1, n1 - n0)
+    return Throughput(n, daemon_span, plain_s, plain_concurrent_s, (d1 - d0) / per, (r1 - r0) / per)
 
 
 NULL_RECEIVER = """
@@ -432,6 +529,166 @@ def relay_own_ceiling(workdir: Path, n: int) -> float:
     return n / max(times[-1] - times[0], 1e-3)
 
 
+def _null_receiver(port: int) -> subprocess.Popen[str]:
+    null = subprocess.Popen(
+        [sys.executable, "-c", NULL_RECEIVER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    assert null.stdout is not None
+    if null.stdout.readline().strip() != "ready":
+        raise RuntimeError("null receiver did not start")
+    return null
+
+
+@dataclass
+class InProcess:
+    target: str
+    requests: int
+    wall_s: float
+    cpu_s: float  # this process, user+sys: the relay, its worker thread and sqlite
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.wall_s
+
+
+def relay_in_process(
+    workdir: Path, n: int, target: str, profile: Path | None = None, concurrency: int = 4
+) -> InProcess:
+    """The relay alone in this process (its own event loop, worker thread and audit log, as the
+    daemon wires them) against a receiver process: the reference receiver or the null one.
+    `profile` writes a cProfile of the run there."""
+    state = workdir / f"inproc-{target}"
+    conn = dbmod.connect(state / "intake.sqlite3")
+    dbmod.migrate(conn, migrations())
+    with dbmod.write_txn(conn):
+        for i in range(n):
+            key = f"triage_inproc_{target}_{i:07d}"
+            outbox.create(conn, key, f"alerts:inproc {i}", "new_incident", 0.0, float(i))
+            conn.execute(
+                "UPDATE outbox SET state = 'pending', payload = ? WHERE delivery_key = ?",
+                (json.dumps(body(key, i), separators=(",", ":")), key),
+            )
+    log = audit.AuditLog(state / "audit", time.time)
+    # The daemon's logging (JSON lines, one `relay.delivered` per delivery), into a file.
+    log_file = (workdir / f"inproc-{target}.log").open("w")
+    stdout, sys.stdout = sys.stdout, log_file
+    try:
+        logs.configure(json_output=True)
+    finally:
+        sys.stdout = stdout
+    policy = cadence.Policy(debounce=0.0)
+    with contextlib.ExitStack() as stack:
+        if target == "null":
+            port = free_port()
+            null = _null_receiver(port)
+            stack.callback(null.wait, 10)
+            stack.callback(null.terminate)
+            url = f"http://127.0.0.1:{port}/triage"
+        else:
+            url, _ = stack.enter_context(
+                receiver_process(workdir / "rx-inproc.sqlite3", workdir / "receiver.log")
+            )
+
+        async def scenario() -> tuple[float, float]:
+            lock = asyncio.Lock()
+
+            async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+                async with lock:
+                    return await asyncio.to_thread(fn, *args, **kwargs)
+
+            async def flush() -> bool:
+                await run_db(audit.flush, conn, log)
+                return True
+
+            stop = asyncio.Event()
+            async with httpx.AsyncClient() as client:
+                r = relay.Relay(
+                    conn,
+                    client,
+                    run_db=run_db,
+                    owner_queue=OwnerQueue(policy, cadence.CadenceState.empty(policy)),
+                    url=url,
+                    timeout=10.0,
+                    max_attempts=8,
+                    clock=time.time,
+                    flush_audit=flush,
+                    concurrency=concurrency,
+                )
+                began, cpu = time.perf_counter(), time.process_time()
+                task = asyncio.create_task(r.run(stop))
+                while r.stats.delivered < n:
+                    if task.done():
+                        task.result()
+                        raise RuntimeError("relay stopped early")
+                    await asyncio.sleep(0.005)
+                wall, used = time.perf_counter() - began, time.process_time() - cpu
+                stop.set()
+                r.wakeup.set()
+                await task
+            return wall, used
+
+        if profile is not None:
+            profiler = cProfile.Profile()
+            wall, used = profiler.runcall(asyncio.run, scenario())
+            profiler.dump_stats(profile)
+        else:
+            wall, used = asyncio.run(scenario())
+    conn.close()
+    log_file.close()
+    return InProcess(target, n, wall, used)
+
+
+def plain_null(n: int, concurrency: int) -> InProcess:
+    """httpx alone: `concurrency` workers POSTing n requests of the same shape to a null
+    receiver process with one AsyncClient, no database, no audit. What the HTTP client costs."""
+    port = free_port()
+    null = _null_receiver(port)
+    try:
+        url = f"http://127.0.0.1:{port}/triage"
+
+        async def scenario() -> tuple[float, float]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                queue = list(range(n))
+
+                async def worker() -> None:
+                    while queue:
+                        i = queue.pop()
+                        key = f"plainnull_{i:07d}"
+                        content = json.dumps(body(key, i), separators=(",", ":")).encode()
+                        headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+                        response = await client.post(url, content=content, headers=headers)
+                        response.raise_for_status()
+
+                began, cpu = time.perf_counter(), time.process_time()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                return time.perf_counter() - began, time.process_time() - cpu
+
+        wall, used = asyncio.run(scenario())
+    finally:
+        null.terminate()
+        null.wait(10)
+        if null.stdout is not None:
+            null.stdout.close()
+    return InProcess("plain httpx ->", n, wall, used)
+
+
+def in_process_rows(result: InProcess, plain: InProcess | None = None) -> list[Row]:
+    reference = f"CPU here {result.cpu_s / result.requests * 1e6:,.0f} us/delivery"
+    if plain is not None:
+        reference += (
+            f"; plain httpx {plain.rate:,.0f}/s, "
+            f"{plain.cpu_s / plain.requests * 1e6:,.0f} us/request"
+        )
+    return [
+        Row(
+            f"  relay in-process -> {result.target} receiver process, {result.requests:,} requests",
+            f"{result.rate:,.0f} deliveries/s",
+            reference,
+            ratio(result.rate, plain.rate) if plain is not None else "",
+        )
+    ]
+
+
 def ceiling_rows(n: int, rate: float) -> list[Row]:
     return [
         Row(
@@ -457,6 +714,14 @@ def throughput_rows(result: Throughput) -> list[Row]:
             met(result.rate >= TARGET_RELAY_RATE),
         ),
         Row(
+            "  CPU per delivery (user+sys): daemon / receiver process",
+            f"{result.daemon_cpu_per * 1e6:,.0f} us / {result.receiver_cpu_per * 1e6:,.0f} us",
+            f"2 cores' ceiling {2 / (result.daemon_cpu_per + result.receiver_cpu_per):,.0f}/s"
+            if result.daemon_cpu_per + result.receiver_cpu_per > 0
+            else "",
+            "",
+        ),
+        Row(
             "  receiver ceiling: plain httpx, same concurrency",
             f"{result.plain_concurrent_rate:,.0f} POSTs/s",
             "",
@@ -470,12 +735,35 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument(
+        "--only",
+        choices=["latency", "latency-rxproc", "relay", "ceiling", "inproc-null", "inproc-receiver"],
+        action="append",
+        default=None,
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile the in-process run")
+    parser.add_argument("--concurrency", type=int, default=relay.DEFAULT_CONCURRENCY)
     args = parser.parse_args()
+    parts = args.only or ["latency", "relay", "ceiling"]
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-", dir=args.dir) as tmp:
-        for row in latency_rows(live_latency(Path(tmp), args.events)):
-            print(row)
-        for row in throughput_rows(relay_throughput(Path(tmp), args.requests)):
-            print(row)
+        if "latency" in parts:
+            rows += latency_rows(live_latency(Path(tmp), args.events))
+        if "latency-rxproc" in parts:
+            result = live_latency(Path(tmp), args.events, receiver_process=True)
+            rows += latency_rows(result, "receiver in its own process")
+        if "relay" in parts:
+            rows += throughput_rows(relay_throughput(Path(tmp), args.requests))
+        if "ceiling" in parts:
+            rows += ceiling_rows(args.requests, relay_own_ceiling(Path(tmp), args.requests))
+        for target in ("null", "receiver"):
+            if f"inproc-{target}" in parts:
+                result = relay_in_process(
+                    Path(tmp), args.requests, target, args.profile, args.concurrency
+                )
+                plain = plain_null(args.requests, args.concurrency) if target == "null" else None
+                rows += in_process_rows(result, plain)
+    print(render(rows))
 
 
 if __name__ == "__main__":

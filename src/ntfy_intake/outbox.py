@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -147,21 +147,63 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
 # -- the relay's side: claim, settle, redrive ------------------------------------------------------
 
 
-def claim_due(conn: sqlite3.Connection, now: float, *, limit: int, lease: float) -> list[Claim]:
+def claim_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
     """Lease up to `limit` due rows (pending, or leased by a claim whose lease ran out)."""
     with db.write_txn(conn):
-        rows = conn.execute(
-            "UPDATE outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
-            " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
-            "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
-            "   ORDER BY due_at, created_at LIMIT ?)"
-            " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at",
-            (now + lease, now, now, limit),
-        ).fetchall()
+        return lease_due(conn, now, limit=limit, lease=lease, holding=holding)
+
+
+# Pending rows are taken only up to the due time of the `limit`-th one (ties included): found on
+# the (state, due_at) index, so a claim sorts about `limit` rows, not the whole backlog.
+_LEASE_DUE = (
+    "UPDATE outbox SET state = 'leased', lease_until = :until, attempts = attempts + 1"
+    " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
+    "   WHERE (state = 'pending' AND due_at <= coalesce((SELECT due_at FROM outbox"
+    "       WHERE state = 'pending' AND due_at <= :now ORDER BY due_at LIMIT 1 OFFSET :limit - 1),"
+    "     :now))"
+    "   OR (state = 'leased' AND lease_until <= :now"
+    "     AND delivery_key NOT IN (SELECT value FROM json_each(:holding)))"
+    "   ORDER BY due_at, created_at LIMIT :limit)"
+    " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at"
+)
+
+
+def lease_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
+    """`claim_due` inside the caller's write transaction. `holding`: keys the caller already
+    holds (claimed, not yet settled); their lease may run out while they wait their turn, and
+    they must not be claimed twice."""
+    rows = conn.execute(
+        _LEASE_DUE,
+        {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
+    ).fetchall()
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.
     rows.sort(key=lambda row: (row[4], row[5], row[0]))
     return [Claim(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def unclaim(conn: sqlite3.Connection, keys: Collection[str]) -> int:
+    """Claimed rows whose attempt never started (the relay is stopping) go back to pending, the
+    attempt they were counted for taken back."""
+    return conn.execute(
+        "UPDATE outbox SET state = 'pending', lease_until = NULL, attempts = attempts - 1"
+        " WHERE state = 'leased' AND delivery_key IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(keys)),),
+    ).rowcount
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -551,3 +553,133 @@ def test_receiver_cli_refuses_a_readable_secret_file_with_one_line(tmp_path: Pat
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
     assert "readable by group or others" in done.stderr
+
+
+# -- group commit: receipts arriving together share a transaction, and a 200 is always durable -----
+
+
+def test_receipts_arriving_together_commit_as_one_group_and_a_failing_one_stores_only_nothing_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """While one receipt is being decided, four more requests queue; they then commit in one
+    transaction, each in its own savepoint: the one whose decide raises stores nothing, the
+    others are stored, and a repeat inside the group is answered as a repeat."""
+    db_path = tmp_path / "r.sqlite3"
+    deciding, queued = threading.Event(), threading.Event()
+
+    def decide(body: dict[str, object]) -> dict[str, object] | None:
+        if body["delivery_key"] == "tri_0":
+            deciding.set()
+            assert queued.wait(10)
+        if body["delivery_key"] == "tri_2":
+            raise RuntimeError("model unavailable")
+        return None
+
+    app = receiver.create_app(db_path, decide=decide)
+    writer: receiver.ReceiptWriter = app.state.writer
+
+    async def scenario() -> list[object]:
+        first = asyncio.ensure_future(writer.settle("tri_0", triage_body("tri_0")))
+        assert await asyncio.to_thread(deciding.wait, 10)  # the others queue behind tri_0
+        rest = [
+            asyncio.ensure_future(writer.settle(key, triage_body(key)))
+            for key in ("tri_1", "tri_2", "tri_3", "tri_1")
+        ]
+        await asyncio.sleep(0)  # each has put its job on the queue
+        queued.set()
+        return await asyncio.gather(first, *rest, return_exceptions=True)
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        writer.close()
+    answers = [
+        (r.status, r.replayed) if isinstance(r, receiver._Answer) else type(r) for r in results
+    ]
+    assert answers == [(200, False), (200, False), RuntimeError, (200, False), (200, True)]
+    assert writer.groups == 2
+    stored = {r.key: r.repeats for r in receiver.receipts(db_path)}
+    assert stored == {"tri_0": 0, "tri_1": 1, "tri_3": 0}
+
+
+@pytest.mark.slow
+def test_kill9_of_the_receiver_mid_flood_never_loses_a_receipt_it_answered_200(
+    tmp_path: Path,
+) -> None:
+    """Eight clients post fresh keys as fast as they can; the receiver is SIGKILLed mid-flood.
+    Every key that was answered 200 must be in the receipts file after the kill."""
+    db_path = tmp_path / "r.sqlite3"
+    code = (
+        "import sys; from pathlib import Path; from ntfy_intake.testbed import receiver; "
+        "receiver.serve('127.0.0.1', 0, Path(sys.argv[1]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(db_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    answered: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def flood(worker: int) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            n = 0
+            while not stop.is_set():
+                key = f"flood_{worker}_{n}"
+                n += 1
+                try:
+                    response = post(client, url, triage_body(key), key)
+                except httpx.HTTPError:
+                    return  # the receiver is gone
+                if response.status_code == 200:
+                    with lock:
+                        answered.append(key)
+
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("POST triage requests to ", 1)[1].split()[0]
+        threads = [threading.Thread(target=flood, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while len(answered) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)  # while requests are between commit and reply
+        proc.wait(timeout=10)
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert len(answered) >= 200
+    stored = {r.key for r in receiver.receipts(db_path)}
+    assert set(answered) <= stored
+
+
+def test_receiver_whose_database_cannot_be_opened_answers_500_and_does_not_hang(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    """The receipt writer cannot open the database (its directory became a file): the request
+    is answered 500 with nothing stored, not left waiting for a writer that died; once the
+    database is reachable again the next request is served."""
+    directory = tmp_path / "state"
+    db_path = directory / "r.sqlite3"
+    with receiver.running(db_path) as rx:
+        moved = tmp_path / "moved"
+        directory.rename(moved)
+        directory.write_text("not a directory")
+        failed = post(http, rx.url, triage_body(), timeout=10)
+        assert failed.status_code == 500
+        assert failed.json()["error"] == "not_settled"
+        directory.unlink()
+        moved.rename(directory)
+        assert post(http, rx.url, triage_body(), timeout=10).status_code == 200
+    assert [r.key for r in receiver.receipts(db_path)] == ["tri_0001"]

@@ -7,6 +7,10 @@ Agent authors copy this. Invariants owned here:
   is accepted and `serve` warns at start;
 - a delivery key's receipt and its effect (the decision) commit in one SQLite transaction
   (BEGIN IMMEDIATE), so a crash leaves both or neither;
+- a request is answered only after that transaction committed (synchronous=FULL): a receipt
+  answered 200 survives a kill -9 or a power cut. Requests that arrive together share one
+  transaction and one fsync (group commit, `ReceiptWriter`), each in its own savepoint, so one
+  request's failure stores nothing for it and takes nothing from the others;
 - a repeat of a key with the same canonical body gets the *original* stored answer, byte for byte,
   with `Idempotent-Replayed: true`; nothing is decided again, only the repeat is counted;
 - a repeat of a key with a different body is a 409 and changes nothing;
@@ -19,10 +23,12 @@ Agent authors copy this. Invariants owned here:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
 import json
+import queue
 import re
 import sqlite3
 import sys
@@ -30,13 +36,12 @@ import threading
 import time
 import unicodedata
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -207,44 +212,159 @@ def _error(status: int, code: str, detail: str, headers: dict[str, str] | None =
     return Response(content, status, headers=headers, media_type="application/json")
 
 
-def _settle(db_path: Path, key: str, body: dict[str, object], decide: Decide) -> _Answer:
+def _settle(conn: sqlite3.Connection, key: str, body: dict[str, object], decide: Decide) -> _Answer:
+    """One request's receipt, inside the caller's write transaction."""
     digest = body_sha256(body)
-    conn = db.connect(db_path)
-    try:
-        with db.write_txn(conn):
-            row = conn.execute(
-                "SELECT body_sha256, status, response_json FROM receipts WHERE delivery_key = ?",
-                (key,),
-            ).fetchone()
-            if row is not None and row["body_sha256"] != digest:
-                detail = (
-                    f"Idempotency-Key {key!r} was already used with a different body; "
-                    "a delivery key must always carry the same request"
+    row = conn.execute(
+        "SELECT body_sha256, status, response_json FROM receipts WHERE delivery_key = ?",
+        (key,),
+    ).fetchone()
+    if row is not None and row["body_sha256"] != digest:
+        detail = (
+            f"Idempotency-Key {key!r} was already used with a different body; "
+            "a delivery key must always carry the same request"
+        )
+        return _Answer(409, _render({"error": "key_reused", "detail": detail}), False)
+    if row is not None:
+        conn.execute(
+            "UPDATE receipts SET repeats = repeats + 1, last_repeat_at = ? WHERE delivery_key = ?",
+            (time.time(), key),
+        )
+        return _Answer(row["status"], row["response_json"].encode(), True, True)
+    # The effect: decide inside the transaction, so decision and receipt commit together.
+    notify = decide(body)
+    response: dict[str, object] = {"accepted": True, "delivery_key": key}
+    if notify is not None:
+        if not isinstance(notify.get("text"), str):
+            raise TypeError("decide must return None or a dict with a str 'text'")
+        response["notify"] = notify
+    content = _render(response)
+    conn.execute(
+        "INSERT INTO receipts (delivery_key, body_sha256, status, response_json,"
+        " received_at) VALUES (?, ?, 200, ?, ?)",
+        (key, digest, content.decode(), time.time()),
+    )
+    return _Answer(200, content, True)
+
+
+@dataclass
+class _Job:
+    key: str
+    body: dict[str, object]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[_Answer]
+
+
+class ReceiptWriter:
+    """One SQLite connection in one thread, committing the receipts of the requests waiting for
+    it in one transaction (group commit): under load many receipts share one fsync, and a lone
+    request commits at once. Each future is resolved only after its group's COMMIT returned.
+    A writer that cannot go on (the database cannot be opened) fails what waits for it, so those
+    requests answer 500 and store nothing; the next request starts a new one."""
+
+    MAX_GROUP = 64
+
+    def __init__(self, db_path: Path, decide: Decide) -> None:
+        self.db_path = db_path
+        self.decide = decide
+        self.groups = 0  # transactions committed (tests, benches)
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[_Job | None] | None = None  # the running writer's queue
+        self._thread: threading.Thread | None = None
+
+    async def settle(self, key: str, body: dict[str, object]) -> _Answer:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Answer] = loop.create_future()
+        with self._lock:  # a job is queued only for a writer that will take it
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._jobs,), name="receipt-writer", daemon=True
                 )
-                return _Answer(409, _render({"error": "key_reused", "detail": detail}), False)
-            if row is not None:
-                conn.execute(
-                    "UPDATE receipts SET repeats = repeats + 1, last_repeat_at = ?"
-                    " WHERE delivery_key = ?",
-                    (time.time(), key),
-                )
-                return _Answer(row["status"], row["response_json"].encode(), True, True)
-            # The effect: decide inside the transaction, so decision and receipt commit together.
-            notify = decide(body)
-            response: dict[str, object] = {"accepted": True, "delivery_key": key}
-            if notify is not None:
-                if not isinstance(notify.get("text"), str):
-                    raise TypeError("decide must return None or a dict with a str 'text'")
-                response["notify"] = notify
-            content = _render(response)
-            conn.execute(
-                "INSERT INTO receipts (delivery_key, body_sha256, status, response_json,"
-                " received_at) VALUES (?, ?, 200, ?, ?)",
-                (key, digest, content.decode(), time.time()),
-            )
-            return _Answer(200, content, True)
-    finally:
-        conn.close()
+                self._thread.start()
+            self._jobs.put(_Job(key, body, loop, future))
+        return await future
+
+    def close(self) -> None:
+        """Commit and answer what is queued, then stop the writer."""
+        with self._lock:
+            jobs, thread = self._jobs, self._thread
+            self._jobs = self._thread = None
+        if jobs is not None:
+            jobs.put(None)
+        if thread is not None:
+            thread.join(10)
+
+    def _run(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        try:
+            conn = db.connect(self.db_path)
+        except Exception as exc:  # noqa: BLE001 - answered as 500s, never a hang
+            self._abandon(jobs, exc)
+            return
+        try:
+            while True:
+                first = jobs.get()
+                if first is None:
+                    return
+                group, stopping = [first], False
+                while len(group) < self.MAX_GROUP and not stopping:
+                    try:
+                        job = jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stopping = True
+                    else:
+                        group.append(job)
+                for job, result in zip(group, self._commit(conn, group), strict=True):
+                    _answer(job, result)
+                if stopping:
+                    return
+        finally:
+            conn.close()
+
+    def _abandon(self, jobs: queue.SimpleQueue[_Job | None], exc: Exception) -> None:
+        with self._lock:
+            if self._jobs is jobs:
+                self._jobs = self._thread = None
+        while True:  # nothing is queued here any more: fail what is
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                _answer(job, exc)
+
+    def _commit(self, conn: sqlite3.Connection, group: list[_Job]) -> list[_Answer | Exception]:
+        results: list[_Answer | Exception] = []
+        try:
+            with db.write_txn(conn):
+                for job in group:
+                    conn.execute("SAVEPOINT receipt")
+                    try:
+                        results.append(_settle(conn, job.key, job.body, self.decide))
+                    except Exception as exc:  # noqa: BLE001 - this request's 500, not the group's
+                        conn.execute("ROLLBACK TO receipt")
+                        results.append(exc)
+                    conn.execute("RELEASE receipt")
+            self.groups += 1
+        except Exception as exc:  # noqa: BLE001 - the COMMIT failed: nothing of the group stored
+            return [exc] * len(group)
+        return results
+
+
+def _answer(job: _Job, result: _Answer | Exception) -> None:
+    with contextlib.suppress(RuntimeError):  # the request's event loop is closed: nobody waits
+        job.loop.call_soon_threadsafe(_resolve, job.future, result)
+
+
+def _resolve(future: asyncio.Future[_Answer], result: _Answer | Exception) -> None:
+    if future.done():  # the request went away (client disconnected): its receipt stands
+        return
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 def _validate(body: object, key: str) -> str | None:
@@ -303,6 +423,7 @@ def create_app(
     finally:
         conn.close()
     stopping = threading.Event()
+    writer = ReceiptWriter(db_path, decide)
 
     async def triage(request: Request) -> Response:
         injected = faults.take_injected() if faults is not None else None
@@ -338,7 +459,7 @@ def create_app(
             return _error(400, "bad_request", problem)
         assert isinstance(body, dict)  # _validate checked it
         try:
-            answer = await run_in_threadpool(_settle, db_path, key, body, decide)
+            answer = await writer.settle(key, body)
         except Exception:
             log.exception("receiver.settle_failed", delivery_key=key)
             return _error(500, "not_settled", "nothing was stored; retry with the same key")
@@ -351,14 +472,23 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return Response(_render({"ok": True}), media_type="application/json")
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(writer.close)  # after the last request was answered
+
     app = Starlette(
         routes=[
             Route("/triage", triage, methods=["POST"]),
             Route("/", triage, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
-        ]
+        ],
+        lifespan=lifespan,
     )
     app.state.stopping = stopping
+    app.state.writer = writer
     return app
 
 
