@@ -33,6 +33,7 @@ from ntfy_intake import (
     db,
     diagnose,
     feed,
+    http_post,
     http_stream,
     intake,
     notices,
@@ -269,6 +270,17 @@ class Daemon(Vitals):
             on_response=lambda headers: self.trusted_clock.observe_date_header(headers.get("date"))
         )
 
+    def _relay_poster(self, url: str) -> http_post.KeepAlivePoster | None:
+        """The lean keep-alive client for the relay, unless a test transport or a proxy means
+        httpx must carry its POSTs."""
+        if self.transport is not None or http_stream.proxied(url):
+            return None
+        return http_post.KeepAlivePoster(
+            url,
+            timeouts=httpx.Timeout(self.settings.relay.timeout),
+            max_reply=relay.MAX_REPLY_BYTES,
+        )
+
     # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -345,6 +357,7 @@ class Daemon(Vitals):
                     retry_base=self.relay_retry_base,
                     signing_key=self.settings.relay.signing_key,
                     token=self.settings.relay.token,
+                    poster=self._relay_poster(self.settings.relay.url),
                 )
                 tasks.append(asyncio.create_task(self.relay.run(relay_stop), name="relay"))
             self.owner = owner.OwnerSender(
@@ -387,6 +400,8 @@ class Daemon(Vitals):
                 if task.get_name() != "http":
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.relay is not None and self.relay.poster is not None:
+                await self.relay.poster.aclose()
         try:
             await self._flush_audit()
             if self.latched:

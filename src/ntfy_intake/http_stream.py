@@ -20,7 +20,7 @@ import errno
 import os
 import ssl
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Protocol
 
 import httpx
@@ -64,6 +64,10 @@ def proxied(url: str) -> bool:
     return not bypass
 
 
+class NoResponse(httpx.RemoteProtocolError):
+    """The server closed or reset the connection before sending a byte of its response."""
+
+
 class ChunkedBody:
     """Decodes `Transfer-Encoding: chunked` from bytes as they arrive; no I/O.
 
@@ -76,6 +80,7 @@ class ChunkedBody:
         self._crlf_owed = False  # the CRLF that closes a chunk's payload
         self._in_trailers = False
         self.done = False
+        self.excess = b""  # bytes after the body's end: a connection holding them is not reused
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data if self._pending else data
@@ -110,7 +115,10 @@ class ChunkedBody:
             else:
                 self._left = _chunk_size(line)
                 self._in_trailers = self._left == 0
-        self._pending = b"" if self.done else buf[pos:]
+        if self.done:
+            self._pending, self.excess = b"", self.excess + buf[pos:]
+        else:
+            self._pending = buf[pos:]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -135,9 +143,13 @@ class RawStreamResponse:
         headers: httpx.Headers,
         leftover: bytes,
         read_timeout: float | None,
+        http11: bool = True,
     ) -> None:
         self.status_code = status_code
         self.headers = headers
+        # Kept alive only when HTTP/1.1 said nothing against it and the body ends by its framing.
+        self._keep_alive = http11 and "close" not in headers.get("connection", "").lower()
+        self.reusable = False  # set once the whole body was read on a connection kept alive
         self._reader = reader
         self._leftover = leftover
         self._read_timeout = read_timeout
@@ -154,7 +166,7 @@ class RawStreamResponse:
         else:
             self._length = None  # chunked, or read until the server closes
 
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
+    async def aiter_raw(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives, de-chunked; ends where the body ends."""
         chunked, length = self._chunked, self._length
         data, self._leftover = self._leftover, b""
@@ -165,15 +177,19 @@ class RawStreamResponse:
                     if payload:
                         yield payload
                     if chunked.done:
+                        self.reusable = self._keep_alive and not chunked.excess
                         return
                 elif length is not None:
                     payload = data[:length]
                     length -= len(payload)
+                    if len(data) > len(payload):
+                        self._keep_alive = False  # more than the body: the rest means nothing
                     if payload:
                         yield payload
                 else:
                     yield data
             if length == 0 and chunked is None:
+                self.reusable = self._keep_alive
                 return
             data = await self._read()
             if not data:
@@ -193,7 +209,7 @@ class RawStreamResponse:
         except TimeoutError:
             raise httpx.ReadTimeout("no data from the server in time") from None
         except OSError as exc:
-            raise httpx.ReadError(_os_detail(exc)) from None
+            raise httpx.ReadError(os_detail(exc)) from None
 
 
 def httpx_opener(client: httpx.AsyncClient) -> StreamOpener:
@@ -214,7 +230,7 @@ class RawStreamOpener:
 
     def __init__(self, on_response: Callable[[httpx.Headers], None] | None = None) -> None:
         self.on_response = on_response
-        self._ssl: ssl.SSLContext | None = None
+        self._connector = Connector()
 
     @contextlib.asynccontextmanager
     async def __call__(
@@ -223,8 +239,8 @@ class RawStreamOpener:
         target = httpx.URL(url, params=params)
         if target.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {target.scheme!r}")
-        request = _request_bytes(target, headers)
-        reader, writer = await self._connect(target, timeouts.connect)
+        request = request_bytes("GET", target, headers)
+        reader, writer = await self._connector.connect(target, timeouts.connect)
         try:
             try:
                 writer.write(request)
@@ -233,8 +249,8 @@ class RawStreamOpener:
             except TimeoutError:
                 raise httpx.WriteTimeout("the server did not take the request in time") from None
             except OSError as exc:
-                raise httpx.WriteError(_os_detail(exc)) from None
-            response = await _read_head(reader, timeouts.read)
+                raise httpx.WriteError(os_detail(exc)) from None
+            response = await read_head(reader, timeouts.read)
             if self.on_response is not None:
                 self.on_response(response.headers)
             yield response
@@ -242,7 +258,15 @@ class RawStreamOpener:
             # The stream is done with, whatever state it is in: no graceful close to wait for.
             writer.transport.abort()
 
-    async def _connect(
+
+class Connector:
+    """Opens TCP or TLS connections with httpx's errors; the TLS context is built on first use
+    (httpx's: certifi, or SSL_CERT_FILE / SSL_CERT_DIR)."""
+
+    def __init__(self) -> None:
+        self._ssl: ssl.SSLContext | None = None
+
+    async def connect(
         self, target: httpx.URL, connect_timeout: float | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         secure = target.scheme == "https"
@@ -261,29 +285,31 @@ class RawStreamOpener:
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {target.host}:{port} in time") from None
         except OSError as exc:  # ssl.SSLError included
-            raise httpx.ConnectError(_os_detail(exc)) from None
+            raise httpx.ConnectError(os_detail(exc)) from None
 
 
-def _request_bytes(target: httpx.URL, headers: dict[str, str]) -> bytes:
+def request_bytes(
+    method: str, target: httpx.URL, headers: dict[str, str], body: bytes | None = None
+) -> bytes:
+    """The request head (and body): `Connection: close` for a GET stream, keep-alive with a
+    `Content-Length` when there is a body. `headers` may override the User-Agent."""
     host = target.host if ":" not in target.host else f"[{target.host}]"
     if target.port is not None:
         host = f"{host}:{target.port}"
-    lines = [
-        f"GET {target.raw_path.decode('ascii')} HTTP/1.1",
-        f"Host: {host}",
-        f"User-Agent: {USER_AGENT}",
-        "Accept: */*",
-        "Accept-Encoding: identity",
-        "Connection: close",
-    ]
+    lines = [f"{method} {target.raw_path.decode('ascii')} HTTP/1.1", f"Host: {host}"]
+    if "User-Agent" not in headers:
+        lines.append(f"User-Agent: {USER_AGENT}")
+    lines += ["Accept: */*", "Accept-Encoding: identity"]
+    lines.append("Connection: close" if body is None else f"Content-Length: {len(body)}")
     for name, value in headers.items():
         if any(c in name or c in value for c in "\r\n\0"):
             raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
         lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if body is None else head + body
 
 
-async def _read_head(reader: asyncio.StreamReader, read_timeout: float | None) -> RawStreamResponse:
+async def read_head(reader: asyncio.StreamReader, read_timeout: float | None) -> RawStreamResponse:
     buf = b""
     while (end := buf.find(b"\r\n\r\n")) < 0:
         if len(buf) > MAX_HEAD_BYTES:
@@ -294,9 +320,13 @@ async def _read_head(reader: asyncio.StreamReader, read_timeout: float | None) -
         except TimeoutError:
             raise httpx.ReadTimeout("no response from the server in time") from None
         except OSError as exc:
-            raise httpx.ReadError(_os_detail(exc)) from None
+            if not buf:
+                raise NoResponse(os_detail(exc)) from None
+            raise httpx.ReadError(os_detail(exc)) from None
         if not data:
-            raise httpx.RemoteProtocolError("server disconnected without sending a response")
+            if not buf:
+                raise NoResponse("server disconnected without sending a response")
+            raise httpx.RemoteProtocolError("server disconnected in the middle of its headers")
         buf += data
     if end > MAX_HEAD_BYTES:
         raise httpx.RemoteProtocolError("response headers too long")
@@ -311,10 +341,17 @@ async def _read_head(reader: asyncio.StreamReader, read_timeout: float | None) -
         if not colon or not name or name != name.strip():
             raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}")
         fields.append((name, value.strip()))
-    return RawStreamResponse(reader, int(parts[1]), httpx.Headers(fields), leftover, read_timeout)
+    return RawStreamResponse(
+        reader,
+        int(parts[1]),
+        httpx.Headers(fields),
+        leftover,
+        read_timeout,
+        http11=parts[0] == "HTTP/1.1",
+    )
 
 
-def _os_detail(exc: OSError) -> str:
+def os_detail(exc: OSError) -> str:
     """'Connection refused (Connect call failed ...)': the errno's words first, for diagnose.
     asyncio folds the attempts at several addresses into one OSError without an errno."""
     text = str(exc) or type(exc).__name__

@@ -32,7 +32,18 @@ from typing import Literal
 import httpx
 import structlog
 
-from ntfy_intake import __version__, audit, backoff, cadence, db, jsonsafe, notices, outbox, signing
+from ntfy_intake import (
+    __version__,
+    audit,
+    backoff,
+    cadence,
+    db,
+    http_post,
+    jsonsafe,
+    notices,
+    outbox,
+    signing,
+)
 from ntfy_intake.owner_queue import OwnerQueue, Record
 
 log = structlog.get_logger("ntfy_intake.relay")
@@ -143,6 +154,7 @@ class Relay:
         signing_key: bytes | None = None,
         token: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
+        poster: http_post.KeepAlivePoster | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("relay concurrency must be at least 1")
@@ -153,6 +165,9 @@ class Relay:
         self.retry_base = retry_base
         self.client = client
         self.url = url
+        # The lean keep-alive client when the daemon hands one over, else httpx.
+        self.poster = poster
+        self._send = poster.post if poster is not None else self._post
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.clock = clock
@@ -336,7 +351,7 @@ class Relay:
             # One deadline for the whole attempt: httpx's timeouts are per read, so a receiver
             # sending a byte every few seconds would otherwise hold the attempt indefinitely.
             async with asyncio.timeout(self.timeout):
-                status, headers, reply = await self._post(body, self.headers_for(claim, body))
+                status, headers, reply = await self._send(body, self.headers_for(claim, body))
         except TimeoutError:
             return classify(None, None, b"", f"timeout after {self.timeout:g}s", self.clock())
         except httpx.TimeoutException as exc:

@@ -1,0 +1,178 @@
+"""The relay's keep-alive client over real loopback sockets: reuse, stale connections, replies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from ntfy_intake.http_post import KeepAlivePoster
+
+from .test_http_stream import in_loop, serve
+
+TIMEOUTS = httpx.Timeout(2.0)
+Reply = Callable[[int], bytes]  # request number on its connection -> the bytes to answer
+
+
+class Receiver:
+    """Reads requests (Content-Length bodies) on each connection and answers with `reply`."""
+
+    def __init__(
+        self, reply: Reply, *, close_after: int | None = None, drop_next: bool = False
+    ) -> None:
+        self.reply = reply
+        self.close_after = close_after  # requests per connection before closing it unasked
+        self.drop_next = drop_next  # close only once the next request has arrived, unanswered
+        self.connections = 0
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        while self.close_after is None or served < self.close_after:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            self.bodies.append(await reader.readexactly(length))
+            served += 1
+            writer.write(self.reply(served))
+            await writer.drain()
+        if self.drop_next:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+
+def ok(body: bytes = b'{"ok":true}') -> Reply:
+    return lambda _: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def post_all(
+    receiver: Receiver, n: int, *, between: Callable[[], Awaitable[None]] | None = None
+) -> tuple[KeepAlivePoster, list[tuple[int, httpx.Headers, bytes]]]:
+    async with serve(receiver) as port:
+        poster = KeepAlivePoster(f"http://127.0.0.1:{port}/triage", timeouts=TIMEOUTS, max_reply=64)
+        replies = []
+        for i in range(n):
+            replies.append(await poster.post(b'{"n":%d}' % i, {"Idempotency-Key": f"k{i}"}))
+            if between is not None:
+                await between()
+        await poster.aclose()
+    return poster, replies
+
+
+@in_loop
+async def test_one_connection_carries_every_request_one_after_another() -> None:
+    receiver = Receiver(ok())
+    poster, replies = await post_all(receiver, 20)
+    assert [status for status, _, _ in replies] == [200] * 20
+    assert replies[0][2] == b'{"ok":true}'
+    assert receiver.connections == poster.connections_opened == 1
+    assert receiver.bodies == [b'{"n":%d}' % i for i in range(20)]
+
+
+@in_loop
+async def test_connection_the_server_closed_while_idle_is_replaced_without_losing_a_request() -> (
+    None
+):
+    """Failure mode: a kept-alive connection the receiver closed fails the next delivery."""
+    receiver = Receiver(ok(), close_after=1)  # closes each connection after one reply
+    poster, replies = await post_all(receiver, 5, between=lambda: asyncio.sleep(0.05))
+    assert [status for status, _, _ in replies] == [200] * 5
+    assert receiver.bodies == [b'{"n":%d}' % i for i in range(5)]  # each once, none lost
+    assert receiver.connections == poster.connections_opened == 5
+
+
+@in_loop
+async def test_request_that_meets_the_servers_close_on_a_reused_connection_is_sent_again() -> None:
+    """Failure mode: the keep-alive race (the server closes just as the next request arrives)
+    fails a delivery the server never took."""
+    receiver = Receiver(ok(), close_after=1, drop_next=True)
+    poster, replies = await post_all(receiver, 4)
+    assert [status for status, _, _ in replies] == [200] * 4
+    assert receiver.bodies == [b'{"n":%d}' % i for i in range(4)]
+    assert poster.connections_opened == 4
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    ],
+)
+@in_loop
+async def test_server_that_asks_to_close_gets_a_new_connection_each_time(reply: bytes) -> None:
+    receiver = Receiver(lambda _: reply, close_after=1)
+    poster, replies = await post_all(receiver, 3)
+    assert [r[2] for r in replies] == [b"ok"] * 3
+    assert poster.connections_opened == 3
+
+
+@in_loop
+async def test_chunked_reply_is_read_whole_and_the_connection_reused() -> None:
+    chunked = b'HTTP/1.1 202 Accepted\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{"a\r\n5\r\n":1}\n\r\n0\r\n\r\n'
+    receiver = Receiver(lambda _: chunked)
+    poster, replies = await post_all(receiver, 3)
+    assert [(r[0], r[2]) for r in replies] == [(202, b'{"a":1}\n')] * 3
+    assert poster.connections_opened == 1
+
+
+@in_loop
+async def test_reply_larger_than_the_limit_is_cut_and_its_connection_dropped() -> None:
+    big = b"x" * 1000
+    receiver = Receiver(ok(big))
+    poster, replies = await post_all(receiver, 2)
+    assert all(r[2] == big[:64] for r in replies)
+    assert poster.connections_opened == 2
+
+
+@in_loop
+async def test_fresh_connection_closed_without_a_reply_is_an_error_not_a_repeat() -> None:
+    """Failure mode: a request the receiver may have taken is sent again on the same attempt."""
+    receiver = Receiver(lambda _: b"", close_after=1)  # takes the request, answers nothing
+    async with serve(receiver) as port:
+        poster = KeepAlivePoster(f"http://127.0.0.1:{port}/t", timeouts=TIMEOUTS, max_reply=64)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await poster.post(b"{}", {})
+        await poster.aclose()
+    assert receiver.bodies == [b"{}"]
+
+
+@in_loop
+async def test_attempt_cancelled_mid_reply_never_leaves_its_connection_for_the_next() -> None:
+    """Failure mode: a reply arriving late is read as the answer to the next request."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = 0
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            number += 1
+            if number == 1:
+                await asyncio.sleep(0.3)  # the first answer comes after the caller gave up
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    async with serve(handler) as port:
+        poster = KeepAlivePoster(f"http://127.0.0.1:{port}/t", timeouts=TIMEOUTS, max_reply=64)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await poster.post(b"first", {})
+        status, _, reply = await poster.post(b"second", {})
+        await poster.aclose()
+    assert (status, reply) == (200, b"second")
+    assert poster.connections_opened == 2
