@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any
@@ -224,7 +225,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # json.loads without its per-call layers (same scanner, same objects): a line that the bare
 # scanner does not take whole (whitespace around it, extra data, an error) goes to json.loads,
 # which gives the same object or the same kind of error.
-_SCAN = json.JSONDecoder().scan_once
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _loads(text: str) -> Any:
