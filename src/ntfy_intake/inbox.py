@@ -22,6 +22,7 @@ import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import structlog
 
@@ -125,6 +126,7 @@ def _record_batch(
         events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
         batch.prefetch([f.id for f in events])
         batch.prefetch_sequences(events)
+        batch.prefetch_incidents(events)
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
                 batch.message(index, frame)
@@ -238,7 +240,10 @@ class _Batch:
         self.result = BatchResult()
         self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
         self.touched: dict[str, incidents.IncidentState] = {}
+        self.stored: dict[str, incidents.IncidentState] = {}  # as the batch found them
+        self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
         self.collecting: dict[str, bool] = {}
+        self.collecting_stored: set[str] | None = None  # delivery keys, read once when needed
         self.inbox_rows: list[tuple[object, ...]] = []
         self.attach_rows: list[tuple[str, str]] = []
         self.journal: list[str] = []  # event records, staged together at the end
@@ -274,6 +279,30 @@ class _Batch:
                 chunk,
             ):
                 self.sequences.setdefault((topic, sequence), key)
+
+    def prefetch_incidents(self, events: Sequence[Event]) -> None:
+        """The signal of each message this batch will record, and every incident they name, in
+        one query (a backlog repeats a few incidents: one lookup each per batch, not per event).
+        Duplicates and conflicts are skipped as `_seen` will skip them."""
+        ids = set(self.known)
+        keys: set[str] = set()
+        for event in events:
+            if event.id in ids:
+                continue
+            ids.add(event.id)
+            if isinstance(event, Message):
+                signal = incidents.signal_of(event)
+                self.signals[event.id] = signal
+                keys.add(signal.key)
+                joined = self.sequences.get((event.topic, event.sequence))
+                if joined is not None:
+                    keys.add(joined)
+        wanted = sorted(keys)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(f"{_SELECT_INCIDENT} WHERE key IN ({marks})", chunk):
+                self.stored[row[0]] = _incident(row)
 
     def _seen(self, index: int, event: Event) -> bool:
         """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""
@@ -378,7 +407,7 @@ class _Batch:
         if self._seen(index, message):
             return
 
-        signal = incidents.signal_of(message)
+        signal = self.signals.get(message.id) or incidents.signal_of(message)
         joined = self.sequences.get((message.topic, message.sequence))
         if joined is not None and joined != signal.key:
             # An update (or the original, after its update): one sequence, one incident.
@@ -386,7 +415,7 @@ class _Batch:
         elif joined is None:
             self.sequences[(message.topic, message.sequence)] = signal.key
             self.new_sequences[(message.topic, message.sequence)] = signal.key
-        before = self.touched.get(signal.key) or _load_incident(self.conn, signal.key)
+        before = self.touched.get(signal.key) or self._stored_incident(signal.key)
         after = incidents.merge(before, signal, message)
         self.touched[signal.key] = after
         view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
@@ -452,11 +481,21 @@ class _Batch:
         if key is None:
             return False
         if key not in self.collecting:
-            row = self.conn.execute(
-                "SELECT state FROM outbox WHERE delivery_key = ?", (key,)
-            ).fetchone()
-            self.collecting[key] = row is not None and row[0] == "collecting"
+            if self.collecting_stored is None:
+                # Few rows (one per open debounce window), on the index outbox_due.
+                self.collecting_stored = {
+                    row[0]
+                    for row in self.conn.execute(
+                        "SELECT delivery_key FROM outbox WHERE state = 'collecting'"
+                    )
+                }
+            self.collecting[key] = key in self.collecting_stored
         return self.collecting[key]
+
+    def _stored_incident(self, key: str) -> incidents.IncidentState | None:
+        if key in self.stored:
+            return self.stored[key]
+        return _load_incident(self.conn, key)  # a key prefetch_incidents did not foresee
 
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
@@ -472,19 +511,30 @@ class _Batch:
             "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
             self.attach_rows,
         )
-        for state in self.touched.values():
-            _save_incident(self.conn, state)
+        self.conn.executemany(_SAVE_INCIDENT, [_incident_row(s) for s in self.touched.values()])
         audit.stage_encoded(self.conn, self.journal)
 
 
+_SELECT_INCIDENT = (
+    "SELECT key, severity, status, status_time, status_event, first_seen, last_seen, events,"
+    " version FROM incidents"
+)
+_SAVE_INCIDENT = (
+    "INSERT INTO incidents(key, severity, status, status_time, status_event, first_seen,"
+    " last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity, status = excluded.status,"
+    " status_time = excluded.status_time, status_event = excluded.status_event,"
+    " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
+    " events = excluded.events, version = excluded.version"
+)
+
+
 def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
-    row = conn.execute(
-        "SELECT key, severity, status, status_time, status_event, first_seen, last_seen, events,"
-        " version FROM incidents WHERE key = ?",
-        (key,),
-    ).fetchone()
-    if row is None:
-        return None
+    row = conn.execute(f"{_SELECT_INCIDENT} WHERE key = ?", (key,)).fetchone()
+    return None if row is None else _incident(row)
+
+
+def _incident(row: Sequence[Any]) -> incidents.IncidentState:
     return incidents.IncidentState(
         key=row[0],
         severity=row[1],
@@ -497,25 +547,17 @@ def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentStat
     )
 
 
-def _save_incident(conn: sqlite3.Connection, state: incidents.IncidentState) -> None:
-    conn.execute(
-        "INSERT INTO incidents(key, severity, status, status_time, status_event, first_seen,"
-        " last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity, status = excluded.status,"
-        " status_time = excluded.status_time, status_event = excluded.status_event,"
-        " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
-        " events = excluded.events, version = excluded.version",
-        (
-            state.key,
-            state.severity,
-            state.status,
-            state.status_at[0],
-            state.status_at[1],
-            state.first_seen,
-            state.last_seen,
-            state.events,
-            state.version,
-        ),
+def _incident_row(state: incidents.IncidentState) -> tuple[object, ...]:
+    return (
+        state.key,
+        state.severity,
+        state.status,
+        state.status_at[0],
+        state.status_at[1],
+        state.first_seen,
+        state.last_seen,
+        state.events,
+        state.version,
     )
 
 
