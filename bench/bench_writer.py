@@ -203,7 +203,7 @@ def measure(n: int, repeat: int, workdir: Path | None) -> Figures:
 
 def profile(n: int, workdir: Path | None, top: int) -> None:
     chunks = backlog_lines(n)
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.thread_time)  # CPU, not the wait for fsync
     with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=workdir) as tmp:
         profiler.enable()
         decoded = decode_all(chunks)

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple
 from zoneinfo import ZoneInfo
 
 from ntfy_intake.audit import rfc3339
@@ -61,8 +61,9 @@ class Policy:
         return max(self.debounce, self.cooldown, self.notice_window, LOCAL_DAY_SPAN)
 
 
-@dataclass(frozen=True, slots=True)
-class IncidentView:
+# IncidentView and Decision are NamedTuples, not frozen dataclasses: one of each is built per
+# recorded event, ~3x cheaper.
+class IncidentView(NamedTuple):
     """The merged incident after this event (`incidents.merge` computes it)."""
 
     key: str
@@ -71,8 +72,7 @@ class IncidentView:
     is_new: bool  # the first event ever seen for this key
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     outcome: Outcome
     reason: str
     delivery_key: str | None = None  # new request: tri_<event id>; joined: the open request's
@@ -208,9 +208,35 @@ class CadenceState:
         if ts is None:
             return
         if kind == "event":
-            folded = self._apply_event(record, ts)
+            folded = self._apply_event(
+                record.get("incident"),
+                record.get("severity"),
+                record.get("status"),
+                record.get("outcome"),
+                record.get("delivery_key"),
+                ts,
+            )
         else:
             folded = _REORDERED if self._apply_owner_message(record, ts) else _REJECTED
+        self._advance(folded, ts)
+
+    def apply_event(
+        self,
+        incident: object,
+        severity: object,
+        status: object,
+        outcome: object,
+        delivery_key: object,
+        ts: float | None,
+    ) -> None:
+        """`apply` of an `event` record with these fields whose `ts` parsed to `ts`: the same
+        fold, for a writer that has the values at hand (no record read back, no `ts` parsed)."""
+        if ts is not None:
+            self._advance(
+                self._apply_event(incident, severity, status, outcome, delivery_key, ts), ts
+            )
+
+    def _advance(self, folded: str, ts: float) -> None:
         if folded is _REJECTED:
             return
         advanced = self._clock is None or ts > self._clock
@@ -222,12 +248,15 @@ class CadenceState:
         if advanced or folded is _REORDERED:
             self._sweep(everything=False)
 
-    def _apply_event(self, record: Mapping[str, Any], ts: float) -> str:
-        key = record.get("incident")
-        outcome = record.get("outcome")
-        severity = record.get("severity")
-        status = record.get("status")
-        delivery_key = record.get("delivery_key")
+    def _apply_event(
+        self,
+        key: Any,  # the record's values, checked here before they are trusted
+        severity: Any,
+        status: Any,
+        outcome: Any,
+        delivery_key: Any,
+        ts: float,
+    ) -> str:
         if (
             type(key) is not str
             or not key
@@ -240,7 +269,7 @@ class CadenceState:
         entry = self._incidents.get(key)
         if outcome == "triage_requested":
             self._incidents.pop(key, None)  # re-insert at the end: the dict stays in request order
-            self._incidents[key] = _Request(cast(str, delivery_key), ts, severity, status, ts)
+            self._incidents[key] = _Request(delivery_key, ts, severity, status, ts)
             return _REORDERED
         if entry is None:
             pass  # joined or suppressed under a request older than the state remembers

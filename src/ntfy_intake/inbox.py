@@ -17,7 +17,6 @@ after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -251,6 +250,8 @@ class _Batch:
         self.sequences: dict[tuple[str, str], str] = {}
         self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
         self.note_append: NoteAppend | None = None
+        # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
+        self.fold_ts = cadence.parse_ts(audit.rfc3339(now))
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -403,68 +404,69 @@ class _Batch:
         self.note_append(self.conn, event.id, payload, summary, self.now)
 
     def message(self, index: int, message: Message) -> None:
-        result = self.result
-        if self._seen(index, message):
+        # Runs once per event of every replay: values are read once into locals.
+        event_id = message.id
+        if event_id in self.known and self._seen(index, message):
             return
-
-        signal = self.signals.get(message.id) or incidents.signal_of(message)
-        joined = self.sequences.get((message.topic, message.sequence))
-        if joined is not None and joined != signal.key:
+        self.known[event_id] = message.raw_sha256
+        now = self.now
+        signal = self.signals.get(event_id) or incidents.signal_of(message)
+        key = signal.key
+        sequence = (message.topic, message.sequence_id or event_id)
+        joined = self.sequences.get(sequence)
+        if joined is None:
+            self.sequences[sequence] = key
+            self.new_sequences[sequence] = key
+        elif joined != key:
             # An update (or the original, after its update): one sequence, one incident.
-            signal = dataclasses.replace(signal, key=joined)
-        elif joined is None:
-            self.sequences[(message.topic, message.sequence)] = signal.key
-            self.new_sequences[(message.topic, message.sequence)] = signal.key
-        before = self.touched.get(signal.key) or self._stored_incident(signal.key)
+            signal = signal._replace(key=joined)
+            key = joined
+        before = self.touched.get(key) or self._stored_incident(key)
         after = incidents.merge(before, signal, message)
-        self.touched[signal.key] = after
-        view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
-        decision = self.work.decide_event(self.policy, view, message.id, self.now)
-        if decision.outcome == "joined" and not self._still_collecting(decision.delivery_key):
+        self.touched[key] = after
+        view = cadence.IncidentView(key, after.severity, after.status, before is None)
+        decision = self.work.decide_event(self.policy, view, event_id, now)
+        outcome = decision.outcome
+        if outcome == "joined" and not self._still_collecting(decision.delivery_key):
             # Only a wall clock stepping backwards can close a window early; never join a
             # request whose payload is already frozen: open a fresh one instead.
             decision = cadence.Decision(
                 "triage_requested",
                 "window_closed",
-                cadence.delivery_key_for(message.id),
-                self.now + self.policy.debounce,
+                cadence.delivery_key_for(event_id),
+                now + self.policy.debounce,
             )
-        if decision.outcome == "triage_requested":
-            assert decision.delivery_key is not None and decision.due_at is not None
-            outbox.create(
-                self.conn,
-                decision.delivery_key,
-                signal.key,
-                decision.reason,
-                decision.due_at,
-                self.now,
-            )
-            self.collecting[decision.delivery_key] = True
-        if decision.delivery_key is not None:
-            self.attach_rows.append((decision.delivery_key, message.id))
+            outcome = decision.outcome
+        delivery_key = decision.delivery_key
+        if outcome == "triage_requested":
+            assert delivery_key is not None and decision.due_at is not None
+            outbox.create(self.conn, delivery_key, key, decision.reason, decision.due_at, now)
+            self.collecting[delivery_key] = True
+        if delivery_key is not None:
+            self.attach_rows.append((delivery_key, event_id))
         self.inbox_rows.append(
             (
-                message.id,
+                event_id,
                 message.topic,
                 message.time,
                 message.expires,
                 message.raw,
                 message.raw_sha256,
-                signal.key,
+                key,
                 signal.severity,
-                decision.outcome,
+                outcome,
                 decision.reason,
-                decision.delivery_key,
-                self.now,
+                delivery_key,
+                now,
                 "message",
-                message.sequence,
+                sequence[1],
             )
         )
         record = cadence.event_record(
             decision,
             view,
-            message.id,
-            self.now,
+            event_id,
+            now,
             topic=message.topic,
             time=message.time,
             expires=message.expires,
@@ -472,10 +474,12 @@ class _Batch:
             sha256=message.raw_sha256,
         )
         self.journal.append(audit.encode(record))
-        self.work.apply(record)
+        # The fold of `record` (what `apply(record)` does), from the values at hand.
+        self.work.apply_event(key, view.severity, view.status, outcome, delivery_key, self.fold_ts)
+        result = self.result
         result.records.append(record)
         result.recorded += 1
-        result.candidates.append(Candidate(index, message.id, message.time, message.cached))
+        result.candidates.append(Candidate(index, event_id, message.time, message.cached))
 
     def _still_collecting(self, key: str | None) -> bool:
         if key is None:

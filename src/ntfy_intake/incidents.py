@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ntfy_intake import sanitize
 from ntfy_intake.frames import Message
@@ -64,8 +63,8 @@ _MASKS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Signal:
+# NamedTuples, not frozen dataclasses: one of each is built per recorded event, ~3x cheaper.
+class Signal(NamedTuple):
     """What one event says about its incident."""
 
     key: str
@@ -74,8 +73,7 @@ class Signal:
     envelope: bool  # the key came from a JSON envelope
 
 
-@dataclass(frozen=True, slots=True)
-class IncidentState:
+class IncidentState(NamedTuple):
     key: str
     severity: int
     status: Status
