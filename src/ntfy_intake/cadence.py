@@ -479,8 +479,9 @@ def event_record(
         "status": incident.status,
         "outcome": decision.outcome,
         "reason": decision.reason,
-        "delivery_key": decision.delivery_key,
     }
+    if decision.delivery_key is not None:
+        record["delivery_key"] = decision.delivery_key
     return _with_extra(record, extra, _EVENT_FIELDS)
 
 
@@ -514,7 +515,9 @@ def _with_extra(
         if not reserved.isdisjoint(extra):
             clash = sorted(reserved.intersection(extra))
             raise ValueError(f"extra fields would overwrite the record's own: {', '.join(clash)}")
-        record.update(extra)
+        for name, value in extra.items():
+            if value is not None:
+                record[name] = value
     if None in record.values():
         return {k: v for k, v in record.items() if v is not None}
     return record

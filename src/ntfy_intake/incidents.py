@@ -18,6 +18,7 @@ between the two events.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Literal, NamedTuple
@@ -114,14 +115,33 @@ def signal_of(message: Message) -> Signal:
             if env_status in ("firing", "resolved"):
                 status = env_status
             return Signal(normalise_title(key), severity, status, envelope=True)
-    if message.title is not None and message.title.strip():
-        key = normalise_title(message.title)
-    else:
-        key = normalise_first_line(message.message)
+    title = message.title
+    if title is not None:
+        titled = (
+            _titled_key(message.topic, title)
+            if len(title) <= _CACHED_TITLE
+            else _titled_key.__wrapped__(message.topic, title)
+        )
+        if titled is not None:
+            return Signal(titled, severity, status, envelope=False)
+    key = normalise_first_line(message.message)
     return Signal(f"{message.topic}:{key}", severity, status, envelope=False)
 
 
+# A backlog repeats a few titles many times: their keys are cached (short titles only, so the
+# cache stays small whatever publishers send).
+_CACHED_TITLE = 256
+
+
+@functools.lru_cache(maxsize=1024)
+def _titled_key(topic: str, title: str) -> str | None:
+    """The key of a message with this title, or None when the title is blank."""
+    return f"{topic}:{normalise_title(title)}" if title.strip() else None
+
+
 def _envelope(body: str) -> dict[str, Any] | None:
+    if "{" not in body:  # the common case, without copying the body
+        return None
     stripped = body.strip()
     if not stripped.startswith("{"):
         return None
