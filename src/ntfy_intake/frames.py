@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hashlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import sha256
-from typing import Any
+from typing import Any, NamedTuple
 
 from ntfy_intake import jsonsafe, sanitize
 
@@ -51,9 +50,9 @@ class Keepalive:
     time: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A validated ntfy `message` event."""
+class Message(NamedTuple):
+    """A validated ntfy `message` event. (A NamedTuple, not a frozen dataclass: one is built
+    per event of every replay, ~3x cheaper.)"""
 
     id: str
     time: int
@@ -217,7 +216,7 @@ def decode_line(line: bytes, topics: frozenset[str]) -> Frame:
             if not isinstance(frame, Message):
                 return frame
             canonical, raw_sha256 = _canonical(obj)
-            return dataclasses.replace(frame, raw=canonical, raw_sha256=raw_sha256)
+            return frame._replace(raw=canonical, raw_sha256=raw_sha256)
     return decode_object(obj, text, topics)
 
 
@@ -241,6 +240,8 @@ def _loads(text: str) -> Any:
 def decode_object(obj: dict[str, Any], text: str, topics: frozenset[str]) -> Frame:
     """One decoded JSON object (strings already valid UTF-8) as a typed frame."""
     event = obj.get("event")
+    if event == "message":  # nearly every frame of a replay
+        return validate_message(obj, text, topics)
     if not isinstance(event, str):
         return Junk(text, "missing or non-string 'event'")
     if event in ("open", "keepalive"):

@@ -156,28 +156,23 @@ def _envelope(body: str) -> dict[str, Any] | None:
 def merge(before: IncidentState | None, signal: Signal, message: Message) -> IncidentState:
     """Fold one event into its incident. Commutative for events of one firing episode."""
     stamp = (message.time, message.id)
+    # Positional arguments (key, severity, status, status_at, first_seen, last_seen, events,
+    # version): one state is built per recorded event.
     if before is None:
         return IncidentState(
-            key=signal.key,
-            severity=signal.severity,
-            status=signal.status,
-            status_at=stamp,
-            first_seen=message.time,
-            last_seen=message.time,
-            events=1,
-            version=1,
+            signal.key, signal.severity, signal.status, stamp, message.time, message.time, 1, 1
         )
     newer = stamp > before.status_at
     status = signal.status if newer else before.status
     severity = max(before.severity, signal.severity)
-    changed = (severity, status) != (before.severity, before.status)
+    changed = severity != before.severity or status != before.status
     return IncidentState(
-        key=before.key,
-        severity=severity,
-        status=status,
-        status_at=stamp if newer else before.status_at,
-        first_seen=min(before.first_seen, message.time),
-        last_seen=max(before.last_seen, message.time),
-        events=before.events + 1,
-        version=before.version + 1 if changed else before.version,
+        before.key,
+        severity,
+        status,
+        stamp if newer else before.status_at,
+        min(before.first_seen, message.time),
+        max(before.last_seen, message.time),
+        before.events + 1,
+        before.version + 1 if changed else before.version,
     )
