@@ -21,6 +21,7 @@ import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import structlog
@@ -250,8 +251,9 @@ class _Batch:
         self.sequences: dict[tuple[str, str], str] = {}
         self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
         self.note_append: NoteAppend | None = None
+        self.ts_text = audit.rfc3339(now)  # every record of the batch shares it
         # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
-        self.fold_ts = cadence.parse_ts(audit.rfc3339(now))
+        self.fold_ts = cadence.parse_ts(self.ts_text)
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -473,7 +475,7 @@ class _Batch:
             sequence_id=message.sequence_id,
             sha256=message.raw_sha256,
         )
-        self.journal.append(audit.encode(record))
+        self.journal.append(_event_line(self.ts_text, message, view, decision))
         # The fold of `record` (what `apply(record)` does), from the values at hand.
         self.work.apply_event(key, view.severity, view.status, outcome, delivery_key, self.fold_ts)
         result = self.result
@@ -531,6 +533,29 @@ _SAVE_INCIDENT = (
     " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
     " events = excluded.events, version = excluded.version"
 )
+
+
+# What json.dumps(..., ensure_ascii=True) writes a string as (CPython's own C escaper).
+_ESC = encode_basestring_ascii
+
+
+def _event_line(
+    ts: str, message: Message, view: cadence.IncidentView, decision: cadence.Decision
+) -> str:
+    """`audit.encode` of the record `message()` builds with `cadence.event_record`, written out
+    field by field: ~1.5 us less per event than the general encoder. The same text, held so by
+    test_the_written_out_event_line_is_what_audit_encode_writes."""
+    key = decision.delivery_key
+    delivery = "" if key is None else f',"delivery_key":{_ESC(key)}'
+    expires = "" if message.expires is None else f',"expires":{message.expires}'
+    sequence = "" if message.sequence_id is None else f',"sequence_id":{_ESC(message.sequence_id)}'
+    return (
+        f'{{"ts":{_ESC(ts)},"kind":"event","event_id":{_ESC(message.id)},'
+        f'"incident":{_ESC(view.key)},"severity":{view.severity},"status":{_ESC(view.status)},'
+        f'"outcome":{_ESC(decision.outcome)},"reason":{_ESC(decision.reason)}{delivery},'
+        f'"topic":{_ESC(message.topic)},"time":{message.time}{expires}{sequence},'
+        f'"sha256":{_ESC(message.raw_sha256)}}}'
+    )
 
 
 def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
