@@ -40,7 +40,7 @@ from ntfy_intake.pipeline import append_info_entry, append_triage_entry
 from ntfy_intake.testbed.emulator.wire import MESSAGE, Event
 
 INCIDENTS = 50
-BATCH = 500  # pipeline.MAX_BATCH
+BATCH = 500  # pipeline.MAX_BATCH; a replay that keeps up gets smaller ones (--batch)
 TOPICS = frozenset({"alerts", "backups"})
 START = 1_764_470_000  # the backlog's first `time`
 ID_ALPHABET = string.ascii_letters + string.digits
@@ -94,8 +94,10 @@ class Recorded:
     inbox_rows: list[tuple[object, ...]]
 
 
-def record_all(directory: Path, decoded: list[frames.Frame], now: float) -> Recorded:
-    """Batches of 500 through record_batch + audit.flush on a fresh store in `directory`."""
+def record_all(
+    directory: Path, decoded: list[frames.Frame], now: float, batch_size: int = BATCH
+) -> Recorded:
+    """Batches through record_batch + audit.flush on a fresh store in `directory`."""
     conn = db.connect(directory / "intake.sqlite3")
     db.migrate(conn, migrations())
     policy = cadence.Policy()
@@ -104,8 +106,8 @@ def record_all(directory: Path, decoded: list[frames.Frame], now: float) -> Reco
     record_s = flush_s = 0.0
     records: list[dict[str, Any]] = []
     try:
-        for start in range(0, len(decoded), BATCH):
-            batch: list[Any] = decoded[start : start + BATCH]
+        for start in range(0, len(decoded), batch_size):
+            batch: list[Any] = decoded[start : start + batch_size]
             at = now + start / 10_000  # the clock moves on between batches, as in a replay
             began = time.thread_time()
             result = inbox.record_batch(
@@ -133,7 +135,9 @@ def record_all(directory: Path, decoded: list[frames.Frame], now: float) -> Reco
     return Recorded(record_s, flush_s, records, rows)
 
 
-def plain_executemany(directory: Path, rows: list[tuple[object, ...]]) -> float:
+def plain_executemany(
+    directory: Path, rows: list[tuple[object, ...]], batch_size: int = BATCH
+) -> float:
     """The reference: the same inbox rows, one executemany per batch, one transaction each."""
     conn = db.connect(directory / "plain.sqlite3")
     try:
@@ -149,9 +153,9 @@ def plain_executemany(directory: Path, rows: list[tuple[object, ...]]) -> float:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         began = time.thread_time()
-        for start in range(0, len(rows), BATCH):
+        for start in range(0, len(rows), batch_size):
             with db.write_txn(conn):
-                conn.executemany(insert, rows[start : start + BATCH])
+                conn.executemany(insert, rows[start : start + batch_size])
         return time.thread_time() - began
     finally:
         conn.close()
@@ -176,7 +180,7 @@ class Figures:
     dumps: float
 
 
-def measure(n: int, repeat: int, workdir: Path | None) -> Figures:
+def measure(n: int, repeat: int, workdir: Path | None, batch_size: int = BATCH) -> Figures:
     chunks = backlog_lines(n)
     best: dict[str, float] = {}
 
@@ -189,8 +193,8 @@ def measure(n: int, repeat: int, workdir: Path | None) -> Figures:
         decoded: list[frames.Frame] = []
         keep("decode", cpu(functools.partial(lambda out: out.extend(decode_all(chunks)), decoded)))
         with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=workdir) as tmp:
-            recorded = record_all(Path(tmp), decoded, now)
-            keep("plain", plain_executemany(Path(tmp), recorded.inbox_rows))
+            recorded = record_all(Path(tmp), decoded, now, batch_size)
+            keep("plain", plain_executemany(Path(tmp), recorded.inbox_rows, batch_size))
         keep("record", recorded.record_s)
         keep("flush", recorded.flush_s)
         keep("dumps", cpu(functools.partial(bare_dumps, recorded.records)))
@@ -203,7 +207,7 @@ def measure(n: int, repeat: int, workdir: Path | None) -> Figures:
 
 def profile(n: int, workdir: Path | None, top: int) -> None:
     chunks = backlog_lines(n)
-    profiler = cProfile.Profile(time.thread_time)  # CPU, not the wait for fsync
+    profiler = cProfile.Profile()
     with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=workdir) as tmp:
         profiler.enable()
         decoded = decode_all(chunks)
@@ -218,17 +222,20 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="work dir (default: a temp dir)")
+    parser.add_argument("--batch", type=int, default=BATCH, help="frames per record_batch")
     parser.add_argument("--profile", action="store_true", help="print cProfile's top functions")
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
     if args.profile:
         profile(args.events, args.dir, args.top)
         return
-    f = measure(args.events, args.repeat, args.dir)
+    f = measure(args.events, args.repeat, args.dir, args.batch)
     n = args.events
-    print(f"{n:,} events, best of {args.repeat}, CPU us/event (this thread)")
+    print(
+        f"{n:,} events, batches of {args.batch}, best of {args.repeat}, CPU us/event (this thread)"
+    )
     print(f"decode  feed + decode_line        {f.decode:6.1f}   bare json.loads   {f.loads:5.1f}")
-    print(f"record  record_batch (500/batch)  {f.record:6.1f}   plain executemany {f.plain:5.1f}")
+    print(f"record  record_batch              {f.record:6.1f}   plain executemany {f.plain:5.1f}")
     print(f"flush   audit.flush per batch     {f.flush:6.1f}")
     print(f"encode  audit.encode              {f.encode:6.1f}   bare json.dumps   {f.dumps:5.1f}")
     total = f.decode + f.record + f.flush
