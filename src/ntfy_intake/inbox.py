@@ -240,7 +240,8 @@ class _Batch:
         self.result = BatchResult()
         self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
         self.touched: dict[str, incidents.IncidentState] = {}
-        self.stored: dict[str, incidents.IncidentState] = {}  # as the batch found them
+        # As the batch found them (None: not recorded yet), for every key prefetch_incidents read.
+        self.stored: dict[str, incidents.IncidentState | None] = {}
         self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
         self.collecting: dict[str, bool] = {}
         self.collecting_stored: set[str] | None = None  # delivery keys, read once when needed
@@ -301,6 +302,7 @@ class _Batch:
                 if joined is not None:
                     keys.add(joined)
         wanted = sorted(keys)
+        self.stored.update(dict.fromkeys(wanted))
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             marks = ",".join("?" * len(chunk))
