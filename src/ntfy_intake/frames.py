@@ -361,10 +361,8 @@ def validate_message(obj: dict[str, Any], text: str, topics: frozenset[str]) -> 
     priority = obj.get("priority")
     if priority is not None and (type(priority) is not int or not 1 <= priority <= 5):
         return Junk(text, "'priority' is not an integer from 1 to 5", event_id)
-    tags = obj.get("tags", ())
-    if type(tags) is not list and tags != ():
-        return Junk(text, "'tags' is not a list of strings", event_id)
-    if tags and not all(type(tag) is str for tag in tags):
+    tags = obj.get("tags", _NO_TAGS)
+    if type(tags) is not list or (tags and not all(type(tag) is str for tag in tags)):
         return Junk(text, "'tags' is not a list of strings", event_id)
     sequence_id = obj.get("sequence_id")
     if sequence_id is not None and (
@@ -389,6 +387,7 @@ def validate_message(obj: dict[str, Any], text: str, topics: frozenset[str]) -> 
     )
 
 
+_NO_TAGS: list[str] = []  # read only: a message without `tags`
 _ID_MATCH = ID_RE.fullmatch
 _TOPIC_MATCH = TOPIC_RE.fullmatch
 
