@@ -5,15 +5,18 @@ the daemon's own per-event code, each part next to a plain reference in the same
 
 - decode: `NdjsonDecoder.feed` (one chunk per frame, as ntfy writes) + `decode_line`;
   reference: a bare `json.loads` of each line;
-- record: `inbox.record_batch` in batches of 500 on a fresh database (as pipeline.py calls it),
+- record: `inbox.record_batch` in batches of 500 (`--batch`) on a fresh database (as pipeline.py
+  calls it),
   then `audit.flush` of the batch (lines, fsync, mark); reference: one `executemany` of the same
   inbox rows per transaction, into a table of the same columns;
-- encode: `audit.encode` of every event record the replay wrote; reference: a bare `json.dumps`.
+- encode: `audit.encode` of every event record the replay wrote (the general encoder of every
+  other record; the inbox writes its event lines field by field); reference: a bare `json.dumps`.
 
 CPU is `time.thread_time()` of this thread (SQLite runs in it), the best of `--repeat` runs, in
 microseconds per event. `--profile` prints cProfile's top functions of one decode + record run.
 
-Run alone: uv run python bench/bench_writer.py [--events 10000] [--repeat 3] [--profile]
+Run alone: uv run python bench/bench_writer.py [--events 10000] [--repeat 3] [--batch 500]
+[--profile]; `rows(measure(...))` gives the table rows for run_all.py.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _common import Row, ratio
 from ntfy_intake import audit, cadence, db, frames, inbox
 from ntfy_intake.daemon import migrations
 from ntfy_intake.owner_queue import OwnerQueue
@@ -190,8 +194,9 @@ def measure(n: int, repeat: int, workdir: Path | None, batch_size: int = BATCH) 
     now = float(START + 60)
     for run in range(repeat):
         keep("loads", cpu(lambda: bare_loads(chunks)))
-        decoded: list[frames.Frame] = []
-        keep("decode", cpu(functools.partial(lambda out: out.extend(decode_all(chunks)), decoded)))
+        began = time.thread_time()
+        decoded = decode_all(chunks)
+        keep("decode", time.thread_time() - began)
         with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=workdir) as tmp:
             recorded = record_all(Path(tmp), decoded, now, batch_size)
             keep("plain", plain_executemany(Path(tmp), recorded.inbox_rows, batch_size))
@@ -203,6 +208,26 @@ def measure(n: int, repeat: int, workdir: Path | None, batch_size: int = BATCH) 
             raise RuntimeError(f"recorded {len(recorded.inbox_rows)} of {n} events")
     per_event = {name: seconds / n * 1e6 for name, seconds in best.items()}
     return Figures(**per_event)
+
+
+def rows(f: Figures, n: int, batch_size: int = BATCH) -> list[Row]:
+    """The figures as results-table rows, each next to its same-run reference."""
+    prefix = f"writer in-process, {n:,} events, batches of {batch_size}: CPU per event"
+    return [
+        Row(
+            f"{prefix}, decode (feed + decode_line)",
+            f"{f.decode:.1f} us",
+            f"bare json.loads {f.loads:.1f} us",
+            ratio(f.decode, f.loads),
+        ),
+        Row(
+            f"{prefix}, inbox.record_batch",
+            f"{f.record:.1f} us",
+            f"plain executemany of the inbox rows {f.plain:.1f} us",
+            ratio(f.record, f.plain),
+        ),
+        Row(f"{prefix}, audit.flush", f"{f.flush:.1f} us"),
+    ]
 
 
 def profile(n: int, workdir: Path | None, top: int) -> None:
