@@ -59,6 +59,9 @@ class BatchResult:
     state: cadence.CadenceState | None = None  # the cadence state with them folded in
 
 
+# A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
+# this test runs once per frame.
+_EVENT_TYPES = (Message, DeviceAction, Ignored)
 # Runs inside the batch's transaction after its rows are written (the backfill's own record).
 InTransaction = Callable[[sqlite3.Connection, "BatchResult"], None]
 # Appends an information entry for agents (a delete/clear whose request already went out):
@@ -123,7 +126,7 @@ def _record_batch(
     batch = _Batch(conn, now, queue.policy, state.fork())
     batch.note_append = note_append
     with db.write_txn(conn, before_commit=before_commit):
-        events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
+        events = [f for f in frames if isinstance(f, _EVENT_TYPES)]
         batch.prefetch([f.id for f in events])
         batch.prefetch_sequences(events)
         batch.prefetch_incidents(events)
