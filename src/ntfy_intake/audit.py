@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import db
+from ntfy_intake import db, jsonsafe
 from ntfy_intake.errors import AuditWriteError
 
 SCHEMA_VERSION = 1
@@ -40,11 +40,15 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# json.dumps(record, separators=(",", ":"), ensure_ascii=True), built once: the same text.
+_COMPACT = jsonsafe.compact_encoder(sort_keys=False)
+
+
 def encode(record: Mapping[str, Any]) -> str:
     """A complete record (`ts` and `kind` first) as the journal stores it; None values dropped."""
-    return json.dumps(
-        {k: v for k, v in record.items() if v is not None}, separators=(",", ":"), ensure_ascii=True
-    )
+    if not isinstance(record, dict) or None in record.values():
+        record = {k: v for k, v in record.items() if v is not None}
+    return _COMPACT(record)
 
 
 def stage(conn: sqlite3.Connection, kind: str, now: float, **fields: Any) -> None:

@@ -17,11 +17,12 @@ after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring_ascii
+from typing import Any
 
 import structlog
 
@@ -58,6 +59,9 @@ class BatchResult:
     state: cadence.CadenceState | None = None  # the cadence state with them folded in
 
 
+# A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
+# this test runs once per frame.
+_EVENT_TYPES = (Message, DeviceAction, Ignored)
 # Runs inside the batch's transaction after its rows are written (the backfill's own record).
 InTransaction = Callable[[sqlite3.Connection, "BatchResult"], None]
 # Appends an information entry for agents (a delete/clear whose request already went out):
@@ -122,9 +126,10 @@ def _record_batch(
     batch = _Batch(conn, now, queue.policy, state.fork())
     batch.note_append = note_append
     with db.write_txn(conn, before_commit=before_commit):
-        events = [f for f in frames if isinstance(f, Message | DeviceAction | Ignored)]
+        events = [f for f in frames if isinstance(f, _EVENT_TYPES)]
         batch.prefetch([f.id for f in events])
         batch.prefetch_sequences(events)
+        batch.prefetch_incidents(events)
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
                 batch.message(index, frame)
@@ -238,7 +243,11 @@ class _Batch:
         self.result = BatchResult()
         self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
         self.touched: dict[str, incidents.IncidentState] = {}
+        # As the batch found them (None: not recorded yet), for every key prefetch_incidents read.
+        self.stored: dict[str, incidents.IncidentState | None] = {}
+        self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
         self.collecting: dict[str, bool] = {}
+        self.collecting_stored: set[str] | None = None  # delivery keys, read once when needed
         self.inbox_rows: list[tuple[object, ...]] = []
         self.attach_rows: list[tuple[str, str]] = []
         self.journal: list[str] = []  # event records, staged together at the end
@@ -246,6 +255,9 @@ class _Batch:
         self.sequences: dict[tuple[str, str], str] = {}
         self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
         self.note_append: NoteAppend | None = None
+        self.ts_text = audit.rfc3339(now)  # every record of the batch shares it
+        # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
+        self.fold_ts = cadence.parse_ts(self.ts_text)
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -274,6 +286,31 @@ class _Batch:
                 chunk,
             ):
                 self.sequences.setdefault((topic, sequence), key)
+
+    def prefetch_incidents(self, events: Sequence[Event]) -> None:
+        """The signal of each message this batch will record, and every incident they name, in
+        one query (a backlog repeats a few incidents: one lookup each per batch, not per event).
+        Duplicates and conflicts are skipped as `_seen` will skip them."""
+        ids = set(self.known)
+        keys: set[str] = set()
+        for event in events:
+            if event.id in ids:
+                continue
+            ids.add(event.id)
+            if isinstance(event, Message):
+                signal = incidents.signal_of(event)
+                self.signals[event.id] = signal
+                keys.add(signal.key)
+                joined = self.sequences.get((event.topic, event.sequence))
+                if joined is not None:
+                    keys.add(joined)
+        wanted = sorted(keys)
+        self.stored.update(dict.fromkeys(wanted))
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(f"{_SELECT_INCIDENT} WHERE key IN ({marks})", chunk):
+                self.stored[row[0]] = _incident(row)
 
     def _seen(self, index: int, event: Event) -> bool:
         """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""
@@ -374,89 +411,102 @@ class _Batch:
         self.note_append(self.conn, event.id, payload, summary, self.now)
 
     def message(self, index: int, message: Message) -> None:
-        result = self.result
-        if self._seen(index, message):
+        # Runs once per event of every replay: values are read once into locals.
+        event_id = message.id
+        if event_id in self.known and self._seen(index, message):
             return
-
-        signal = incidents.signal_of(message)
-        joined = self.sequences.get((message.topic, message.sequence))
-        if joined is not None and joined != signal.key:
+        self.known[event_id] = message.raw_sha256
+        now = self.now
+        signal = self.signals.get(event_id) or incidents.signal_of(message)
+        key = signal.key
+        sequence = (message.topic, message.sequence_id or event_id)
+        joined = self.sequences.get(sequence)
+        if joined is None:
+            self.sequences[sequence] = key
+            self.new_sequences[sequence] = key
+        elif joined != key:
             # An update (or the original, after its update): one sequence, one incident.
-            signal = dataclasses.replace(signal, key=joined)
-        elif joined is None:
-            self.sequences[(message.topic, message.sequence)] = signal.key
-            self.new_sequences[(message.topic, message.sequence)] = signal.key
-        before = self.touched.get(signal.key) or _load_incident(self.conn, signal.key)
+            signal = signal._replace(key=joined)
+            key = joined
+        before = self.touched.get(key) or self._stored_incident(key)
         after = incidents.merge(before, signal, message)
-        self.touched[signal.key] = after
-        view = cadence.IncidentView(after.key, after.severity, after.status, is_new=before is None)
-        decision = self.work.decide_event(self.policy, view, message.id, self.now)
-        if decision.outcome == "joined" and not self._still_collecting(decision.delivery_key):
+        self.touched[key] = after
+        view = cadence.IncidentView(key, after.severity, after.status, before is None)
+        decision = self.work.decide_event(self.policy, view, event_id, now)
+        outcome = decision.outcome
+        if outcome == "joined" and not self._still_collecting(decision.delivery_key):
             # Only a wall clock stepping backwards can close a window early; never join a
             # request whose payload is already frozen: open a fresh one instead.
             decision = cadence.Decision(
                 "triage_requested",
                 "window_closed",
-                cadence.delivery_key_for(message.id),
-                self.now + self.policy.debounce,
+                cadence.delivery_key_for(event_id),
+                now + self.policy.debounce,
             )
-        if decision.outcome == "triage_requested":
-            assert decision.delivery_key is not None and decision.due_at is not None
-            outbox.create(
-                self.conn,
-                decision.delivery_key,
-                signal.key,
-                decision.reason,
-                decision.due_at,
-                self.now,
-            )
-            self.collecting[decision.delivery_key] = True
-        if decision.delivery_key is not None:
-            self.attach_rows.append((decision.delivery_key, message.id))
+            outcome = decision.outcome
+        delivery_key = decision.delivery_key
+        if outcome == "triage_requested":
+            assert delivery_key is not None and decision.due_at is not None
+            outbox.create(self.conn, delivery_key, key, decision.reason, decision.due_at, now)
+            self.collecting[delivery_key] = True
+        if delivery_key is not None:
+            self.attach_rows.append((delivery_key, event_id))
         self.inbox_rows.append(
             (
-                message.id,
+                event_id,
                 message.topic,
                 message.time,
                 message.expires,
                 message.raw,
                 message.raw_sha256,
-                signal.key,
+                key,
                 signal.severity,
-                decision.outcome,
+                outcome,
                 decision.reason,
-                decision.delivery_key,
-                self.now,
+                delivery_key,
+                now,
                 "message",
-                message.sequence,
+                sequence[1],
             )
         )
         record = cadence.event_record(
             decision,
             view,
-            message.id,
-            self.now,
+            event_id,
+            now,
             topic=message.topic,
             time=message.time,
             expires=message.expires,
             sequence_id=message.sequence_id,
             sha256=message.raw_sha256,
         )
-        self.journal.append(audit.encode(record))
-        self.work.apply(record)
+        self.journal.append(_event_line(self.ts_text, message, view, decision))
+        # The fold of `record` (what `apply(record)` does), from the values at hand.
+        self.work.apply_event(key, view.severity, view.status, outcome, delivery_key, self.fold_ts)
+        result = self.result
         result.records.append(record)
         result.recorded += 1
-        result.candidates.append(Candidate(index, message.id, message.time, message.cached))
+        result.candidates.append(Candidate(index, event_id, message.time, message.cached))
 
     def _still_collecting(self, key: str | None) -> bool:
         if key is None:
             return False
         if key not in self.collecting:
-            row = self.conn.execute(
-                "SELECT state FROM outbox WHERE delivery_key = ?", (key,)
-            ).fetchone()
-            self.collecting[key] = row is not None and row[0] == "collecting"
+            if self.collecting_stored is None:
+                # Few rows (one per open debounce window), on the index outbox_due.
+                self.collecting_stored = {
+                    row[0]
+                    for row in self.conn.execute(
+                        "SELECT delivery_key FROM outbox WHERE state = 'collecting'"
+                    )
+                }
+            self.collecting[key] = key in self.collecting_stored
         return self.collecting[key]
+
+    def _stored_incident(self, key: str) -> incidents.IncidentState | None:
+        if key in self.stored:
+            return self.stored[key]
+        return _load_incident(self.conn, key)  # a key prefetch_incidents did not foresee
 
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
@@ -472,19 +522,53 @@ class _Batch:
             "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
             self.attach_rows,
         )
-        for state in self.touched.values():
-            _save_incident(self.conn, state)
+        self.conn.executemany(_SAVE_INCIDENT, [_incident_row(s) for s in self.touched.values()])
         audit.stage_encoded(self.conn, self.journal)
 
 
+_SELECT_INCIDENT = (
+    "SELECT key, severity, status, status_time, status_event, first_seen, last_seen, events,"
+    " version FROM incidents"
+)
+_SAVE_INCIDENT = (
+    "INSERT INTO incidents(key, severity, status, status_time, status_event, first_seen,"
+    " last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity, status = excluded.status,"
+    " status_time = excluded.status_time, status_event = excluded.status_event,"
+    " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
+    " events = excluded.events, version = excluded.version"
+)
+
+
+# What json.dumps(..., ensure_ascii=True) writes a string as (CPython's own C escaper).
+_ESC = encode_basestring_ascii
+
+
+def _event_line(
+    ts: str, message: Message, view: cadence.IncidentView, decision: cadence.Decision
+) -> str:
+    """`audit.encode` of the record `message()` builds with `cadence.event_record`, written out
+    field by field: ~1.5 us less per event than the general encoder. The same text, held so by
+    test_the_written_out_event_line_is_what_audit_encode_writes."""
+    key = decision.delivery_key
+    delivery = "" if key is None else f',"delivery_key":{_ESC(key)}'
+    expires = "" if message.expires is None else f',"expires":{message.expires}'
+    sequence = "" if message.sequence_id is None else f',"sequence_id":{_ESC(message.sequence_id)}'
+    return (
+        f'{{"ts":{_ESC(ts)},"kind":"event","event_id":{_ESC(message.id)},'
+        f'"incident":{_ESC(view.key)},"severity":{view.severity},"status":{_ESC(view.status)},'
+        f'"outcome":{_ESC(decision.outcome)},"reason":{_ESC(decision.reason)}{delivery},'
+        f'"topic":{_ESC(message.topic)},"time":{message.time}{expires}{sequence},'
+        f'"sha256":{_ESC(message.raw_sha256)}}}'
+    )
+
+
 def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
-    row = conn.execute(
-        "SELECT key, severity, status, status_time, status_event, first_seen, last_seen, events,"
-        " version FROM incidents WHERE key = ?",
-        (key,),
-    ).fetchone()
-    if row is None:
-        return None
+    row = conn.execute(f"{_SELECT_INCIDENT} WHERE key = ?", (key,)).fetchone()
+    return None if row is None else _incident(row)
+
+
+def _incident(row: Sequence[Any]) -> incidents.IncidentState:
     return incidents.IncidentState(
         key=row[0],
         severity=row[1],
@@ -497,25 +581,17 @@ def _load_incident(conn: sqlite3.Connection, key: str) -> incidents.IncidentStat
     )
 
 
-def _save_incident(conn: sqlite3.Connection, state: incidents.IncidentState) -> None:
-    conn.execute(
-        "INSERT INTO incidents(key, severity, status, status_time, status_event, first_seen,"
-        " last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity, status = excluded.status,"
-        " status_time = excluded.status_time, status_event = excluded.status_event,"
-        " first_seen = excluded.first_seen, last_seen = excluded.last_seen,"
-        " events = excluded.events, version = excluded.version",
-        (
-            state.key,
-            state.severity,
-            state.status,
-            state.status_at[0],
-            state.status_at[1],
-            state.first_seen,
-            state.last_seen,
-            state.events,
-            state.version,
-        ),
+def _incident_row(state: incidents.IncidentState) -> tuple[object, ...]:
+    return (
+        state.key,
+        state.severity,
+        state.status,
+        state.status_at[0],
+        state.status_at[1],
+        state.first_seen,
+        state.last_seen,
+        state.events,
+        state.version,
     )
 
 

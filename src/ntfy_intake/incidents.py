@@ -18,10 +18,10 @@ between the two events.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ntfy_intake import sanitize
 from ntfy_intake.frames import Message
@@ -64,8 +64,8 @@ _MASKS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Signal:
+# NamedTuples, not frozen dataclasses: one of each is built per recorded event, ~3x cheaper.
+class Signal(NamedTuple):
     """What one event says about its incident."""
 
     key: str
@@ -74,8 +74,7 @@ class Signal:
     envelope: bool  # the key came from a JSON envelope
 
 
-@dataclass(frozen=True, slots=True)
-class IncidentState:
+class IncidentState(NamedTuple):
     key: str
     severity: int
     status: Status
@@ -116,14 +115,33 @@ def signal_of(message: Message) -> Signal:
             if env_status in ("firing", "resolved"):
                 status = env_status
             return Signal(normalise_title(key), severity, status, envelope=True)
-    if message.title is not None and message.title.strip():
-        key = normalise_title(message.title)
-    else:
-        key = normalise_first_line(message.message)
+    title = message.title
+    if title is not None:
+        titled = (
+            _titled_key(message.topic, title)
+            if len(title) <= _CACHED_TITLE
+            else _titled_key.__wrapped__(message.topic, title)
+        )
+        if titled is not None:
+            return Signal(titled, severity, status, envelope=False)
+    key = normalise_first_line(message.message)
     return Signal(f"{message.topic}:{key}", severity, status, envelope=False)
 
 
+# A backlog repeats a few titles many times: their keys are cached (short titles only, so the
+# cache stays small whatever publishers send).
+_CACHED_TITLE = 256
+
+
+@functools.lru_cache(maxsize=1024)
+def _titled_key(topic: str, title: str) -> str | None:
+    """The key of a message with this title, or None when the title is blank."""
+    return f"{topic}:{normalise_title(title)}" if title.strip() else None
+
+
 def _envelope(body: str) -> dict[str, Any] | None:
+    if "{" not in body:  # the common case, without copying the body
+        return None
     stripped = body.strip()
     if not stripped.startswith("{"):
         return None
@@ -138,28 +156,23 @@ def _envelope(body: str) -> dict[str, Any] | None:
 def merge(before: IncidentState | None, signal: Signal, message: Message) -> IncidentState:
     """Fold one event into its incident. Commutative for events of one firing episode."""
     stamp = (message.time, message.id)
+    # Positional arguments (key, severity, status, status_at, first_seen, last_seen, events,
+    # version): one state is built per recorded event.
     if before is None:
         return IncidentState(
-            key=signal.key,
-            severity=signal.severity,
-            status=signal.status,
-            status_at=stamp,
-            first_seen=message.time,
-            last_seen=message.time,
-            events=1,
-            version=1,
+            signal.key, signal.severity, signal.status, stamp, message.time, message.time, 1, 1
         )
     newer = stamp > before.status_at
     status = signal.status if newer else before.status
     severity = max(before.severity, signal.severity)
-    changed = (severity, status) != (before.severity, before.status)
+    changed = severity != before.severity or status != before.status
     return IncidentState(
-        key=before.key,
-        severity=severity,
-        status=status,
-        status_at=stamp if newer else before.status_at,
-        first_seen=min(before.first_seen, message.time),
-        last_seen=max(before.last_seen, message.time),
-        events=before.events + 1,
-        version=before.version + 1 if changed else before.version,
+        before.key,
+        severity,
+        status,
+        stamp if newer else before.status_at,
+        min(before.first_seen, message.time),
+        max(before.last_seen, message.time),
+        before.events + 1,
+        before.version + 1 if changed else before.version,
     )

@@ -668,3 +668,51 @@ def test_a_month_of_steady_traffic_keeps_the_state_small() -> None:
             run.records.clear()  # the harness keeps no history; the state is what is measured
     per_minute_in_window = policy.retention / 60
     assert run.state.size <= per_minute_in_window * 1.1
+
+
+# Times far enough apart to leave the retention window (26 h), in any order: clock steps back too.
+_SWEEP_TIMES = [BASE + offset for offset in (0.0, 1.0, 120.0, 50_000.0, 100_000.0, 200_000.0)]
+_folded_records = st.one_of(
+    st.builds(
+        lambda ts, incident, outcome, key, severity, status: event_record(
+            Decision(outcome, "r", None if outcome == S else key),
+            IncidentView(incident, severity, status, False),
+            "e1",
+            ts,
+        ),
+        st.sampled_from(_SWEEP_TIMES),
+        st.sampled_from(["disk", "cpu", "net"]),
+        st.sampled_from([TR, J, S]),
+        st.sampled_from(["tri_a", "tri_b"]),
+        st.integers(1, 5),
+        st.sampled_from([F, R]),
+    ),
+    st.builds(
+        lambda ts, key, notice: owner_record(
+            key,
+            ts,
+            message_kind="notice" if notice else "triage",
+            notice=notice,
+            result="queued",
+        ),
+        st.sampled_from(_SWEEP_TIMES),
+        st.sampled_from(["k1", "k2", "k3"]),
+        st.sampled_from([None, "gap"]),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_folded_records, max_size=20))
+def test_a_fold_that_skips_the_sweep_leaves_nothing_a_sweep_would_remove(
+    records: list[dict[str, Any]],
+) -> None:
+    """`apply` sweeps only when the clock moved or an entry was added or moved: after every
+    record, sweeping a copy again must find nothing to drop (else a dead entry could decide)."""
+    state = CadenceState.empty()
+    for record in records:
+        state.apply(record)
+        swept = state.fork()
+        swept._sweep(everything=False)  # what `apply` used to do after every record
+        assert swept.size == state.size
+        assert swept.snapshot() == state.snapshot()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -235,3 +236,34 @@ def test_largest_configurable_message_with_json_escaping_is_accepted() -> None:
     assert len(lines) == 1 and isinstance(lines[0], bytes)
     frame = decode_line(lines[0], TOPICS)
     assert isinstance(frame, Message) and frame.message == body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPE = re.compile(r"\\u[0-9a-f]{4}")
+# st.text() leaves lone surrogates out even when its alphabet has them: lists of characters do not.
+_surrogate_text = st.lists(
+    st.one_of(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), st.characters()),
+    max_size=8,
+).map("".join)
+
+
+@given(
+    title=_surrogate_text,
+    message=_surrogate_text,
+    tag=_surrogate_text,
+    upper=st.booleans(),
+)
+def test_a_lone_surrogate_escape_in_either_case_never_reaches_a_decoded_field(
+    title: str, message: str, tag: str, upper: bool
+) -> None:
+    """Decoding skips the surrogate walk for a line without a surrogate escape: whatever the
+    case of the escape's hex digits, a lone surrogate must still be replaced."""
+    text = line(title=title, message=message, tags=[tag]).decode()
+    if upper:
+        text = _ESCAPE.sub(lambda m: m.group(0)[:2] + m.group(0)[2:].upper(), text)
+    frame = decode_line(text.encode(), TOPICS)
+    assert isinstance(frame, Message), frame
+    for field in (frame.title or "", frame.message, *frame.tags):
+        assert not _SURROGATE.search(field), field
+    # The stored raw keeps what was sent (as canonical JSON), surrogates and all.
+    assert json.loads(frame.raw) == json.loads(text)
