@@ -24,6 +24,7 @@ import bench_latency
 import bench_read
 import bench_replay
 import bench_spawn
+import bench_writer
 from _common import Row, daemon, daemon_env, machine, met, proc_status, ratio, render
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -134,6 +135,8 @@ def main() -> int:
                 replays.append(replay)
         step(f"read side {big:,} frames")
         rows += bench_read.rows(big)
+        step(f"writer in-process {big:,} events")
+        rows += bench_writer.rows(bench_writer.measure(big, 3, work), big)
         step("fsync counts (strace)")
         rows += bench_replay.fsync_rows(small, bench_replay.fsync_counts(small, work))
         step("spawn -> subscribed")
