@@ -248,8 +248,10 @@ def test_http_port_in_use_leaves_intake_running_and_health_degraded_everywhere(
             emu.wait_for_subscribers(1)
             event = emu.publish("alerts", "disk full", title="Disk")["id"]
             wait_until(lambda: event in event_ids(tmp_path))
-            assert running.daemon is not None and running.daemon.http_error is not None
             daemon = running.daemon
+            assert daemon is not None
+            # The HTTP surface loads once intake has caught up (daemon._after_subscribing).
+            wait_until(lambda: daemon.http_error is not None, what="the bind failure")
             wait_until(
                 lambda: (
                     json.loads(cli(env, "status", "--json").stdout)["health"]["state"] == "degraded"
