@@ -1,0 +1,302 @@
+"""The lean stream reader against hostile or broken servers, over real loopback sockets.
+
+Every reply a server can make must end one of two ways: read as httpx (h11) would read it, or an
+httpx.TransportError, which intake's `run` loop handles by backing off and reconnecting. Any other
+exception kills the intake task (the daemon stops), and a reply read more laxly than httpx reads
+it can hand intake bytes that are not the events the server sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ntfy_intake import intake
+from ntfy_intake.cursor import Cursor, Owed, Resume
+from ntfy_intake.http_stream import RawStreamOpener, _request_bytes
+
+from ..harness import DaemonThread, event_ids, settings_for, wait_until
+from .test_http_stream import TIMEOUTS, chunk, in_loop, read_request, serve
+
+FRAME = b'{"id":"a1","time":1700000000,"event":"message","topic":"alerts","message":"m"}\n'
+CHUNKED_OK = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(FRAME) + b"0\r\n\r\n"
+
+
+async def read_with(client: str, url: str) -> tuple[int, bytes]:
+    if client == "raw":
+        async with RawStreamOpener()(url, {"since": "all"}, {}, TIMEOUTS) as response:
+            return response.status_code, b"".join([c async for c in response.aiter_raw()])
+    async with (
+        httpx.AsyncClient() as http,
+        http.stream("GET", url, params={"since": "all"}, timeout=TIMEOUTS) as response,
+    ):
+        return response.status_code, b"".join([c async for c in response.aiter_raw()])
+
+
+async def outcome(client: str, reply: bytes, *, byte_by_byte: bool = False) -> object:
+    """What reading `reply` gives: (status, body), or the exception's type."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for piece in (reply[i : i + 1] for i in range(len(reply))) if byte_by_byte else [reply]:
+            writer.write(piece)
+            await writer.drain()
+            if byte_by_byte:
+                await asyncio.sleep(0.0005)
+        with contextlib.suppress(OSError):
+            await reader.read()  # until the client hangs up
+
+    async with serve(handler) as port:
+        try:
+            return await read_with(client, f"http://127.0.0.1:{port}/alerts/json")
+        except Exception as exc:
+            return type(exc)
+
+
+READ_AS_HTTPX_READS = {
+    "latin-1 byte in a header value": b"HTTP/1.1 200 OK\r\nServer: caf\xe9\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + chunk(FRAME) + b"0\r\n\r\n",
+    "garbage Date header": b"HTTP/1.1 200 OK\r\nDate: \xff\xfe\r\nContent-Length: 0\r\n\r\n",
+    "100 Continue first": b"HTTP/1.1 100 Continue\r\n\r\n" + CHUNKED_OK,
+    "103 Early Hints first": b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+    b"HTTP/1.1 102 Processing\r\n\r\n" + CHUNKED_OK,
+    "bare LF line ends in the head": b"HTTP/1.1 200 OK\nTransfer-Encoding: chunked\n\n"
+    + chunk(FRAME)
+    + b"0\r\n\r\n",
+    "bare LF head with a length": b"HTTP/1.1 200 OK\nContent-Length: %d\n\n" % len(FRAME) + FRAME,
+    "folded header line": b"HTTP/1.1 200 OK\r\nX-Note: one\r\n  two\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + chunk(FRAME) + b"0\r\n\r\n",
+    "the same Content-Length twice": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n"
+    b"Content-Length: %d\r\n\r\n" % (len(FRAME), len(FRAME)) + FRAME,
+    "Content-Length and chunked": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + chunk(FRAME) + b"0\r\n\r\n",
+}
+
+REFUSED_AS_HTTPX_REFUSES = {
+    "superscript digit in the status": b"HTTP/1.1 \xb200 OK\r\nContent-Length: 0\r\n\r\n",
+    "superscript digit in Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb9\r\n\r\nx",
+    "gzip under chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    + chunk(b"\x1f\x8b\x08\x00binary\n")
+    + b"0\r\n\r\n",
+    "a coding that only contains the word": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n"
+    b"\r\n" + chunk(FRAME) + b"0\r\n\r\n",
+    "identity coding": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\n" + FRAME,
+    "two Transfer-Encoding headers": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + chunk(FRAME) + b"0\r\n\r\n",
+    "Content-Lengths that disagree": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n"
+    b"Content-Length: 3\r\n\r\n" % len(FRAME) + FRAME,
+    "status with four digits": b"HTTP/1.1 0200 OK\r\nContent-Length: 0\r\n\r\n",
+    "NUL in a header value": b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
+    "space in a header name": b"HTTP/1.1 200 OK\r\nX Y: z\r\nContent-Length: 0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("reply", READ_AS_HTTPX_READS.values(), ids=READ_AS_HTTPX_READS.keys())
+@in_loop
+async def test_reply_httpx_reads_is_read_the_same_not_a_crash_or_a_refusal(reply: bytes) -> None:
+    expected = await outcome("httpx", reply)
+    assert isinstance(expected, tuple), expected
+    assert await outcome("raw", reply) == expected
+
+
+@pytest.mark.parametrize(
+    "reply", REFUSED_AS_HTTPX_REFUSES.values(), ids=REFUSED_AS_HTTPX_REFUSES.keys()
+)
+@in_loop
+async def test_reply_httpx_refuses_is_a_protocol_error_not_a_crash_or_payload(
+    reply: bytes,
+) -> None:
+    assert await outcome("httpx", reply) is httpx.RemoteProtocolError
+    assert await outcome("raw", reply) is httpx.RemoteProtocolError
+
+
+@in_loop
+async def test_informational_responses_split_at_every_byte_still_reach_the_stream() -> None:
+    reply = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\nLink: </x>\n\n" + CHUNKED_OK
+    assert await outcome("raw", reply, byte_by_byte=True) == (200, FRAME)
+
+
+@in_loop
+async def test_header_that_never_ends_times_out_instead_of_holding_intake() -> None:
+    """A server trickling header bytes (each read in time) must not hold the connection attempt
+    for hours: the frame watchdog only starts once the head is read."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while True:
+            writer.write(b"z")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with serve(handler) as port:
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            async with asyncio.timeout(10):  # the old reader waited for 64 KiB: ~55 min here
+                async with RawStreamOpener()(
+                    f"http://127.0.0.1:{port}/t/json", {}, {}, httpx.Timeout(2.0, read=0.5)
+                ):
+                    pass
+        assert time.monotonic() - started < 5
+
+
+@in_loop
+async def test_credentials_in_the_url_are_sent_as_httpx_sends_them() -> None:
+    """ntfy.url may hold user:pass@ (the settings mask it): httpx sends Basic auth from it, and a
+    reader that dropped it would be refused with 401 where httpx subscribes."""
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await read_request(reader))
+        writer.write(CHUNKED_OK)
+        await writer.drain()
+
+    async with serve(handler) as port:
+        url = f"http://phil:p%40ss%20word@127.0.0.1:{port}/ntfy/alerts/json"
+        for client in ("httpx", "raw"):
+            assert await read_with(client, url) == (200, FRAME)
+    token = base64.b64encode(b"phil:p@ss word").decode()
+    for request in requests:
+        assert f"\r\nAuthorization: Basic {token}\r\n".encode() in request.replace(
+            b"authorization", b"Authorization"
+        )
+        assert request.startswith(b"GET /ntfy/alerts/json?since=all HTTP/1.1\r\n")
+        assert b"phil" not in request.split(b"\r\n", 1)[0]
+
+
+def test_internationalized_host_is_sent_in_its_idna_form() -> None:
+    target = httpx.URL("https://bücher.example:8443/ntfy/alerts/json", params={"since": "1h"})
+    request = _request_bytes(target, {})
+    assert b"\r\nHost: xn--bcher-kva.example:8443\r\n" in request
+    assert request.startswith(b"GET /ntfy/alerts/json?since=1h HTTP/1.1\r\n")
+
+
+class NonAsciiHeaderNtfy(socketserver.ThreadingTCPServer):
+    """A minimal ntfy behind a proxy that adds a latin-1 header to every reply: the stream opens
+    and delivers one message, the poll returns it again."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _NonAsciiHandler)
+        self.requests: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _NonAsciiHandler(socketserver.StreamRequestHandler):
+    server: NonAsciiHeaderNtfy
+
+    def handle(self) -> None:
+        line = self.rfile.readline().decode()
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass
+        self.server.requests.append(line)
+        now = int(time.time())
+        message = {
+            "id": "evtNonAscii1",
+            "time": now,
+            "expires": now + 3600,
+            "event": "message",
+            "topic": "alerts",
+            "message": "disk full",
+        }
+        head = b"HTTP/1.1 200 OK\r\nVia: 1.1 proxy-caf\xe9\r\nTransfer-Encoding: chunked\r\n\r\n"
+        frames = [json.dumps(message).encode() + b"\n"]
+        if "poll=1" not in line:
+            opened = {"id": "o1", "time": now, "event": "open", "topic": "alerts"}
+            frames.insert(0, json.dumps(opened).encode() + b"\n")
+        self.wfile.write(head + b"".join(chunk(f) for f in frames))
+        if "poll=1" in line:
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        for _ in range(100):  # keepalives until the daemon hangs up
+            time.sleep(0.2)
+            keepalive = {"id": "k", "time": int(time.time()), "event": "keepalive"}
+            try:
+                self.wfile.write(chunk(json.dumps(keepalive).encode() + b"\n"))
+            except OSError:
+                return
+
+
+@contextmanager
+def non_ascii_ntfy() -> Iterator[NonAsciiHeaderNtfy]:
+    server = NonAsciiHeaderNtfy()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_latin1_byte_in_a_proxy_header_does_not_stop_the_daemon(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with non_ascii_ntfy() as ntfy:
+        daemon = DaemonThread(settings_for(ntfy.url, state, ntfy_cache_settle="100ms"))
+        with daemon:
+            wait_until(lambda: "evtNonAscii1" in event_ids(state), what="the event recorded")
+            assert daemon.daemon is not None and not daemon.daemon.failed
+        assert event_ids(state).count("evtNonAscii1") == 1
+
+
+@in_loop
+async def test_body_trickling_one_byte_at_a_time_still_trips_the_frame_watchdog() -> None:
+    """Bytes that never finish a frame must not keep a dead stream alive (keepalive_timeout)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffff\r\n{")
+        while True:
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async def resume() -> Resume:
+        return Resume(Cursor("all", "all"), None, 0, None, None)
+
+    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
+        raise AssertionError("no 400 here")
+
+    async def owe(since: int, gap_from: int | None) -> Owed:
+        return Owed(since, 0, gap_from)
+
+    async with serve(handler) as port, httpx.AsyncClient() as client:
+        health = intake.IntakeHealth()
+        reader = intake.Intake(
+            intake.IntakeConfig(
+                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=0.4
+            ),
+            client,
+            sink=lambda item: None,
+            current_resume=resume,
+            on_rejected_cursor=no_cursor_drop,
+            owe_backfill=owe,
+            new_generation=itertools.count().__next__,
+            health=health,
+            open_stream=RawStreamOpener(),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        async with asyncio.timeout(10):
+            while health.watchdog_drops < 1:
+                await asyncio.sleep(0.05)
+        stop.set()
+        await task  # the loop survived the drop and stops when asked
+    assert health.failures.get("watchdog", 0) >= 1
