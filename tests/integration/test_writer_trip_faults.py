@@ -1,0 +1,102 @@
+"""Faults inside the writer's one trip to the worker thread, and what the trip leaves behind.
+
+Each test is named after the failure it kills (see test_daemon_writer.py for the trip's basics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ntfy_intake import audit, intake, pipeline
+from ntfy_intake.daemon import GIL_SWITCH_INTERVAL_S, Daemon
+
+from ..conftest import make_message
+from ..harness import DaemonThread, event_ids, query, settings_for
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """A recovered daemon whose pipeline steps are driven directly (no ntfy, no tasks)."""
+    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    found = Daemon(settings_for("http://127.0.0.1:9", tmp_path, cadence_debounce="0s"))
+    found.recover()
+    yield found
+    found._audit.close()
+    found.conn.close()
+
+
+def received(*ids: str) -> list[intake.Received]:
+    return [intake.Received(make_message(i), time.monotonic(), 0) for i in ids]
+
+
+def replaced_notices(state: Path) -> list[tuple[str]]:
+    return query(state, "SELECT key FROM owner_outbox WHERE key LIKE 'audit_file_replaced:%'")
+
+
+def test_storage_fault_on_the_replaced_file_notice_does_not_lose_the_notice(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audit file was deleted under the daemon; the flush reopened it and the notice's own
+    transaction hit a transient fault (the lock held by the feed CLI). The trip ran again, but
+    the replacement had already been taken from the audit log: the owner never heard."""
+    asyncio.run(daemon._record(received("before000001")))
+    for path in audit.log_files(tmp_path / "audit"):
+        path.unlink()
+    original = daemon.owner_queue.notice
+    failures = {"left": 1}
+
+    def notice_failing_once(*args: Any, **kwargs: Any) -> Any:
+        if args[1].notice == "audit_file_replaced" and failures["left"]:
+            failures["left"] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(daemon.owner_queue, "notice", notice_failing_once)
+
+    asyncio.run(daemon._record(received("after0000001")))
+
+    assert failures["left"] == 0  # the fault did happen
+    assert len(replaced_notices(tmp_path)) == 1
+    assert daemon.counters.extra["audit_file_replaced"] == 1
+    assert sorted(event_ids(tmp_path)) == ["after0000001", "before000001"]
+
+
+def test_overlapping_daemons_leave_the_switch_interval_as_they_found_it(tmp_path: Path) -> None:
+    """Each daemon saved the interval it found and put it back when it stopped: two in one
+    process (tests, an embedding program) that stop in the order they started leave 1 ms
+    behind for good, and every later thread switch in the process pays for it."""
+    found = sys.getswitchinterval()
+    assert found != GIL_SWITCH_INTERVAL_S
+    first = DaemonThread(settings_for("http://127.0.0.1:9", tmp_path / "one"))
+    second = DaemonThread(settings_for("http://127.0.0.1:9", tmp_path / "two"))
+    try:
+        first.start()
+        wait_for(lambda: first.daemon is not None and first.daemon.ready.is_set())
+        second.start()
+        wait_for(lambda: second.daemon is not None and second.daemon.ready.is_set())
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S
+        first.stop()
+        assert sys.getswitchinterval() == GIL_SWITCH_INTERVAL_S  # the second still runs
+        second.stop()
+    finally:
+        first.stop()
+        second.stop()
+        leaked = sys.getswitchinterval()
+        sys.setswitchinterval(found)
+    assert leaked == found
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        threading.Event().wait(0.02)
