@@ -416,7 +416,14 @@ class Intake:
             lines: list[bytes | Junk] = []
             async for chunk in response.aiter_raw():
                 lines += decoder.feed(chunk)
-            return lines + decoder.feed(b"\n")  # a last line without its newline
+            tail = decoder.feed(b"\n")  # a last line without its newline
+            last = tail[0] if tail else None
+            if isinstance(last, bytes) and isinstance(frames.decode_line(last, self.topics), Junk):
+                # ntfy ends every line: a body without framing (read until close) was cut
+                # off. Taken as complete, the torn frame would be junk, the ones after it
+                # never read, and what the backfill owed cleared. Poll again instead.
+                raise httpx.RemoteProtocolError("the poll's body ended mid-line")
+            return lines + tail
 
 
 class _RejectedCursor(Exception):

@@ -300,3 +300,70 @@ async def test_body_trickling_one_byte_at_a_time_still_trips_the_frame_watchdog(
         stop.set()
         await task  # the loop survived the drop and stops when asked
     assert health.failures.get("watchdog", 0) >= 1
+
+
+@in_loop
+async def test_poll_cut_off_mid_line_is_retried_not_recorded_as_junk_and_cleared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll whose body has no framing (HTTP/1.0, read until close) and is cut mid-frame looks
+    complete: the torn last line became a quarantined junk record, the frames after it were
+    never read, and what the backfill owed was cleared, losing them."""
+    monkeypatch.setattr(intake, "POLL_RETRY_BASE", 0.01)
+    now = int(time.time())
+    frames = [
+        json.dumps({"id": f"polled00000{n}", "time": now, "event": "message", "topic": "alerts"})
+        .encode()
+        .__add__(b"\n")
+        for n in (1, 2)
+    ]
+    polls: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        if b"poll=1" not in request:
+            opened = {"id": "o", "time": now, "event": "open", "topic": "alerts"}
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(chunk(json.dumps(opened).encode() + b"\n"))
+            await writer.drain()
+            await asyncio.sleep(30)
+            return
+        polls.append(request)
+        body = b"".join(frames)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\n" + (body[:-10] if len(polls) == 1 else body))
+        await writer.drain()
+
+    async def resume() -> Resume:
+        return Resume(Cursor("all", "all"), None, 0, None, None)
+
+    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
+        raise AssertionError("no 400 here")
+
+    async def owe(since: int, gap_from: int | None) -> Owed:
+        return Owed(since, 0, gap_from)
+
+    items: list[intake.Item] = []
+    async with serve(handler) as port, httpx.AsyncClient() as client:
+        reader = intake.Intake(
+            intake.IntakeConfig(
+                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=10, cache_settle=0
+            ),
+            client,
+            sink=items.append,
+            current_resume=resume,
+            on_rejected_cursor=no_cursor_drop,
+            owe_backfill=owe,
+            new_generation=itertools.count().__next__,
+            health=intake.IntakeHealth(),
+            open_stream=RawStreamOpener(),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        async with asyncio.timeout(10):
+            while not any(isinstance(item, intake.Backfilled) for item in items):
+                await asyncio.sleep(0.02)
+        stop.set()
+        await task
+    [backfilled] = [item for item in items if isinstance(item, intake.Backfilled)]
+    assert [getattr(e, "id", e) for e in backfilled.events] == ["polled000001", "polled000002"]
+    assert len(polls) == 2
