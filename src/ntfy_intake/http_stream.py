@@ -257,6 +257,8 @@ class RawStreamOpener:
             raise httpx.ConnectTimeout(f"no connection to {target.host}:{port} in time") from None
         except OSError as exc:  # ssl.SSLError included
             raise httpx.ConnectError(_os_detail(exc)) from None
+        except UnicodeError as exc:  # a host name IDNA refuses (a label over 63 characters)
+            raise httpx.ConnectError(f"bad host name {target.host!r}: {exc}") from None
 
 
 def _request_bytes(target: httpx.URL, headers: dict[str, str]) -> bytes:

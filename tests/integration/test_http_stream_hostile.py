@@ -367,3 +367,11 @@ async def test_poll_cut_off_mid_line_is_retried_not_recorded_as_junk_and_cleared
     [backfilled] = [item for item in items if isinstance(item, intake.Backfilled)]
     assert [getattr(e, "id", e) for e in backfilled.events] == ["polled000001", "polled000002"]
     assert len(polls) == 2
+
+
+@in_loop
+async def test_host_name_idna_refuses_is_a_connect_error_not_a_crash() -> None:
+    url = f"http://{'a' * 64}.example/alerts/json"  # the settings take it; DNS never sees it
+    for client in ("httpx", "raw"):
+        with pytest.raises(httpx.ConnectError):
+            await read_with(client, url)
