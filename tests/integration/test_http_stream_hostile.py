@@ -22,10 +22,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ntfy_intake import intake
 from ntfy_intake.cursor import Cursor, Owed, Resume
-from ntfy_intake.http_stream import RawStreamOpener, _request_bytes
+from ntfy_intake.http_stream import RawStreamOpener, _read_head, _request_bytes
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
 from .test_http_stream import TIMEOUTS, chunk, in_loop, read_request, serve
@@ -375,3 +377,48 @@ async def test_host_name_idna_refuses_is_a_connect_error_not_a_crash() -> None:
     for client in ("httpx", "raw"):
         with pytest.raises(httpx.ConnectError):
             await read_with(client, url)
+
+
+STATUS_LINES = [b"HTTP/1.1 200 OK", b"HTTP/1.0 200", b"HTTP/1.1 100 Continue", b"HTTP/1.1 204 x"]
+STATUS_LINES += [b"HTTP/1.1 \xb200 OK", b"HTTP/1.1 101 Up", b"ICY 200 OK", b""]
+FIELDS = [b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip, chunked", b"Content-Length: 5"]
+FIELDS += [b"Content-Length: \xb9", b"Content-Length: 5, 6", b"Server: caf\xe9", b" folded", b"X"]
+BODIES = [b"0\r\n\r\n", b"5;x=y\r\nhello\r\n0\r\nT: 1\r\n\r\n", FRAME, b"ffffffff\r\n", b""]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(STATUS_LINES) | st.binary(max_size=12),
+    st.lists(st.sampled_from(FIELDS) | st.binary(max_size=12), max_size=5),
+    st.sampled_from([b"\r\n", b"\n"]),
+    st.lists(st.sampled_from(BODIES) | st.binary(max_size=12), max_size=4),
+    st.lists(st.integers(1, 40), max_size=6),
+)
+def test_any_reply_is_read_or_a_transport_error_never_another_exception(
+    status: bytes, fields: list[bytes], eol: bytes, body: list[bytes], cuts: list[int]
+) -> None:
+    """Whatever a server sends, however it is split: a body, or an httpx.TransportError that
+    intake's run loop backs off from. Anything else stops the daemon."""
+    wire = eol.join([status, *fields, b"", b"".join(body)])
+
+    async def read() -> None:
+        reader = asyncio.StreamReader()
+
+        async def feed() -> None:
+            position = 0
+            for cut in [*cuts, len(wire)]:
+                reader.feed_data(wire[position : position + cut])
+                position += cut
+                await asyncio.sleep(0)  # the reader takes each piece on its own
+            reader.feed_eof()
+
+        feeder = asyncio.create_task(feed())
+        try:
+            response = await _read_head(reader, 1.0)
+            async for _ in response.aiter_raw():
+                pass
+        finally:
+            await feeder
+
+    with contextlib.suppress(httpx.TransportError):
+        asyncio.run(read())
