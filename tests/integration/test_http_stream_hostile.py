@@ -16,6 +16,7 @@ import json
 import socketserver
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 from ntfy_intake import intake
 from ntfy_intake.cursor import Cursor, Owed, Resume
 from ntfy_intake.http_stream import RawStreamOpener, _read_head, _request_bytes
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
 from .test_http_stream import TIMEOUTS, chunk, in_loop, read_request, serve
@@ -422,3 +424,32 @@ def test_any_reply_is_read_or_a_transport_error_never_another_exception(
 
     with contextlib.suppress(httpx.TransportError):
         asyncio.run(read())
+
+
+def test_daemon_on_the_lean_reader_records_each_event_once_through_repeated_disconnects(
+    tmp_path: Path,
+) -> None:
+    """The daemon's own stream reader (no transport injected, no proxy) against a server that
+    writes one flushed chunk per frame, as ntfy does, while its connections are cut (aborted and
+    ended cleanly, mid-burst): every published id has exactly one event line, and no other."""
+    state = tmp_path / "state"
+    config = EmulatorConfig(keepalive_interval=1.0, request_limit=False, flush_each_frame=True)
+    with NtfyEmulator(config).running() as emu:
+        settings = settings_for(emu.url, state, ntfy_cache_settle="100ms")
+        published: list[str] = []
+        with DaemonThread(settings) as running:
+            assert running.daemon is not None
+            assert isinstance(running.daemon._stream_opener(), RawStreamOpener)
+            for round_ in range(6):
+                emu.wait_for_subscribers(1)
+                for n in range(40):
+                    topic = "alerts" if n % 2 else "backups"
+                    published.append(str(emu.publish(topic, f"r{round_} n{n}")["id"]))
+                    if n == 20:
+                        emu.faults.drop_connections(graceful=round_ % 2 == 1)
+            wait_until(
+                lambda: set(published) <= set(event_ids(state)), timeout=30, what="all recorded"
+            )
+            assert not running.daemon.failed
+    counts = Counter(event_ids(state))
+    assert counts == Counter(dict.fromkeys(published, 1))
