@@ -260,7 +260,7 @@ class Intake:
             self.stream_url, {"since": cursor.since}, self._headers(), timeout
         ) as response:
             if response.status_code != 200:
-                body = (await response.aread())[:512].decode("utf-8", "replace")
+                body = await _error_text(response, self.config.keepalive_timeout)
                 failure = refusals.status_failure(response.status_code, response.headers, body)
                 if failure.code == refusals.CURSOR_INVALID and cursor.kind != "all":
                     log.error(
@@ -410,7 +410,7 @@ class Intake:
             httpx.Timeout(self.config.connect_timeout, read=60.0),
         ) as response:
             if response.status_code != 200:
-                body = (await response.aread())[:512].decode("utf-8", "replace")
+                body = await _error_text(response, self.config.keepalive_timeout)
                 raise refusals.status_failure(response.status_code, response.headers, body)
             decoder = frames.NdjsonDecoder()
             lines: list[bytes | Junk] = []
@@ -428,6 +428,23 @@ class Intake:
 
 class _RejectedCursor(Exception):
     pass
+
+
+ERROR_TEXT_BYTES = 512
+
+
+async def _error_text(response: http_stream.StreamResponse, wait: float) -> str:
+    """The start of a refusal's body, for its error text: at most ERROR_TEXT_BYTES, and what
+    came within `wait` (no frame watchdog runs before a 200, and a proxy's error body may
+    trickle without end)."""
+    body = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait):
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) >= ERROR_TEXT_BYTES:
+                    break
+    return body[:ERROR_TEXT_BYTES].decode("utf-8", "replace")
 
 
 async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:

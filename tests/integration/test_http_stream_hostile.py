@@ -453,3 +453,59 @@ def test_daemon_on_the_lean_reader_records_each_event_once_through_repeated_disc
             assert not running.daemon.failed
     counts = Counter(event_ids(state))
     assert counts == Counter(dict.fromkeys(published, 1))
+
+
+@pytest.mark.parametrize("framing", [b"Transfer-Encoding: chunked\r\n", b""])
+@in_loop
+async def test_refusal_whose_body_never_ends_is_backed_off_from_not_waited_on(
+    framing: bytes,
+) -> None:
+    """A proxy's 503 whose body trickles forever: intake read the whole body for its error text,
+    each byte in time for the read timeout, and no frame watchdog runs before a 200. Intake sat
+    in `connecting` for as long as the server liked."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\n" + framing + b"\r\n")
+        if framing:
+            writer.write(b"ffffff\r\n")
+        writer.write(b"upstream is down")
+        while True:
+            writer.write(b".")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async def resume() -> Resume:
+        return Resume(Cursor("all", "all"), None, 0, None, None)
+
+    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
+        raise AssertionError("no 400 here")
+
+    async def owe(since: int, gap_from: int | None) -> Owed:
+        raise AssertionError("never opened")
+
+    async with serve(handler) as port, httpx.AsyncClient() as client:
+        health = intake.IntakeHealth()
+        reader = intake.Intake(
+            intake.IntakeConfig(
+                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=0.4
+            ),
+            client,
+            sink=lambda item: None,
+            current_resume=resume,
+            on_rejected_cursor=no_cursor_drop,
+            owe_backfill=owe,
+            new_generation=itertools.count().__next__,
+            health=health,
+            open_stream=RawStreamOpener(),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        try:
+            async with asyncio.timeout(10):
+                while not health.failures.get("http_503"):
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await task
+    assert health.last_error is not None and "upstream is down" in health.last_error
