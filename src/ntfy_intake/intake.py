@@ -228,13 +228,15 @@ class Intake:
     async def _probe(self, cursor: Cursor) -> bool:
         """True when the server certainly no longer holds the cursor message."""
         try:
-            response = await self.client.get(
-                self.stream_url,
-                params={"poll": "1", "since": "all", "id": cursor.value},
-                headers=self._headers(),
-                timeout=self.config.connect_timeout,
-            )
-        except httpx.HTTPError as exc:
+            # As a whole, not per read: a reply that trickles must not hold the subscription.
+            async with asyncio.timeout(self.config.connect_timeout + self.config.keepalive_timeout):
+                response = await self.client.get(
+                    self.stream_url,
+                    params={"poll": "1", "since": "all", "id": cursor.value},
+                    headers=self._headers(),
+                    timeout=self.config.connect_timeout,
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
             log.warning("intake.probe_failed", detail=type(exc).__name__)
             return False
         if response.status_code != 200:

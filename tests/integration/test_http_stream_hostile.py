@@ -509,3 +509,59 @@ async def test_refusal_whose_body_never_ends_is_backed_off_from_not_waited_on(
             stop.set()
             await task
     assert health.last_error is not None and "upstream is down" in health.last_error
+
+
+@in_loop
+async def test_gap_probe_whose_reply_trickles_does_not_hold_the_subscription() -> None:
+    """The cursor probe (poll=1&since=all&id=) goes through httpx with a per-read timeout: a
+    reply that trickles a byte at a time held intake before it ever subscribed."""
+    streams: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        if b"poll=1" in request:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffff\r\n")
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        streams.append(request)
+        await asyncio.sleep(30)
+
+    async def resume() -> Resume:
+        return Resume(Cursor("id", "cursor000001", 1700000000), None, 0, None, None)
+
+    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
+        raise AssertionError("no 400 here")
+
+    async def owe(since: int, gap_from: int | None) -> Owed:
+        return Owed(since, 0, gap_from)
+
+    async with serve(handler) as port, httpx.AsyncClient() as client:
+        reader = intake.Intake(
+            intake.IntakeConfig(
+                f"http://127.0.0.1:{port}",
+                ("alerts",),
+                None,
+                keepalive_timeout=0.4,
+                connect_timeout=0.5,
+            ),
+            client,
+            sink=lambda item: None,
+            current_resume=resume,
+            on_rejected_cursor=no_cursor_drop,
+            owe_backfill=owe,
+            new_generation=itertools.count().__next__,
+            health=intake.IntakeHealth(),
+            open_stream=RawStreamOpener(),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        try:
+            async with asyncio.timeout(10):
+                while not streams:
+                    await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await task
+    assert b"since=cursor000001" in streams[0]
