@@ -10,6 +10,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import pytest
 
 from ntfy_intake import audit, inbox, intake, pipeline
 from ntfy_intake.daemon import GIL_SWITCH_INTERVAL_S, Daemon
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message
-from ..harness import DaemonThread, event_ids, query, settings_for
+from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 
 
 @pytest.fixture
@@ -155,3 +157,38 @@ def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_r
         found.conn.close()
     assert calls == {"batch": 2, "single": 2}  # both faults happened
     assert query(tmp_path, "SELECT count(*) FROM outbox") == [(1,)]
+
+
+def test_stop_while_a_batch_is_in_the_worker_thread_loses_and_doubles_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (a graceful stop) lands while the writer's trip is in the worker thread (a slow
+    fsync): the drain must wait for it, the lock must not be handed on mid-trip, and a restart
+    must find one event line per id, whatever was committed or flushed when the stop came."""
+    state = tmp_path / "state"
+    real_flush = audit.flush
+    in_trip = threading.Event()
+
+    def slow_flush(*args: Any, **kwargs: Any) -> int:
+        in_trip.set()
+        time.sleep(0.3)
+        return real_flush(*args, **kwargs)
+
+    monkeypatch.setattr(audit, "flush", slow_flush)
+    config = EmulatorConfig(keepalive_interval=1.0, request_limit=False)
+    with NtfyEmulator(config).running() as emu:
+        settings = settings_for(emu.url, state, ntfy_cache_settle="100ms")
+        with DaemonThread(settings) as running:
+            emu.wait_for_subscribers(1)
+            in_trip.clear()
+            ids = [str(emu.publish("alerts", f"in flight {n}")["id"]) for n in range(5)]
+            assert in_trip.wait(10)
+            running.stop()  # while the trip sleeps in the worker thread
+            assert running.daemon is not None and not running.daemon.failed
+        monkeypatch.setattr(audit, "flush", real_flush)
+        with DaemonThread(settings):
+            emu.wait_for_subscribers(1)
+            later = str(emu.publish("alerts", "after the restart")["id"])
+            wait_until(lambda: later in event_ids(state), what="the restart records")
+            wait_until(lambda: set(ids) <= set(event_ids(state)), what="nothing lost")
+    assert Counter(event_ids(state)) == Counter(dict.fromkeys([*ids, later], 1))
