@@ -200,6 +200,9 @@ class Daemon(Vitals):
         problem = storage.check_state_dir(self.settings.state.dir)
         if problem is not None:
             raise StartupError(problem)
+        unusable = http_stream.url_problem(self.settings.ntfy.url)
+        if unusable is not None:  # a config error, found before anything is opened
+            raise StartupError(f"ntfy.url cannot be requested: {unusable}")
         try:
             self._recover()
         except (sqlite3.Error, OSError) as exc:

@@ -56,6 +56,16 @@ class StreamResponse(Protocol):
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
 
+def url_problem(url: str) -> str | None:
+    """Why httpx (hence this reader) cannot request `url`, or None. urlsplit, which the settings
+    use, takes some URLs httpx refuses (a dotted quad above 255)."""
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError) as exc:
+        return str(exc)
+    return None
+
+
 def proxied(url: str) -> bool:
     """True when the environment names a proxy for `url` (what httpx's `trust_env` honours)."""
     proxies = urllib.request.getproxies_environment()

@@ -32,6 +32,7 @@ from ntfy_intake.http_stream import RawStreamOpener, _read_head, _request_bytes
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
+from .test_cli import cli
 from .test_http_stream import TIMEOUTS, chunk, in_loop, read_request, serve
 
 FRAME = b'{"id":"a1","time":1700000000,"event":"message","topic":"alerts","message":"m"}\n'
@@ -565,3 +566,22 @@ async def test_gap_probe_whose_reply_trickles_does_not_hold_the_subscription() -
             stop.set()
             await task
     assert b"since=cursor000001" in streams[0]
+
+
+def test_ntfy_url_httpx_cannot_parse_stops_start_up_with_one_line_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """The settings took it (urlsplit does), and the daemon died at its first request with
+    httpx.InvalidURL's traceback, which no `except httpx.HTTPError` catches; systemd restarted
+    it forever."""
+    env = {
+        "NTFY_INTAKE_NTFY_URL": "http://999.999.999.999",
+        "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+        "NTFY_INTAKE_STATE_DIR": str(tmp_path / "state"),
+        "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
+    }
+    result = cli("run", env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "ntfy.url" in line
