@@ -17,9 +17,10 @@ import json
 import os
 import sqlite3
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,35 @@ CATCH_UP_POLL_S = 0.05
 GIL_SWITCH_INTERVAL_S = 0.001  # see run(); measured in bench/bench_live.py
 
 __all__ = ["Counters", "CrashPoints", "Daemon", "migrations"]
+
+
+class _ThreadSwitches:
+    """The GIL switch interval at GIL_SWITCH_INTERVAL_S while any daemon in this process runs,
+    and the interval found before the first one back once the last one stops (daemons in one
+    process may stop in any order)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._found = 0.0
+
+    @contextlib.contextmanager
+    def fast(self) -> Iterator[None]:
+        with self._lock:
+            if self._users == 0:
+                self._found = sys.getswitchinterval()
+                sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    sys.setswitchinterval(self._found)
+
+
+_thread_switches = _ThreadSwitches()
 
 
 def migrations() -> list[db.Migration]:
@@ -131,6 +161,7 @@ class Daemon(Vitals):
         self.owner = None
         self._next_release = None
         self._audit = audit.AuditLog(settings.state.audit_dir, self.clock)
+        self._replaced_pending = []
         self._cursor = None
         self.ready = asyncio.Event()
         self.subscribed = asyncio.Event()  # set when a subscription first opens
@@ -172,6 +203,9 @@ class Daemon(Vitals):
         problem = storage.check_state_dir(self.settings.state.dir)
         if problem is not None:
             raise StartupError(problem)
+        unusable = http_stream.url_problem(self.settings.ntfy.url)
+        if unusable is not None:  # a config error, found before anything is opened
+            raise StartupError(f"ntfy.url cannot be requested: {unusable}")
         try:
             self._recover()
         except (sqlite3.Error, OSError) as exc:
@@ -287,12 +321,8 @@ class Daemon(Vitals):
         # The event loop and the database thread take turns on the GIL. A thread that wants it
         # back (an fsync returned) waits up to the switch interval while the other runs Python
         # (httpx reading a reply): 5 ms by default, which is a live event's whole budget.
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        try:
+        with _thread_switches.fast():
             await self._run(stop)
-        finally:
-            sys.setswitchinterval(previous)
 
     async def _run(self, stop: asyncio.Event) -> None:
         if self._conn is None:

@@ -15,9 +15,11 @@ failures are httpx's exception types, so intake's handling and diagnose's wordin
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import os
+import re
 import ssl
 import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -52,6 +54,16 @@ class StreamResponse(Protocol):
     async def aread(self) -> bytes: ...
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+
+def url_problem(url: str) -> str | None:
+    """Why httpx (hence this reader) cannot request `url`, or None. urlsplit, which the settings
+    use, takes some URLs httpx refuses (a dotted quad above 255)."""
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError) as exc:
+        return str(exc)
+    return None
 
 
 def proxied(url: str) -> bool:
@@ -143,6 +155,9 @@ class RawStreamResponse:
         headers: httpx.Headers,
         leftover: bytes,
         read_timeout: float | None,
+        *,
+        chunked: bool,
+        length: int | None,
         http11: bool = True,
     ) -> None:
         self.status_code = status_code
@@ -153,18 +168,8 @@ class RawStreamResponse:
         self._reader = reader
         self._leftover = leftover
         self._read_timeout = read_timeout
-        encoding = headers.get("transfer-encoding", "").lower()
-        self._chunked = ChunkedBody() if "chunked" in encoding else None
-        length = headers.get("content-length")
-        no_body = status_code in (204, 304) or 100 <= status_code < 200
-        if no_body:
-            self._length: int | None = 0
-        elif self._chunked is None and length is not None:
-            if not length.strip().isdigit():
-                raise httpx.RemoteProtocolError(f"bad Content-Length {length[:40]!r}")
-            self._length = int(length)
-        else:
-            self._length = None  # chunked, or read until the server closes
+        self._chunked = ChunkedBody() if chunked else None
+        self._length = length  # None: chunked, or read until the server closes
 
     async def aiter_raw(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives, de-chunked; ends where the body ends."""
@@ -276,16 +281,18 @@ class Connector:
         try:
             async with asyncio.timeout(connect_timeout):
                 return await asyncio.open_connection(
-                    target.host,
+                    _host(target),
                     port,
                     ssl=self._ssl if secure else None,
-                    server_hostname=target.host if secure else None,
+                    server_hostname=_host(target) if secure else None,
                     limit=READ_SIZE,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {target.host}:{port} in time") from None
         except OSError as exc:  # ssl.SSLError included
             raise httpx.ConnectError(os_detail(exc)) from None
+        except UnicodeError as exc:  # a host name IDNA refuses (a label over 63 characters)
+            raise httpx.ConnectError(f"bad host name {target.host!r}: {exc}") from None
 
 
 def request_bytes(
@@ -293,7 +300,8 @@ def request_bytes(
 ) -> bytes:
     """The request head (and body): `Connection: close` for a GET stream, keep-alive with a
     `Content-Length` when there is a body. `headers` may override the User-Agent."""
-    host = target.host if ":" not in target.host else f"[{target.host}]"
+    host = _host(target)
+    host = host if ":" not in host else f"[{host}]"
     if target.port is not None:
         host = f"{host}:{target.port}"
     lines = [f"{method} {target.raw_path.decode('ascii')} HTTP/1.1", f"Host: {host}"]
@@ -301,54 +309,130 @@ def request_bytes(
         lines.append(f"User-Agent: {USER_AGENT}")
     lines += ["Accept: */*", "Accept-Encoding: identity"]
     lines.append("Connection: close" if body is None else f"Content-Length: {len(body)}")
+    if target.username or target.password:
+        # What httpx does with credentials in the URL (ntfy.url may hold them): Basic auth.
+        userpass = f"{target.username}:{target.password}".encode()
+        headers = {**headers, "Authorization": f"Basic {base64.b64encode(userpass).decode()}"}
     for name, value in headers.items():
         if any(c in name or c in value for c in "\r\n\0"):
             raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
         lines.append(f"{name}: {value}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise httpx.LocalProtocolError(
+            "a request header holds a character beyond latin-1"
+        ) from None
     return head if body is None else head + body
 
 
+def _host(target: httpx.URL) -> str:
+    """The host as DNS and the Host header want it (an internationalized name in its IDNA form)."""
+    return target.raw_host.decode("ascii")
+
+
 async def read_head(reader: asyncio.StreamReader, read_timeout: float | None) -> RawStreamResponse:
-    buf = b""
-    while (end := buf.find(b"\r\n\r\n")) < 0:
-        if len(buf) > MAX_HEAD_BYTES:
-            raise httpx.RemoteProtocolError("response headers too long")
-        try:
-            async with asyncio.timeout(read_timeout):
-                data = await reader.read(READ_SIZE)
-        except TimeoutError:
-            raise httpx.ReadTimeout("no response from the server in time") from None
-        except OSError as exc:
-            if not buf:
-                raise NoResponse(os_detail(exc)) from None
-            raise httpx.ReadError(os_detail(exc)) from None
-        if not data:
-            if not buf:
-                raise NoResponse("server disconnected without sending a response")
-            raise httpx.RemoteProtocolError("server disconnected in the middle of its headers")
-        buf += data
-    if end > MAX_HEAD_BYTES:
-        raise httpx.RemoteProtocolError("response headers too long")
-    head, leftover = buf[:end].decode("latin-1"), buf[end + 4 :]
-    status_line, *header_lines = head.split("\r\n")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise httpx.RemoteProtocolError(f"malformed status line {status_line[:80]!r}")
-    fields: list[tuple[str, str]] = []
-    for line in header_lines:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
+    """The response head, within `read_timeout` as a whole: a server that trickles header bytes
+    must not hold intake where its frame watchdog cannot see. Informational responses (100
+    Continue, 103 Early Hints) are skipped, as httpx does; bare-LF line ends are taken, as h11
+    does."""
+    buf, searched = b"", 0
+    answered = False  # an informational response came: the server has taken the request
+    try:
+        async with asyncio.timeout(read_timeout):
+            while True:
+                blank = _BLANK_LINE.search(buf, searched)
+                if blank is None:
+                    if len(buf) > MAX_HEAD_BYTES:
+                        raise httpx.RemoteProtocolError("response headers too long")
+                    searched = max(0, len(buf) - 2)
+                    try:
+                        data = await reader.read(READ_SIZE)
+                    except OSError as exc:
+                        if not buf and not answered:
+                            raise NoResponse(os_detail(exc)) from None
+                        raise httpx.ReadError(os_detail(exc)) from None
+                    if not data:
+                        if not buf and not answered:
+                            raise NoResponse("server disconnected without sending a response")
+                        raise httpx.RemoteProtocolError(
+                            "server disconnected in the middle of its response head"
+                        )
+                    buf += data
+                    continue
+                if blank.end() > MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError("response headers too long")
+                http11, status, fields = _parse_head(buf[: blank.end()])
+                buf, searched = buf[blank.end() :], 0
+                if 100 <= status < 200 and status != 101:
+                    answered = True
+                    continue  # informational: the real response follows
+                chunked, length = _framing(status, fields)
+                return RawStreamResponse(
+                    reader,
+                    status,
+                    httpx.Headers(fields),  # bytes: latin-1 values stay readable, never a crash
+                    buf,
+                    read_timeout,
+                    chunked=chunked,
+                    length=length,
+                    http11=http11,
+                )
+    except TimeoutError:
+        raise httpx.ReadTimeout("no complete response head from the server in time") from None
+
+
+_BLANK_LINE = re.compile(rb"\n\r?\n")
+_STATUS_LINE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
+_FIELD_NAME = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_LENGTH = re.compile(rb"[0-9]{1,20}")
+
+
+def _parse_head(head: bytes) -> tuple[bool, int, list[tuple[bytes, bytes]]]:
+    """Status code and header fields of one head (ending with its blank line), checked as h11
+    checks them: a malformed head is a protocol error, never a guess."""
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in head.split(b"\n")][:-2]
+    status = _STATUS_LINE.fullmatch(lines[0])
+    if status is None:
+        raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:80]!r}")
+    fields: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        if line[:1] in (b" ", b"\t") and fields:  # obsolete line folding: one more line of value
+            name, value = fields[-1]
+            fields[-1] = (name, value + b" " + line.strip(b" \t"))
+            continue
+        name, colon, value = line.partition(b":")
+        value = value.strip(b" \t")
+        if not colon or not _FIELD_NAME.fullmatch(name) or _FIELD_VALUE_BAD.search(value):
             raise httpx.RemoteProtocolError(f"malformed header line {line[:80]!r}")
-        fields.append((name, value.strip()))
-    return RawStreamResponse(
-        reader,
-        int(parts[1]),
-        httpx.Headers(fields),
-        leftover,
-        read_timeout,
-        http11=parts[0] == "HTTP/1.1",
-    )
+        fields.append((name, value))
+    return status[1] == b"1", int(status[2]), fields
+
+
+def _framing(status: int, fields: list[tuple[bytes, bytes]]) -> tuple[bool, int | None]:
+    """(chunked, length) of the body, judged as h11 judges it: a transfer coding other than
+    plain `chunked` or Content-Lengths that disagree are refused, never read as payload."""
+    encodings = [v for n, v in fields if n.lower() == b"transfer-encoding"]
+    lengths = {
+        part.strip() for n, v in fields if n.lower() == b"content-length" for part in v.split(b",")
+    }
+    if len(encodings) > 1:
+        raise httpx.RemoteProtocolError("multiple Transfer-Encoding headers")
+    if encodings and encodings[0].lower() != b"chunked":
+        raise httpx.RemoteProtocolError(
+            f"unsupported Transfer-Encoding {encodings[0][:40]!r}: only chunked is read"
+        )
+    if len(lengths) > 1:
+        raise httpx.RemoteProtocolError("conflicting Content-Length headers")
+    length = lengths.pop() if lengths else None
+    if length is not None and not _LENGTH.fullmatch(length):
+        raise httpx.RemoteProtocolError(f"bad Content-Length {length[:40]!r}")
+    if status in (204, 304):
+        return False, 0
+    if encodings:
+        return True, None  # chunked wins over a Content-Length (RFC 9112 6.3)
+    return False, None if length is None else int(length)
 
 
 def os_detail(exc: OSError) -> str:

@@ -228,13 +228,15 @@ class Intake:
     async def _probe(self, cursor: Cursor) -> bool:
         """True when the server certainly no longer holds the cursor message."""
         try:
-            response = await self.client.get(
-                self.stream_url,
-                params={"poll": "1", "since": "all", "id": cursor.value},
-                headers=self._headers(),
-                timeout=self.config.connect_timeout,
-            )
-        except httpx.HTTPError as exc:
+            # As a whole, not per read: a reply that trickles must not hold the subscription.
+            async with asyncio.timeout(self.config.connect_timeout + self.config.keepalive_timeout):
+                response = await self.client.get(
+                    self.stream_url,
+                    params={"poll": "1", "since": "all", "id": cursor.value},
+                    headers=self._headers(),
+                    timeout=self.config.connect_timeout,
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
             log.warning("intake.probe_failed", detail=type(exc).__name__)
             return False
         if response.status_code != 200:
@@ -260,7 +262,7 @@ class Intake:
             self.stream_url, {"since": cursor.since}, self._headers(), timeout
         ) as response:
             if response.status_code != 200:
-                body = (await response.aread())[:512].decode("utf-8", "replace")
+                body = await _error_text(response, self.config.keepalive_timeout)
                 failure = refusals.status_failure(response.status_code, response.headers, body)
                 if failure.code == refusals.CURSOR_INVALID and cursor.kind != "all":
                     log.error(
@@ -410,17 +412,41 @@ class Intake:
             httpx.Timeout(self.config.connect_timeout, read=60.0),
         ) as response:
             if response.status_code != 200:
-                body = (await response.aread())[:512].decode("utf-8", "replace")
+                body = await _error_text(response, self.config.keepalive_timeout)
                 raise refusals.status_failure(response.status_code, response.headers, body)
             decoder = frames.NdjsonDecoder()
             lines: list[bytes | Junk] = []
             async for chunk in response.aiter_raw():
                 lines += decoder.feed(chunk)
-            return lines + decoder.feed(b"\n")  # a last line without its newline
+            tail = decoder.feed(b"\n")  # a last line without its newline
+            last = tail[0] if tail else None
+            if isinstance(last, bytes) and isinstance(frames.decode_line(last, self.topics), Junk):
+                # ntfy ends every line: a body without framing (read until close) was cut
+                # off. Taken as complete, the torn frame would be junk, the ones after it
+                # never read, and what the backfill owed cleared. Poll again instead.
+                raise httpx.RemoteProtocolError("the poll's body ended mid-line")
+            return lines + tail
 
 
 class _RejectedCursor(Exception):
     pass
+
+
+ERROR_TEXT_BYTES = 512
+
+
+async def _error_text(response: http_stream.StreamResponse, wait: float) -> str:
+    """The start of a refusal's body, for its error text: at most ERROR_TEXT_BYTES, and what
+    came within `wait` (no frame watchdog runs before a 200, and a proxy's error body may
+    trickle without end)."""
+    body = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait):
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) >= ERROR_TEXT_BYTES:
+                    break
+    return body[:ERROR_TEXT_BYTES].decode("utf-8", "replace")
 
 
 async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:

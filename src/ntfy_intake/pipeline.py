@@ -182,6 +182,7 @@ class EventPipeline:
     _db_lock: asyncio.Lock
     _conn: sqlite3.Connection | None
     _audit: audit.AuditLog
+    _replaced_pending: list[str]  # audit file replacements whose notice is not recorded yet
     _cursor: Cursor | None
     _next_release: float | None
     _saved_frame_time: int | None
@@ -477,15 +478,18 @@ class EventPipeline:
         self.owner.wakeup.set()
 
     def _note_replaced_audit_files(self) -> bool:
-        """An audit file deleted or replaced under us: one notice per time it happened."""
-        replaced = self._audit.take_replacements()
-        for detail in replaced:
-            self.counters.extra["audit_file_replaced"] = count = (
-                self.counters.extra.get("audit_file_replaced", 0) + 1
-            )
+        """An audit file deleted or replaced under us: one notice per time it happened. A notice
+        whose transaction fails stays pending, and the re-run of the trip records it."""
+        pending = self._replaced_pending
+        pending.extend(self._audit.take_replacements())
+        noted = bool(pending)
+        while pending:
+            count = self.counters.extra.get("audit_file_replaced", 0) + 1
+            self._record_notice(notices.audit_file_replaced(pending[0], self.boot_id, count))
+            detail = pending.pop(0)
+            self.counters.extra["audit_file_replaced"] = count
             log.error("audit.file_replaced", detail=detail)
-            self._record_notice(notices.audit_file_replaced(detail, self.boot_id, count))
-        return bool(replaced)
+        return noted
 
     def _trip_latch_sync(self, detail: str) -> None:
         """Freeze the cursor for this process and queue exactly one owner notice."""
