@@ -103,7 +103,7 @@ def record_batch(
         if not quarantine.blames_the_value(exc):
             raise
         log.warning("inbox.batch_failed_one_by_one", frames=len(frames), error=repr(exc))
-    total = _one_by_one(conn, frames, now, queue.state, record)
+    total = _one_by_one(conn, frames, now, queue, record)
     if also is not None:
         with db.write_txn(conn, before_commit=before_commit):
             also(conn, total)
@@ -156,9 +156,10 @@ def _one_by_one(
     conn: sqlite3.Connection,
     frames: Sequence[Event | Junk | Notice],
     now: float,
-    state: cadence.CadenceState,
+    queue: OwnerQueue,
     record: Callable[[Sequence[Event | Junk | Notice], cadence.CadenceState], BatchResult],
 ) -> BatchResult:
+    state = queue.state
     total = BatchResult(state=state)
     for index, frame in enumerate(frames):
         try:
@@ -170,6 +171,9 @@ def _one_by_one(
             continue
         state = result.state or state
         total.state = state
+        # Committed: the live state takes it now, so a storage fault on a later frame (the whole
+        # trip runs again) decides from what is durable, not from before this frame.
+        queue.adopt(state)
         total.candidates.extend(replace(c, index=index) for c in result.candidates)
         total.recorded += result.recorded
         total.duplicates += result.duplicates

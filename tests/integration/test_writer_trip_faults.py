@@ -104,11 +104,6 @@ def wait_for(condition: Any, timeout: float = 10.0) -> None:
         threading.Event().wait(0.02)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inbox._one_by_one keeps each committed frame's cadence state to itself: the fix "
-    "(owner_queue.adopt after each committed frame) is in inbox.py, another helper's file",
-)
 @pytest.mark.parametrize("debounce", ["0s", "60s"])
 def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, debounce: str
