@@ -143,6 +143,11 @@ def main() -> int:
         rows += bench_spawn.rows(bench_spawn.spawn_to_subscribed(work))
         step("live latency")
         rows += bench_latency.latency_rows(bench_latency.live_latency(work, events))
+        step("live latency, the receiver in its own process")
+        rows += bench_latency.latency_rows(
+            bench_latency.live_latency(work, events, receiver_process=True),
+            "receiver in its own process",
+        )
         step("relay throughput")
         rows += bench_latency.throughput_rows(bench_latency.relay_throughput(work, requests))
         rows += bench_latency.ceiling_rows(
