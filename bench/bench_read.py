@@ -1,10 +1,13 @@
 """The stream's read side alone: event-loop CPU per frame, the lean reader against httpx.
 
-N events wait on the emulator writing one flushed chunk per frame (as ntfy does); this process
-reads `GET /<topics>/json?poll=1&since=all` in a child process (so the emulator's threads do not
-share its GIL, as ntfy does not share the daemon's) and splits it into lines with the daemon's own
-`NdjsonDecoder`, once through httpx (`http_stream.httpx_opener`, what the daemon used before) and
-once through `http_stream.RawStreamOpener` (what it uses now), alternating, best of 3 each.
+N events are read with `GET /<topics>/json?poll=1&since=all` in a child process (so the server's
+threads do not share its GIL, as ntfy does not share the daemon's) and split into lines with the
+daemon's own `NdjsonDecoder`, once through httpx (`http_stream.httpx_opener`, what the daemon used
+before) and once through `http_stream.RawStreamOpener` (what it uses now), alternating, best of 3
+each. Two servers: a backlog already waiting (the emulator's frames, one HTTP chunk each, as ntfy
+frames them, sent at once: what a replay reads, ntfy serving 10,000 in ~0.1 s), and the emulator
+writing one flushed chunk per frame and the next only once the kernel took it (reads then hold a
+few frames each, so the per-read cost of the event loop weighs more).
 CPU is this thread's `time.thread_time()` (the emulator runs in other threads), so the figure is
 the reader's own cost per frame; decoding JSON and recording are not included.
 
@@ -17,8 +20,10 @@ import argparse
 import asyncio
 import json
 import random
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -57,27 +62,68 @@ async def measure(url: str, n: int) -> dict[str, float]:
     return best
 
 
+def read_in_child(url: str, n: int) -> dict[str, float]:
+    child = subprocess.run(
+        [sys.executable, __file__, "--child", url, "--events", str(n)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    best: dict[str, float] = json.loads(child.stdout)
+    return best
+
+
+class WaitingBacklog(socketserver.ThreadingTCPServer):
+    """Answers any request with the whole chunked response at once, one chunk per frame."""
+
+    daemon_threads = True
+
+    def __init__(self, frames: list[bytes]) -> None:
+        super().__init__(("127.0.0.1", 0), _SendAll)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+        head += b"Transfer-Encoding: chunked\r\n\r\n"
+        body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames)
+        self.response = head + body + b"0\r\n\r\n"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _SendAll(socketserver.StreamRequestHandler):
+    server: WaitingBacklog
+
+    def handle(self) -> None:
+        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass
+        self.wfile.write(self.server.response)
+
+
 def rows(n: int) -> list[Row]:
     config = EmulatorConfig(keepalive_interval=1.0, manager_interval=None, flush_each_frame=True)
     with NtfyEmulator(config).running() as emu:
         publish_backlog(emu, n, random.Random(1))
-        child = subprocess.run(
-            [sys.executable, __file__, "--child", emu.url, "--events", str(n)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=300,
+        frames = [json.dumps(m, separators=(",", ":")).encode() + b"\n" for m in emu.messages()]
+        paced = read_in_child(emu.url, n)
+    with WaitingBacklog(frames) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            waiting = read_in_child(server.url, n)
+        finally:
+            server.shutdown()
+    out = []
+    for what, best in (("backlog waiting", waiting), ("1 flushed chunk/frame, paced", paced)):
+        raw_us, httpx_us = best["raw"] / n * 1e6, best["httpx"] / n * 1e6
+        out.append(
+            Row(
+                f"read side: {n:,} frames, {what}, lean reader (CPU/frame)",
+                f"{raw_us:.1f} us",
+                f"httpx aiter_raw, same run: {httpx_us:.1f} us",
+                ratio(raw_us, httpx_us),
+            )
         )
-    best = json.loads(child.stdout)
-    raw_us, httpx_us = best["raw"] / n * 1e6, best["httpx"] / n * 1e6
-    return [
-        Row(
-            f"read side: {n:,} frames, 1 flushed chunk/frame, lean reader (CPU/frame)",
-            f"{raw_us:.1f} us",
-            f"httpx aiter_raw, same run: {httpx_us:.1f} us",
-            ratio(raw_us, httpx_us),
-        )
-    ]
+    return out
 
 
 def main() -> None:
