@@ -17,9 +17,10 @@ import socketserver
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -106,6 +107,53 @@ REFUSED_AS_HTTPX_REFUSES = {
     "NUL in a header value": b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
     "space in a header name": b"HTTP/1.1 200 OK\r\nX Y: z\r\nContent-Length: 0\r\n\r\n",
 }
+
+
+ALL = Cursor("all", "all")
+
+
+@contextlib.asynccontextmanager
+async def intake_running(
+    port: int,
+    *,
+    cursor: Cursor = ALL,
+    sink: Callable[[intake.Item], None] = lambda item: None,
+    opens: bool = True,
+    **config: Any,
+) -> AsyncIterator[intake.IntakeHealth]:
+    """Intake on the lean reader against the server on `port`, stopped (and its task awaited,
+    so an exception in it fails the test) on the way out."""
+
+    async def resume() -> Resume:
+        return Resume(cursor, None, 0, None, None)
+
+    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
+        raise AssertionError("no 400 here")
+
+    async def owe(since: int, gap_from: int | None) -> Owed:
+        assert opens, "the stream never opens here"
+        return Owed(since, 0, gap_from)
+
+    health = intake.IntakeHealth()
+    async with httpx.AsyncClient() as client:
+        reader = intake.Intake(
+            intake.IntakeConfig(f"http://127.0.0.1:{port}", ("alerts",), None, **config),
+            client,
+            sink=sink,
+            current_resume=resume,
+            on_rejected_cursor=no_cursor_drop,
+            owe_backfill=owe,
+            new_generation=itertools.count().__next__,
+            health=health,
+            open_stream=RawStreamOpener(),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reader.run(stop))
+        try:
+            yield health
+        finally:
+            stop.set()
+            await task  # the loop survived what the server did and stops when asked
 
 
 @pytest.mark.parametrize("reply", READ_AS_HTTPX_READS.values(), ids=READ_AS_HTTPX_READS.keys())
@@ -273,37 +321,10 @@ async def test_body_trickling_one_byte_at_a_time_still_trips_the_frame_watchdog(
             await writer.drain()
             await asyncio.sleep(0.05)
 
-    async def resume() -> Resume:
-        return Resume(Cursor("all", "all"), None, 0, None, None)
-
-    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
-        raise AssertionError("no 400 here")
-
-    async def owe(since: int, gap_from: int | None) -> Owed:
-        return Owed(since, 0, gap_from)
-
-    async with serve(handler) as port, httpx.AsyncClient() as client:
-        health = intake.IntakeHealth()
-        reader = intake.Intake(
-            intake.IntakeConfig(
-                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=0.4
-            ),
-            client,
-            sink=lambda item: None,
-            current_resume=resume,
-            on_rejected_cursor=no_cursor_drop,
-            owe_backfill=owe,
-            new_generation=itertools.count().__next__,
-            health=health,
-            open_stream=RawStreamOpener(),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(reader.run(stop))
+    async with serve(handler) as port, intake_running(port, keepalive_timeout=0.4) as health:
         async with asyncio.timeout(10):
             while health.watchdog_drops < 1:
                 await asyncio.sleep(0.05)
-        stop.set()
-        await task  # the loop survived the drop and stops when asked
     assert health.failures.get("watchdog", 0) >= 1
 
 
@@ -338,37 +359,14 @@ async def test_poll_cut_off_mid_line_is_retried_not_recorded_as_junk_and_cleared
         writer.write(b"HTTP/1.0 200 OK\r\n\r\n" + (body[:-10] if len(polls) == 1 else body))
         await writer.drain()
 
-    async def resume() -> Resume:
-        return Resume(Cursor("all", "all"), None, 0, None, None)
-
-    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
-        raise AssertionError("no 400 here")
-
-    async def owe(since: int, gap_from: int | None) -> Owed:
-        return Owed(since, 0, gap_from)
-
     items: list[intake.Item] = []
-    async with serve(handler) as port, httpx.AsyncClient() as client:
-        reader = intake.Intake(
-            intake.IntakeConfig(
-                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=10, cache_settle=0
-            ),
-            client,
-            sink=items.append,
-            current_resume=resume,
-            on_rejected_cursor=no_cursor_drop,
-            owe_backfill=owe,
-            new_generation=itertools.count().__next__,
-            health=intake.IntakeHealth(),
-            open_stream=RawStreamOpener(),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(reader.run(stop))
+    async with (
+        serve(handler) as port,
+        intake_running(port, sink=items.append, keepalive_timeout=10, cache_settle=0),
+    ):
         async with asyncio.timeout(10):
             while not any(isinstance(item, intake.Backfilled) for item in items):
                 await asyncio.sleep(0.02)
-        stop.set()
-        await task
     [backfilled] = [item for item in items if isinstance(item, intake.Backfilled)]
     assert [getattr(e, "id", e) for e in backfilled.events] == ["polled000001", "polled000002"]
     assert len(polls) == 2
@@ -476,39 +474,13 @@ async def test_refusal_whose_body_never_ends_is_backed_off_from_not_waited_on(
             await writer.drain()
             await asyncio.sleep(0.05)
 
-    async def resume() -> Resume:
-        return Resume(Cursor("all", "all"), None, 0, None, None)
-
-    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
-        raise AssertionError("no 400 here")
-
-    async def owe(since: int, gap_from: int | None) -> Owed:
-        raise AssertionError("never opened")
-
-    async with serve(handler) as port, httpx.AsyncClient() as client:
-        health = intake.IntakeHealth()
-        reader = intake.Intake(
-            intake.IntakeConfig(
-                f"http://127.0.0.1:{port}", ("alerts",), None, keepalive_timeout=0.4
-            ),
-            client,
-            sink=lambda item: None,
-            current_resume=resume,
-            on_rejected_cursor=no_cursor_drop,
-            owe_backfill=owe,
-            new_generation=itertools.count().__next__,
-            health=health,
-            open_stream=RawStreamOpener(),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(reader.run(stop))
-        try:
-            async with asyncio.timeout(10):
-                while not health.failures.get("http_503"):
-                    await asyncio.sleep(0.05)
-        finally:
-            stop.set()
-            await task
+    async with (
+        serve(handler) as port,
+        intake_running(port, opens=False, keepalive_timeout=0.4) as health,
+    ):
+        async with asyncio.timeout(10):
+            while not health.failures.get("http_503"):
+                await asyncio.sleep(0.05)
     assert health.last_error is not None and "upstream is down" in health.last_error
 
 
@@ -529,42 +501,14 @@ async def test_gap_probe_whose_reply_trickles_does_not_hold_the_subscription() -
         streams.append(request)
         await asyncio.sleep(30)
 
-    async def resume() -> Resume:
-        return Resume(Cursor("id", "cursor000001", 1700000000), None, 0, None, None)
-
-    async def no_cursor_drop(cursor: Cursor, body: str) -> None:
-        raise AssertionError("no 400 here")
-
-    async def owe(since: int, gap_from: int | None) -> Owed:
-        return Owed(since, 0, gap_from)
-
-    async with serve(handler) as port, httpx.AsyncClient() as client:
-        reader = intake.Intake(
-            intake.IntakeConfig(
-                f"http://127.0.0.1:{port}",
-                ("alerts",),
-                None,
-                keepalive_timeout=0.4,
-                connect_timeout=0.5,
-            ),
-            client,
-            sink=lambda item: None,
-            current_resume=resume,
-            on_rejected_cursor=no_cursor_drop,
-            owe_backfill=owe,
-            new_generation=itertools.count().__next__,
-            health=intake.IntakeHealth(),
-            open_stream=RawStreamOpener(),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(reader.run(stop))
-        try:
-            async with asyncio.timeout(10):
-                while not streams:
-                    await asyncio.sleep(0.05)
-        finally:
-            stop.set()
-            await task
+    cursor = Cursor("id", "cursor000001", 1700000000)
+    async with (
+        serve(handler) as port,
+        intake_running(port, cursor=cursor, keepalive_timeout=0.4, connect_timeout=0.5),
+    ):
+        async with asyncio.timeout(10):
+            while not streams:
+                await asyncio.sleep(0.05)
     assert b"since=cursor000001" in streams[0]
 
 
