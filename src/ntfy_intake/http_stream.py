@@ -21,11 +21,11 @@ import errno
 import os
 import re
 import ssl
-import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Protocol
 
 import httpx
+from httpx._utils import URLPattern, get_environment_proxies
 
 from ntfy_intake import __version__
 
@@ -67,13 +67,20 @@ def url_problem(url: str) -> str | None:
 
 
 def proxied(url: str) -> bool:
-    """True when the environment names a proxy for `url` (what httpx's `trust_env` honours)."""
-    proxies = urllib.request.getproxies_environment()
-    parsed = httpx.URL(url)
-    if parsed.scheme not in proxies and "all" not in proxies:
-        return False
-    bypass: bool = urllib.request.proxy_bypass_environment(parsed.host, proxies)  # type: ignore[attr-defined]
-    return not bypass
+    """True when httpx (`trust_env`) would send `url` through a proxy named by the environment.
+
+    Decided by httpx's own rules (`get_environment_proxies`, `URLPattern`: NO_PROXY=.lan does
+    not cover `lan` itself, as in curl), not by urllib's, which differ; they are private to
+    httpx, so `test_proxy_decision_is_the_one_httpx_makes` checks them against a real client."""
+    target = httpx.URL(url)
+    mounts = sorted(
+        ((URLPattern(key), proxy) for key, proxy in get_environment_proxies().items()),
+        key=lambda mount: mount[0],
+    )
+    for pattern, proxy in mounts:
+        if pattern.matches(target):
+            return proxy is not None
+    return False
 
 
 class NoResponse(httpx.RemoteProtocolError):

@@ -299,6 +299,46 @@ def test_proxy_in_the_environment_is_noticed(monkeypatch: pytest.MonkeyPatch) ->
     assert proxied("https://ntfy.example/alerts")
 
 
+PROXY_ENVIRONMENTS = [
+    {},
+    {"HTTP_PROXY": "http://proxy.lan:3128"},
+    {"HTTPS_PROXY": "http://proxy.lan:3128"},
+    {"ALL_PROXY": "http://proxy.lan:3128"},
+    {"ALL_PROXY": "http://proxy.lan:3128", "NO_PROXY": "ntfy.lan"},
+    {"ALL_PROXY": "http://proxy.lan:3128", "NO_PROXY": ".ntfy.lan"},  # urllib bypasses ntfy.lan
+    {"ALL_PROXY": "http://proxy.lan:3128", "NO_PROXY": "localhost,127.0.0.1,::1"},
+    {"ALL_PROXY": "http://proxy.lan:3128", "NO_PROXY": "*"},
+    {"HTTP_PROXY": "http://proxy.lan:3128", "NO_PROXY": "http://ntfy.lan"},
+    {"HTTPS_PROXY": "http://proxy.lan:3128", "NO_PROXY": "192.168.1.5"},
+]
+PROXY_URLS = [
+    "http://ntfy.lan/alerts",
+    "https://ntfy.lan/alerts",
+    "http://sub.ntfy.lan:8080/alerts",
+    "http://127.0.0.1:8786",
+    "http://[::1]:8786",
+    "http://localhost/x",
+    "https://192.168.1.5/ntfy",
+]
+
+
+@pytest.mark.parametrize("environment", PROXY_ENVIRONMENTS, ids=str)
+def test_proxy_decision_is_the_one_httpx_makes(
+    environment: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failure mode: the lean reader connects directly where httpx (the probe, the relay) would
+    go through the proxy, or the other way round (urllib's NO_PROXY rules differ from httpx's)."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    client = httpx.AsyncClient()
+    for url in PROXY_URLS:
+        via_proxy = client._transport_for_url(httpx.URL(url)) is not client._transport
+        assert proxied(url) == via_proxy, url
+
+
 class ForwardingProxy(socketserver.ThreadingTCPServer):
     """An HTTP proxy for plain http:// URLs: records each request line and relays the bytes."""
 
