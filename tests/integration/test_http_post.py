@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from ntfy_intake.http_post import KeepAlivePoster
 
-from .test_http_stream import in_loop, serve
+from .test_http_stream import in_loop, self_signed, serve
 
 TIMEOUTS = httpx.Timeout(2.0)
 Reply = Callable[[int], bytes]  # request number on its connection -> the bytes to answer
@@ -176,3 +178,27 @@ async def test_attempt_cancelled_mid_reply_never_leaves_its_connection_for_the_n
         await poster.aclose()
     assert (status, reply) == (200, b"second")
     assert poster.connections_opened == 2
+
+
+@in_loop
+async def test_https_receiver_is_trusted_as_httpx_trusts_it_and_its_connection_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failure mode: the relay's lean client skips certificate checks, or never reuses a TLS
+    connection (a handshake per delivery)."""
+    cert, key = self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    receiver = Receiver(ok())
+    async with serve(receiver, server_ctx) as port:
+        url = f"https://127.0.0.1:{port}/triage"
+        untrusting = KeepAlivePoster(url, timeouts=TIMEOUTS, max_reply=64)
+        with pytest.raises(httpx.ConnectError):
+            await untrusting.post(b"{}", {})
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        poster = KeepAlivePoster(url, timeouts=TIMEOUTS, max_reply=64)
+        replies = [await poster.post(b'{"n":%d}' % i, {}) for i in range(3)]
+        await poster.aclose()
+    assert [status for status, _, _ in replies] == [200] * 3
+    assert receiver.bodies == [b'{"n":%d}' % i for i in range(3)]
+    assert poster.connections_opened == 1
