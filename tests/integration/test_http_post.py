@@ -202,3 +202,117 @@ async def test_https_receiver_is_trusted_as_httpx_trusts_it_and_its_connection_k
     assert [status for status, _, _ in replies] == [200] * 3
     assert receiver.bodies == [b'{"n":%d}' % i for i in range(3)]
     assert poster.connections_opened == 1
+
+
+class EchoingReceiver:
+    """Answers each request with its own Idempotency-Key, then, `after` seconds later, writes
+    `unsolicited` on the same connection while it sits idle (a proxy's or server's 408)."""
+
+    def __init__(self, unsolicited: bytes, *, after: float, close: bool) -> None:
+        self.unsolicited = unsolicited
+        self.after = after
+        self.close = close  # the unsolicited answer ends the connection
+        self.connections = 0
+        self.keys: list[str] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            fields = dict(
+                line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line
+            )
+            await reader.readexactly(int(fields[b"Content-Length"]))
+            key = fields[b"Idempotency-Key"].strip()
+            self.keys.append(key.decode())
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(key), key))
+            await writer.drain()
+            await asyncio.sleep(self.after)
+            writer.write(self.unsolicited)
+            await writer.drain()
+            if self.close:
+                writer.close()
+                return
+
+
+REQUEST_TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\n\r\ntimeout"
+REQUEST_TIMEOUT_408_CLOSE = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 7\r\n\r\ntimeout"
+)
+
+
+@pytest.mark.parametrize(
+    ("unsolicited", "close"),
+    [(REQUEST_TIMEOUT_408, False), (REQUEST_TIMEOUT_408_CLOSE, True)],
+    ids=["keep-alive", "connection-close"],
+)
+@in_loop
+async def test_unsolicited_408_while_idle_is_never_read_as_the_next_deliverys_reply(
+    unsolicited: bytes, close: bool
+) -> None:
+    """Failure mode: bytes that arrived on an idle kept-alive connection (a receiver's or a
+    proxy's unsolicited 408) are read as the reply to the next delivery, and every reply after
+    it belongs to the delivery before: deliveries settled on someone else's reply."""
+    receiver = EchoingReceiver(unsolicited, after=0.02, close=close)
+    async with serve(receiver) as port:
+        poster = KeepAlivePoster(f"http://127.0.0.1:{port}/t", timeouts=TIMEOUTS, max_reply=64)
+        replies = []
+        for i in range(4):
+            replies.append(await poster.post(b"{}", {"Idempotency-Key": f"key-{i}"}))
+            await asyncio.sleep(0.1)  # idle: the unsolicited answer arrives now
+        await poster.aclose()
+    assert [(status, body) for status, _, body in replies] == [
+        (200, f"key-{i}".encode()) for i in range(4)
+    ]
+    assert receiver.keys == [f"key-{i}" for i in range(4)]  # each sent once: no spurious retry
+    assert poster.connections_opened == 4
+
+
+@in_loop
+async def test_unsolicited_bytes_right_behind_a_reply_keep_its_connection_from_reuse() -> None:
+    """Failure mode: a reply followed at once by more bytes (in the same segment) leaves them
+    waiting for the next delivery to read."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                + REQUEST_TIMEOUT_408
+            )
+            await writer.drain()
+
+    async with serve(handler) as port:
+        poster = KeepAlivePoster(f"http://127.0.0.1:{port}/t", timeouts=TIMEOUTS, max_reply=64)
+        replies = [await poster.post(b"n%d" % i, {}) for i in range(3)]
+        await poster.aclose()
+    assert [(status, body) for status, _, body in replies] == [(200, b"n%d" % i) for i in range(3)]
+    assert poster.connections_opened == 3
+
+
+@in_loop
+async def test_idle_connection_past_the_keepalive_expiry_is_not_reused() -> None:
+    """Failure mode: a connection idle for longer than a receiver or proxy keeps it (often
+    5-60 s) is reused and meets a close mid-request; httpcore retires it after 5 s idle."""
+    now = [1000.0]
+    receiver = Receiver(ok())
+    async with serve(receiver) as port:
+        poster = KeepAlivePoster(
+            f"http://127.0.0.1:{port}/t", timeouts=TIMEOUTS, max_reply=64, clock=lambda: now[0]
+        )
+        await poster.post(b"{}", {})
+        now[0] += 4.9
+        await poster.post(b"{}", {})
+        assert poster.connections_opened == 1
+        now[0] += 5.1
+        await poster.post(b"{}", {})
+        await poster.aclose()
+    assert poster.connections_opened == receiver.connections == 2
