@@ -31,7 +31,7 @@ def decode(pieces: list[bytes]) -> tuple[bytes, bool]:
 @given(
     chunks=st.lists(st.binary(min_size=0, max_size=300), max_size=20),
     cuts=st.lists(st.integers(min_value=0, max_value=8000), max_size=30),
-    extension=st.sampled_from([b"", b";name=value", b" ; x"]),
+    extension=st.sampled_from([b"", b";name=value", b";x ", b" ", b"\t"]),
     trailers=st.sampled_from([b"", b"X-Trailer: 1\r\n", b"A: b\r\nC: d\r\n"]),
 )
 def test_body_is_the_same_however_the_wire_is_split(
@@ -75,7 +75,9 @@ def test_unfinished_body_is_not_done() -> None:
         b"5_0\r\n",  # and underscores
         b"\r\n",  # no size at all
         b"3\r\nabcXY",  # payload not followed by CRLF
-        b"1" * 20 + b"\r\n",  # more than 16 hex digits
+        b"1" * 21 + b"\r\n",  # more than 20 hex digits (h11's bound)
+        b"5 ;ext\r\nhello\r\n",  # whitespace before an extension: h11 refuses it
+        b"5\x0b\r\nhello\r\n",  # whitespace is only space and tab
         b"5" + b";x" * 3000,  # a size line that never ends
     ],
 )
@@ -92,3 +94,12 @@ def test_any_bytes_either_decode_or_raise_a_protocol_error(wire: bytes, cuts: li
             body.feed(piece)
     except httpx.RemoteProtocolError:
         pass
+
+
+@pytest.mark.parametrize("size_line", [b"5 ", b"5\t", b"5  \t", b"5;ext ", b"05"])
+def test_chunk_size_line_with_trailing_whitespace_is_taken_as_h11_takes_it(size_line: bytes) -> None:
+    """Failure mode: a proxy that writes `5 \\r\\n` (h11 takes it on purpose: real servers do)
+    fails every stream connection, and intake backs off for ever."""
+    body = ChunkedBody()
+    assert body.feed(size_line + b"\r\nhello\r\n0\r\n\r\n") == b"hello"
+    assert body.done
