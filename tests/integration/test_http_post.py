@@ -222,9 +222,7 @@ class EchoingReceiver:
                 head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
-            fields = dict(
-                line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line
-            )
+            fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
             await reader.readexactly(int(fields[b"Content-Length"]))
             key = fields[b"Idempotency-Key"].strip()
             self.keys.append(key.decode())

@@ -22,14 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import intake
+from ntfy_intake import http_connection, intake
 from ntfy_intake.cursor import Cursor, Owed, Resume
-from ntfy_intake.http_stream import RawStreamOpener, read_head, request_bytes
+from ntfy_intake.http_stream import RawStreamOpener, read_response
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
@@ -231,9 +232,23 @@ async def test_credentials_in_the_url_are_sent_as_httpx_sends_them() -> None:
 
 def test_internationalized_host_is_sent_in_its_idna_form() -> None:
     target = httpx.URL("https://bücher.example:8443/ntfy/alerts/json", params={"since": "1h"})
-    request = request_bytes("GET", target, {})
+    request = get_request_bytes(target)
     assert b"\r\nHost: xn--bcher-kva.example:8443\r\n" in request
     assert request.startswith(b"GET /ntfy/alerts/json?since=1h HTTP/1.1\r\n")
+
+
+def get_request_bytes(target: httpx.URL) -> bytes:
+    return http_connection.request_bytes(h11.Connection(h11.CLIENT), "GET", target, {})
+
+
+class Pieces:
+    """A byte source that hands over one piece per read, then EOF."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = [piece for piece in pieces if piece]
+
+    async def receive(self, read_timeout: float | None) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
 
 
 class NonAsciiHeaderNtfy(socketserver.ThreadingTCPServer):
@@ -403,23 +418,15 @@ def test_any_reply_is_read_or_a_transport_error_never_another_exception(
     wire = eol.join([status, *fields, b"", b"".join(body)])
 
     async def read() -> None:
-        reader = asyncio.StreamReader()
-
-        async def feed() -> None:
-            position = 0
-            for cut in [*cuts, len(wire)]:
-                reader.feed_data(wire[position : position + cut])
-                position += cut
-                await asyncio.sleep(0)  # the reader takes each piece on its own
-            reader.feed_eof()
-
-        feeder = asyncio.create_task(feed())
-        try:
-            response = await read_head(reader, 1.0)
-            async for _ in response.aiter_raw():
-                pass
-        finally:
-            await feeder
+        pieces, position = [], 0
+        for cut in [*cuts, len(wire)]:
+            pieces.append(wire[position : position + cut])
+            position += cut
+        conn = h11.Connection(h11.CLIENT)
+        http_connection.request_bytes(conn, "GET", httpx.URL("http://x/t/json"), {})
+        response = await read_response(Pieces(pieces), conn, 1.0)
+        async for _ in response.aiter_raw():
+            pass
 
     with contextlib.suppress(httpx.TransportError):
         asyncio.run(read())

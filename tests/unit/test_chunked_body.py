@@ -1,4 +1,7 @@
-"""ChunkedBody: de-chunking an HTTP/1.1 body however the bytes are split on the wire."""
+"""ChunkedBody: de-chunking an HTTP/1.1 body however the bytes are split on the wire.
+
+It stops at the last chunk (`rest` then starts with the 0-size line): h11 reads that line and
+the trailers (tests/unit/test_stream_reader_matches_h11.py holds the whole reader equal to h11)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ def split_at(wire: bytes, cuts: list[int]) -> list[bytes]:
 def decode(pieces: list[bytes]) -> tuple[bytes, bool]:
     body = ChunkedBody()
     out = b"".join(body.feed(piece) for piece in pieces)
-    return out, body.done
+    return out, body.last_chunk
 
 
 @given(
@@ -51,19 +54,19 @@ def test_one_byte_at_a_time() -> None:
     assert done
 
 
-def test_bytes_after_the_last_chunk_are_not_payload() -> None:
+def test_bytes_from_the_last_chunk_on_are_not_payload() -> None:
     body = ChunkedBody()
     assert body.feed(encode([b"abc"]) + b"HTTP/1.1 200 OK\r\n") == b"abc"
-    assert body.done
-    assert body.feed(b"more") == b""
+    assert body.last_chunk
+    assert body.rest == b"0\r\n\r\nHTTP/1.1 200 OK\r\n"
 
 
 def test_unfinished_body_is_not_done() -> None:
     body = ChunkedBody()
     assert body.feed(b"5\r\nabc") == b"abc"
-    assert not body.done
+    assert not body.last_chunk
     assert body.feed(b"de\r\n") == b"de"
-    assert not body.done
+    assert not body.last_chunk
 
 
 @pytest.mark.parametrize(
@@ -78,7 +81,7 @@ def test_unfinished_body_is_not_done() -> None:
         b"1" * 21 + b"\r\n",  # more than 20 hex digits (h11's bound)
         b"5 ;ext\r\nhello\r\n",  # whitespace before an extension: h11 refuses it
         b"5\x0b\r\nhello\r\n",  # whitespace is only space and tab
-        b"5" + b";x" * 3000,  # a size line that never ends
+        b"5" + b";x" * 40000,  # a size line that never ends (past 64 KiB, as h11 is set)
     ],
 )
 def test_malformed_body_is_a_protocol_error(wire: bytes) -> None:
@@ -97,9 +100,11 @@ def test_any_bytes_either_decode_or_raise_a_protocol_error(wire: bytes, cuts: li
 
 
 @pytest.mark.parametrize("size_line", [b"5 ", b"5\t", b"5  \t", b"5;ext ", b"05"])
-def test_chunk_size_line_with_trailing_whitespace_is_taken_as_h11_takes_it(size_line: bytes) -> None:
+def test_chunk_size_line_with_trailing_whitespace_is_taken_as_h11_takes_it(
+    size_line: bytes,
+) -> None:
     """Failure mode: a proxy that writes `5 \\r\\n` (h11 takes it on purpose: real servers do)
     fails every stream connection, and intake backs off for ever."""
     body = ChunkedBody()
     assert body.feed(size_line + b"\r\nhello\r\n0\r\n\r\n") == b"hello"
-    assert body.done
+    assert body.last_chunk

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ntfy_intake import http_connection
 from ntfy_intake.http_stream import read_response
 
 Outcome = tuple[str, int, tuple[tuple[bytes, bytes], ...], bytes] | tuple[str]
@@ -27,9 +28,9 @@ class Pieces:
     """A reader that hands over exactly one piece per read, then EOF: the wire's own cuts."""
 
     def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = list(pieces)
+        self.pieces = [piece for piece in pieces if piece]  # b"" would read as EOF
 
-    async def receive(self, timeout: float | None) -> bytes:
+    async def receive(self, read_timeout: float | None) -> bytes:
         return self.pieces.pop(0) if self.pieces else b""
 
 
@@ -72,7 +73,9 @@ def by_h11(pieces: list[bytes]) -> Outcome:
 
 def by_stream_reader(pieces: list[bytes]) -> Outcome:
     async def read() -> Outcome:
-        response = await read_response(Pieces(pieces), read_timeout=None)
+        conn = h11.Connection(h11.CLIENT)
+        http_connection.request_bytes(conn, "GET", httpx.URL("http://x/t/json"), {})
+        response = await read_response(Pieces(pieces), conn, read_timeout=None)
         body = await response.aread()
         fields = tuple((n.lower(), v) for n, v in response.headers.raw)
         return ("ok", response.status_code, fields, body)
@@ -88,7 +91,7 @@ def by_stream_reader(pieces: list[bytes]) -> Outcome:
 HEX = "0123456789abcdefABCDEF"
 size_prefixes = st.sampled_from([b"", b"0", b"00", b"000000"])
 whitespace = st.sampled_from([b"", b"", b" ", b"\t", b"  ", b" \t"])
-extensions = st.sampled_from([b"", b"", b";name=value", b";x", b";", b' ;x', b";a\tb"])
+extensions = st.sampled_from([b"", b"", b";name=value", b";x", b";", b" ;x", b";a\tb"])
 odd_sizes = st.sampled_from([b"", b"-5", b"+5", b"0x5", b"5_0", b"g", b" 5", b"1" * 21])
 
 
@@ -108,20 +111,46 @@ def chunked_bodies(draw: st.DrawFn) -> bytes:
         out += draw(chunk_lines(len(data))) + b"\r\n" + data + footer
     out += draw(chunk_lines(0)) + b"\r\n"
     trailers = draw(
-        st.sampled_from([b"", b"", b"X-Trailer: 1\r\n", b"A: b\r\nC: d\r\n", b"bad trailer\r\n",
-                         b"X: a\r\n  folded\r\n", b"X: a\x00b\r\n"])
+        st.sampled_from(
+            [
+                b"",
+                b"",
+                b"X-Trailer: 1\r\n",
+                b"A: b\r\nC: d\r\n",
+                b"bad trailer\r\n",
+                b"X: a\r\n  folded\r\n",
+                b"X: a\x00b\r\n",
+            ]
+        )
     )
     return out + trailers + draw(st.sampled_from([b"\r\n", b"\r\n", b"\n", b""]))
 
 
 status_lines = st.sampled_from(
-    [b"HTTP/1.1 200 OK", b"HTTP/1.1 200", b"HTTP/1.0 200 OK", b"HTTP/1.1 429 Too Many Requests",
-     b"HTTP/1.1 200 OK\tfine", b"HTTP/2 200", b"HTTP/1.1 20 OK", b"FTP/1.1 200 OK"]
+    [
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 200",
+        b"HTTP/1.0 200 OK",
+        b"HTTP/1.1 429 Too Many Requests",
+        b"HTTP/1.1 200 OK\tfine",
+        b"HTTP/2 200",
+        b"HTTP/1.1 20 OK",
+        b"FTP/1.1 200 OK",
+    ]
 )
 extra_fields = st.lists(
-    st.sampled_from([b"Content-Type: application/x-ndjson", b"Date: Tue, 01 Dec 2026 10:00:00 GMT",
-                     b"X-Folded: a\r\n b", b"Bad Field: x", b"X-Empty:", b"X-Latin: caf\xe9",
-                     b": no name", b"X-Ctl: a\x01b"]),
+    st.sampled_from(
+        [
+            b"Content-Type: application/x-ndjson",
+            b"Date: Tue, 01 Dec 2026 10:00:00 GMT",
+            b"X-Folded: a\r\n b",
+            b"Bad Field: x",
+            b"X-Empty:",
+            b"X-Latin: caf\xe9",
+            b": no name",
+            b"X-Ctl: a\x01b",
+        ]
+    ),
     max_size=3,
 )
 
@@ -129,12 +158,26 @@ extra_fields = st.lists(
 @st.composite
 def responses(draw: st.DrawFn) -> bytes:
     head = [draw(status_lines), *draw(extra_fields)]
-    framing = draw(st.sampled_from(["chunked", "chunked", "chunked", "length", "close", "both",
-                                    "gzip", "two-encodings", "two-lengths"]))
+    framing = draw(
+        st.sampled_from(
+            [
+                "chunked",
+                "chunked",
+                "chunked",
+                "length",
+                "close",
+                "both",
+                "gzip",
+                "two-encodings",
+                "two-lengths",
+            ]
+        )
+    )
     body = draw(st.binary(max_size=80))
     if framing in ("chunked", "both", "two-encodings"):
-        head.append(draw(st.sampled_from([b"Transfer-Encoding: chunked",
-                                          b"transfer-encoding: Chunked"])))
+        head.append(
+            draw(st.sampled_from([b"Transfer-Encoding: chunked", b"transfer-encoding: Chunked"]))
+        )
         body = draw(chunked_bodies())
     if framing == "two-encodings":
         head.append(b"Transfer-Encoding: chunked")
@@ -178,7 +221,9 @@ def test_stream_reader_reads_any_response_as_h11_does(wire: bytes, cuts: list[in
 def test_chunk_size_line_is_judged_as_h11_judges_it(size_line: bytes, expected: str) -> None:
     """Failure mode: a proxy that writes `5 \\r\\n` fails every connection (intake backs off for
     ever), while `5 ;ext`, which h11 refuses, was taken."""
-    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\nhello\r\n0\r\n\r\n" % size_line
+    wire = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\nhello\r\n0\r\n\r\n" % size_line
+    )
     outcome = by_stream_reader([wire])
     assert outcome[0] == expected
     assert outcome == by_h11([wire])
