@@ -123,7 +123,6 @@ def record_all(
                 feed_append=append_triage_entry,
                 note_append=append_info_entry,
             )
-            queue.adopt(result.state)
             record_s += time.thread_time() - began
             began = time.thread_time()
             audit.flush(conn, log)

@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, settings
+import pytest
+
+from ntfy_intake import audit, db, settings
 from ntfy_intake.daemon import Daemon
 
 TOPICS = "alerts,backups"
@@ -216,3 +218,59 @@ class Child:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+class CommitFaults:
+    """Fails the COMMIT of chosen write transactions, as an fsync failing with EIO would: the
+    transaction rolls back whole and the error is a transient one, which the daemon waits out
+    by running the same work again (`EventPipeline._db`).
+
+    A transaction is chosen by the function that opened it: `fail_once("Relay._settle_and_claim")`
+    fails the next transaction opened while that function (by `__qualname__`) is on the stack,
+    `skip=n` lets the first n of them commit. Every module calls `db.write_txn` through the
+    module, so patching it there reaches them all.
+    """
+
+    ERROR = "disk I/O error"
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._armed: dict[str, list[int]] = {}  # site -> [transactions to skip, to fail]
+        self.fired: list[str] = []
+        real = db.write_txn
+
+        @contextmanager
+        def write_txn(conn: sqlite3.Connection, **kwargs: Any) -> Iterator[Any]:
+            site = self._take(sys._getframe(1))
+            before_commit = kwargs.pop("before_commit", None)
+
+            def commit_fault() -> None:
+                if before_commit is not None:
+                    before_commit()
+                if site is not None:
+                    self.fired.append(site)
+                    raise sqlite3.OperationalError(self.ERROR)
+
+            with real(conn, before_commit=commit_fault, **kwargs) as txn:
+                yield txn
+
+        monkeypatch.setattr(db, "write_txn", write_txn)
+
+    def fail_once(self, within: str, *, skip: int = 0) -> None:
+        self._armed[within] = [skip, 1]
+
+    @property
+    def armed(self) -> bool:
+        return any(left for _, left in self._armed.values())
+
+    def _take(self, frame: Any) -> str | None:
+        while frame is not None:
+            name = str(frame.f_code.co_qualname)
+            counts = self._armed.get(name)
+            if counts is not None and counts[1] > 0:
+                if counts[0] > 0:
+                    counts[0] -= 1
+                    return None
+                counts[1] -= 1
+                return name
+            frame = frame.f_back
+        return None

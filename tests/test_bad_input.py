@@ -181,8 +181,7 @@ def test_inbox_records_or_quarantines_every_line_and_never_raises(
     queue = owner_queue()
     decoded = [decode_line(line, TOPICS) for line in lines]
     batch = [f for f in decoded if isinstance(f, Message | DeviceAction | Ignored | Junk)]
-    result = inbox.record_batch(store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True)
-    queue.commit(result.records)
+    inbox.record_batch(store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True)
     for line in lines:
         assert accounted(store, line), line
 
@@ -229,10 +228,7 @@ def test_hostile_values_never_escape_and_each_event_has_exactly_one_outcome(
         decoded = [decode_line(line, TOPICS) for line in lines]
         batch = [f for f in decoded if isinstance(f, Message | Junk)]
         for _ in range(2):  # the second pass is ntfy replaying the same frames
-            result = inbox.record_batch(
-                store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True
-            )
-            queue.commit(result.records)
+            inbox.record_batch(store, batch, 1_764_470_000.0, queue=queue, relay_enabled=True)
         ids = {f.id for f in batch if isinstance(f, Message)}
         outcomes = event_outcomes(store)
         assert set(outcomes) == ids
@@ -253,11 +249,8 @@ def test_hostile_owner_message_text_is_queued_once_and_sendable(texts: list[str]
         queue = owner_queue(daily_cap=100)
         for attempt in range(2):  # the agent retries with the same key
             for index, text in enumerate(texts):
-                with db.write_txn(store):
-                    result, records = queue.triage_message(
-                        store, f"k{index}", text, 1_764_470_000.0
-                    )
-                queue.commit(records)
+                with db.write_txn(store) as txn:
+                    result, _ = queue.triage_message(txn, f"k{index}", text, 1_764_470_000.0)
                 assert result == ("duplicate" if attempt else "queued")
         rows = store.execute("SELECT key, text FROM owner_outbox WHERE kind = 'triage'").fetchall()
         assert len(rows) == len(texts)

@@ -579,9 +579,8 @@ class Daemon(Vitals):
         return 202 if result != "duplicate" else 200, {"key": key, "result": result}
 
     def _queue_agent_message(self, key: str, text: str) -> str:
-        with db.write_txn(self.conn):
-            result, records = self.owner_queue.triage_message(self.conn, key, text, self.clock())
-        self.owner_queue.commit(records)
+        with db.write_txn(self.conn) as txn:
+            result, _ = self.owner_queue.triage_message(txn, key, text, self.clock())
         return result
 
 

@@ -6,6 +6,11 @@ Invariants owned here:
   a busy timeout, so no transaction is ever opened implicitly;
 - every write goes through `write_txn`, which starts with BEGIN IMMEDIATE (the write lock is taken
   up front, so two writers serialize instead of failing at COMMIT) and rolls back on any exception;
+- in-memory state that a write transaction decides on (cadence decisions, notice streaks,
+  counters, wake-ups) changes only after its COMMIT: code inside registers the change with
+  `Transaction.after_commit`, and a rolled-back transaction drops it. A transaction that fails
+  and is run again (a transient storage fault) therefore decides from the same memory as the
+  first run: nothing is lost or done twice;
 - migrations are an ordered, named list, each applied once in its own transaction and recorded.
 """
 
@@ -26,6 +31,32 @@ BUSY_TIMEOUT_MS = 10_000
 # A hook that tests set to raise between the last statement of a transaction and its COMMIT.
 # It is None in production; `write_txn` calls it only when set.
 BeforeCommit = Callable[[], None]
+# An in-memory change that waits for the transaction's COMMIT.
+Effect = Callable[[], None]
+
+
+class Transaction:
+    """One write transaction: its connection, and the in-memory changes waiting for its COMMIT.
+
+    The statements go through `conn` as before; what the transaction decides on in memory is
+    registered with `after_commit` and happens only once the COMMIT succeeded, in the order it
+    was registered. A rollback drops it all, so running the transaction again starts from the
+    memory the first run started from.
+    """
+
+    __slots__ = ("_effects", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._effects: list[Effect] = []
+
+    def after_commit(self, effect: Effect) -> None:
+        self._effects.append(effect)
+
+    def _committed(self) -> None:
+        effects, self._effects = self._effects, []
+        for effect in effects:
+            effect()
 
 
 def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
@@ -67,15 +98,17 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
 @contextlib.contextmanager
 def write_txn(
     conn: sqlite3.Connection, *, before_commit: BeforeCommit | None = None
-) -> Iterator[sqlite3.Connection]:
-    """BEGIN IMMEDIATE ... COMMIT, rolling back every table on any exception.
+) -> Iterator[Transaction]:
+    """BEGIN IMMEDIATE ... COMMIT, rolling back every table on any exception; then the
+    transaction's `after_commit` effects, only if the COMMIT succeeded.
 
     `before_commit` exists for failure-mode tests: it runs after the body's last statement and
-    before COMMIT, so a fault raised there must leave every table untouched.
+    before COMMIT, so a fault raised there must leave every table, and all memory, untouched.
     """
+    txn = Transaction(conn)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        yield conn
+        yield txn
         if before_commit is not None:
             before_commit()
         conn.execute("COMMIT")
@@ -86,6 +119,8 @@ def write_txn(
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise
+    # Outside the handler: the rows are durable, and no effect's failure may roll them back.
+    txn._committed()
 
 
 @contextlib.contextmanager

@@ -345,9 +345,9 @@ class FeedStore:
     ) -> Entry:
         """Append an entry in its own transaction; a repeated idempotency key returns the original."""
         key = delivery_key if delivery_key is not None else f"feed-{uuid.uuid4().hex}"
-        with self._lock, _store_errors(), db.write_txn(self._conn) as conn:
+        with self._lock, _store_errors(), db.write_txn(self._conn) as txn:
             entry = append(
-                conn,
+                txn.conn,
                 channel,
                 payload,
                 delivery_key=key,
@@ -356,10 +356,14 @@ class FeedStore:
                 idempotency_key=idempotency_key,
                 now=time.time() if now is None else now,
             )
+            # Doorbells ring for committed entries only.
+            txn.after_commit(self._announce_post)
+        return entry
+
+    def _announce_post(self) -> None:
         with self._posted:
             self._generation += 1
             self._posted.notify_all()
-        return entry
 
     # -- consumers
 
@@ -371,8 +375,8 @@ class FeedStore:
         check_name("handle", handle)
         check_name("channel", channel)
         _check_join(at)
-        with self._lock, _store_errors(), db.write_txn(self._conn) as conn:
-            return _join(conn, handle, channel, at, time.time())
+        with self._lock, _store_errors(), db.write_txn(self._conn) as txn:
+            return _join(txn.conn, handle, channel, at, time.time())
 
     def catch_up(
         self,
@@ -440,7 +444,8 @@ class FeedStore:
         check_name("handle", handle)
         check_name("channel", channel)
         _check_seq(seq)
-        with self._lock, _store_errors(), db.write_txn(self._conn) as conn:
+        with self._lock, _store_errors(), db.write_txn(self._conn) as txn:
+            conn = txn.conn
             head = head_of(conn, channel)
             if seq > head:
                 raise FeedError(f"ack {seq} is beyond head {head} of channel {channel!r}")

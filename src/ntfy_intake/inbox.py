@@ -11,8 +11,9 @@ get their own row and outcome `noted`, linked to the incident of the message the
 arrives first stays unlinked (incident_key '') until that message is recorded. Neither touches the
 incident's status nor any triage request. Unknown event kinds: outcome `ignored`, with the kind.
 
-Cadence decisions are made on a fork of the live cadence state, which the caller adopts only
-after COMMIT (`OwnerQueue.adopt`), so a rollback changes nothing.
+Cadence decisions are made on a fork of the live cadence state, which the owner queue adopts
+only after COMMIT (`OwnerQueue.fork_for`, the one rule of `db.Transaction`), so a rollback
+changes nothing and a batch run again decides as the first run did.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class BatchResult:
     quarantined: int = 0
     released: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)  # cadence records written this batch
-    state: cadence.CadenceState | None = None  # the cadence state with them folded in
+    # The cadence state with them folded in: the queue's live state once the batch committed.
+    state: cadence.CadenceState | None = None
 
 
 # A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
@@ -98,7 +100,7 @@ def record_batch(
         note_append=note_append,
     )
     try:
-        return record(frames, queue.state, also=also)
+        return record(frames, also=also)
     except Exception as exc:
         if not quarantine.blames_the_value(exc):
             raise
@@ -113,7 +115,6 @@ def record_batch(
 def _record_batch(
     conn: sqlite3.Connection,
     frames: Sequence[Event | Junk | Notice],
-    state: cadence.CadenceState,
     *,
     now: float,
     queue: OwnerQueue,
@@ -123,9 +124,9 @@ def _record_batch(
     also: InTransaction | None = None,
     note_append: NoteAppend | None = None,
 ) -> BatchResult:
-    batch = _Batch(conn, now, queue.policy, state.fork())
-    batch.note_append = note_append
-    with db.write_txn(conn, before_commit=before_commit):
+    with db.write_txn(conn, before_commit=before_commit) as txn:
+        batch = _Batch(conn, now, queue.policy, queue.fork_for(txn))
+        batch.note_append = note_append
         events = [f for f in frames if isinstance(f, _EVENT_TYPES)]
         batch.prefetch([f.id for f in events])
         batch.prefetch_sequences(events)
@@ -138,10 +139,7 @@ def _record_batch(
             elif isinstance(frame, Junk):
                 _quarantine(conn, frame, frame.reason, now, batch.result)
             else:
-                records = queue.notice(conn, frame, now, state=batch.work)
-                for record in records:
-                    batch.work.apply(record)
-                batch.result.records.extend(records)
+                batch.result.records.extend(queue.notice(txn, frame, now, state=batch.work))
         batch.write()
         if also is not None:
             also(conn, batch.result)
@@ -157,23 +155,20 @@ def _one_by_one(
     frames: Sequence[Event | Junk | Notice],
     now: float,
     queue: OwnerQueue,
-    record: Callable[[Sequence[Event | Junk | Notice], cadence.CadenceState], BatchResult],
+    record: Callable[[Sequence[Event | Junk | Notice]], BatchResult],
 ) -> BatchResult:
-    state = queue.state
-    total = BatchResult(state=state)
+    total = BatchResult(state=queue.state)
     for index, frame in enumerate(frames):
         try:
-            result = record([frame], state)
+            # Each frame commits on its own and the queue adopts its decisions then, so a storage
+            # fault on a later frame (the whole trip runs again) decides from what is durable.
+            result = record([frame])
         except Exception as exc:
             if not quarantine.blames_the_value(exc):
                 raise
             _quarantine_failed(conn, frame, exc, now, total, index)
             continue
-        state = result.state or state
-        total.state = state
-        # Committed: the live state takes it now, so a storage fault on a later frame (the whole
-        # trip runs again) decides from what is durable, not from before this frame.
-        queue.adopt(state)
+        total.state = queue.state
         total.candidates.extend(replace(c, index=index) for c in result.candidates)
         total.recorded += result.recorded
         total.duplicates += result.duplicates

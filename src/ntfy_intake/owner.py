@@ -383,7 +383,7 @@ class OwnerSender:
     def _settle(self, claim: Claim, settlement: Settlement) -> None:
         now = self.clock()
         owed = None if settlement.owed is None else json.dumps(list(settlement.owed))
-        with db.write_txn(self.conn):
+        with db.write_txn(self.conn) as txn:
             settled = (
                 self.conn.execute(
                     "UPDATE owner_outbox SET state = ?, due_at = coalesce(?, due_at),"
@@ -422,8 +422,9 @@ class OwnerSender:
                         recipients=leg.recipients,
                         failed=leg.failed,
                     )
-        if settled:
-            self._count(claim, settlement)
+                # The counters follow what is durable: a COMMIT that fails and is run again
+                # counts the attempt once.
+                txn.after_commit(lambda: self._count(claim, settlement))
 
     def _count(self, claim: Claim, settlement: Settlement) -> None:
         fields: dict[str, Any] = {"key": claim.key, "attempt": claim.attempt}

@@ -6,8 +6,10 @@ here, under a stable key, inside the caller's write transaction, together with t
 same records, folded, are the cadence state: nothing else counts messages, so a restart rebuilds
 exactly the day's count from the audit log and the cap holds across any number of redeploys.
 
-Callers apply the returned records with `commit()` only after their transaction committed, so a
-rolled-back transaction leaves the live state untouched.
+The live state changes only after the caller's transaction committed (`db.Transaction
+.after_commit`, the one rule for in-memory state): a decision made on the live state is folded
+into it then, and a batch that decides on a fork of it has the queue adopt the fork then. A
+rolled-back transaction leaves the live state untouched, so running it again decides the same.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ntfy_intake import audit, cadence, sanitize
+from ntfy_intake import audit, cadence, db, sanitize
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +40,18 @@ class OwnerQueue:
         self.policy = policy
         self.state = state
 
-    def adopt(self, state: cadence.CadenceState | None) -> None:
-        """Take over the fork an inbox batch decided on, once its transaction committed.
+    def fork_for(self, txn: db.Transaction) -> cadence.CadenceState:
+        """A copy of the live state for a transaction that makes several decisions (a batch):
+        each sees the earlier ones, and the queue adopts the copy once `txn` committed.
 
         Safe because every user of the queue runs under the daemon's single database lock: no
         other decision can have changed the live state between the fork and the commit."""
+        work = self.state.fork()
+        txn.after_commit(lambda: self.adopt(work))
+        return work
+
+    def adopt(self, state: cadence.CadenceState | None) -> None:
+        """Take over a state decided on in a transaction that committed (see `fork_for`)."""
         if state is not None:
             self.state = state
 
@@ -51,15 +60,28 @@ class OwnerQueue:
         for record in records:
             self.state.apply(record)
 
+    def _decided(
+        self, txn: db.Transaction, records: list[Record], state: cadence.CadenceState | None
+    ) -> None:
+        """Fold a decision's records: into the transaction's fork now (the fork is adopted
+        after COMMIT), or into the live state once `txn` commits."""
+        if state is not None:
+            for record in records:
+                state.apply(record)
+        else:
+            txn.after_commit(lambda: self.commit(records))
+
     def notice(
         self,
-        conn: sqlite3.Connection,
+        txn: db.Transaction,
         notice: Notice,
         now: float,
         *,
         state: cadence.CadenceState | None = None,
     ) -> list[Record]:
-        """Queue (or rate-limit) a notice; a repeated key is a no-op. Call inside a write txn."""
+        """Queue (or rate-limit) a notice; a repeated key is a no-op. `state`: the fork the
+        transaction decides on (`fork_for`), else the live state, changed after COMMIT."""
+        conn = txn.conn
         if _exists(conn, notice.key):
             return []
         decision = (state or self.state).decide_notice(self.policy, notice.notice, now)
@@ -82,18 +104,21 @@ class OwnerQueue:
             reason=decision.reason,
         )
         _stage(conn, record, now)
+        self._decided(txn, [record], state)
         return [record]
 
     def triage_message(
         self,
-        conn: sqlite3.Connection,
+        txn: db.Transaction,
         key: str,
         text: str,
         now: float,
         *,
         state: cadence.CadenceState | None = None,
     ) -> tuple[str, list[Record]]:
-        """Queue a triage reply under the daily cap: ('queued' | 'suppressed' | 'duplicate', records)."""
+        """Queue a triage reply under the daily cap: ('queued' | 'suppressed' | 'duplicate',
+        records); `state` as for `notice`."""
+        conn = txn.conn
         if _exists(conn, key):
             return "duplicate", []
         decision = (state or self.state).decide_owner_message(self.policy, now)
@@ -107,6 +132,7 @@ class OwnerQueue:
             text=sanitize.valid_utf8(text),  # the audit log can rebuild the message (rebuild.py)
         )
         _stage(conn, record, now)
+        self._decided(txn, [record], state)
         return decision.result, [record]
 
 

@@ -111,35 +111,39 @@ class Counters:
 
 
 class CountedOwnerQueue(OwnerQueue):
-    """The owner queue, counting the decisions it wrote (a rolled-back one too: it only costs
-    the owner sender one look), so the pipeline wakes the sender only when one may be waiting."""
+    """The owner queue, counting the decisions it wrote once their transaction committed, so
+    the pipeline wakes the sender only when one may be waiting."""
 
     queued: int = 0
 
     def notice(
         self,
-        conn: sqlite3.Connection,
+        txn: db.Transaction,
         notice: Notice,
         now: float,
         *,
         state: cadence.CadenceState | None = None,
     ) -> list[Record]:
-        records = super().notice(conn, notice, now, state=state)
-        self.queued += len(records)
+        records = super().notice(txn, notice, now, state=state)
+        self._count_after_commit(txn, len(records))
         return records
 
     def triage_message(
         self,
-        conn: sqlite3.Connection,
+        txn: db.Transaction,
         key: str,
         text: str,
         now: float,
         *,
         state: cadence.CadenceState | None = None,
     ) -> tuple[str, list[Record]]:
-        result, records = super().triage_message(conn, key, text, now, state=state)
-        self.queued += len(records)
+        result, records = super().triage_message(txn, key, text, now, state=state)
+        self._count_after_commit(txn, len(records))
         return result, records
+
+    def _count_after_commit(self, txn: db.Transaction, count: int) -> None:
+        if count:
+            txn.after_commit(lambda: setattr(self, "queued", self.queued + count))
 
 
 @dataclass(slots=True)
@@ -276,14 +280,13 @@ class EventPipeline:
 
     def _record_drop(self, notice: Notice) -> None:
         now = self.clock()
-        with db.write_txn(self.conn):
+        with db.write_txn(self.conn) as txn:
             self.conn.execute(
                 "UPDATE cursor SET kind = 'all', value = 'all', message_time = NULL,"
                 " updated_at = ? WHERE id = 1",
                 (now,),
             )
-            records = self.owner_queue.notice(self.conn, notice, now)
-        self.owner_queue.commit(records)
+            self.owner_queue.notice(txn, notice, now)
 
     # -- the writer: batch -> transaction -> audit -> resume point -----------------------------------
 
@@ -364,9 +367,9 @@ class EventPipeline:
                 also=write.also,
                 note_append=append_info_entry,
             )
+            # Committed: the owner queue has adopted the batch's cadence decisions already,
+            # before the flush (which may queue a notice) decides on them.
             write.result = result
-            # Before anything else decides on the cadence state (the flush may queue a notice).
-            self.owner_queue.adopt(result.state)
             self.crash.hit("after_inbox_commit")
             if result.released and self.relay is not None:
                 # The rows are durable: the relay queues for the lock while the audit is written.
@@ -433,9 +436,8 @@ class EventPipeline:
         return notices.gap(gap.cursor.value, start, end)
 
     def _record_notice(self, notice: Notice) -> None:
-        with db.write_txn(self.conn):
-            records = self.owner_queue.notice(self.conn, notice, self.clock())
-        self.owner_queue.commit(records)
+        with db.write_txn(self.conn) as txn:
+            self.owner_queue.notice(txn, notice, self.clock())
 
     async def _flush_audit(self) -> bool:
         """Write what the audit log is owed (one trip to the worker thread); False if latched."""

@@ -44,7 +44,7 @@ from ntfy_intake import (
     outbox,
     signing,
 )
-from ntfy_intake.owner_queue import OwnerQueue, Record
+from ntfy_intake.owner_queue import OwnerQueue
 
 log = structlog.get_logger("ntfy_intake.relay")
 
@@ -387,25 +387,29 @@ class Relay:
         unstarted: tuple[str, ...],
     ) -> list[outbox.Claim]:
         """Every finished attempt settled, unstarted claims put back and up to `want` due rows
-        claimed, in ONE transaction (one fsync, not one per delivery)."""
+        claimed, in ONE transaction (one fsync, not one per delivery).
+
+        What the settle changes in memory (the owner queue's cadence state, the 401 streak, the
+        counters) changes after COMMIT only: a transaction that failed and runs again (a
+        transient storage fault) decides exactly as the first run did."""
         now = self.clock()
-        done: list[tuple[outbox.Claim, Outcome, str]] = []
-        # Owner decisions (the daily cap) see this batch's earlier ones; the live cadence state
-        # takes them only after COMMIT, as the inbox batch does.
-        # (No copy for a claim alone: it writes no owner message.)
-        work = self.owner_queue.state.fork() if settlements else self.owner_queue.state
         # A claim alone commits without its own fsync: a lease lost to a power cut leaves the
         # row pending, to be sent again under the same key, which a lost lease does anyway (the
         # next start releases every lease). The next FULL commit makes it durable with the rest.
         # One fsync less between a release and its POST.
         claim_only = not settlements and not unstarted
-        with _synchronous(self.conn, "NORMAL" if claim_only else "FULL"), db.write_txn(self.conn):
-            for claim, outcome in settlements:
-                settled, result, records = self._settle_one(claim, outcome, now, work)
-                for record in records:
-                    work.apply(record)
-                if settled:
-                    done.append((claim, outcome, result))
+        with (
+            _synchronous(self.conn, "NORMAL" if claim_only else "FULL"),
+            db.write_txn(self.conn) as txn,
+        ):
+            if settlements:
+                # Owner decisions (the daily cap) see this batch's earlier ones; the live state
+                # takes them after COMMIT. (No copy for a claim alone: it decides nothing.)
+                work = self.owner_queue.fork_for(txn)
+                streak = self.unauthorized_streak
+                for claim, outcome in settlements:
+                    streak = self._settle_one(txn, claim, outcome, now, work, streak)
+                txn.after_commit(lambda: setattr(self, "unauthorized_streak", streak))
             if unstarted:
                 outbox.unclaim(self.conn, unstarted)
             claims = (
@@ -413,25 +417,27 @@ class Relay:
                 if want > 0
                 else []
             )
-        if settlements:
-            self.owner_queue.adopt(work)
-        for claim, outcome, result in done:
-            self._count(claim, outcome, result)
         return claims
 
     def _settle_one(
-        self, claim: outbox.Claim, outcome: Outcome, now: float, work: cadence.CadenceState
-    ) -> tuple[bool, str, list[Record]]:
-        """Inside the caller's transaction: (settled, result, owner records written)."""
+        self,
+        txn: db.Transaction,
+        claim: outbox.Claim,
+        outcome: Outcome,
+        now: float,
+        work: cadence.CadenceState,
+        streak: bool,
+    ) -> bool:
+        """Inside `txn`: settle one attempt. `streak`: whether a 401 streak is running (its
+        notice sent) as of the batch's earlier settlements; returns it after this one."""
         key = claim.delivery_key
-        records: list[Record] = []
         if outcome.kind == "delivered":
             settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
             result = "delivered"
             if settled and outcome.notify_text is not None:
                 # The agent's reply: one owner message per delivery key, under the cap.
-                _, records = self.owner_queue.triage_message(
-                    self.conn, f"notify:{key}", outcome.notify_text, now, state=work
+                self.owner_queue.triage_message(
+                    txn, f"notify:{key}", outcome.notify_text, now, state=work
                 )
         elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
             due = now + retry_delay(
@@ -439,9 +445,9 @@ class Relay:
             )
             settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
             result = "retry"
-            if settled and outcome.status == 401 and not self.unauthorized_streak:
-                records = self.owner_queue.notice(
-                    self.conn,
+            if settled and outcome.status == 401 and not streak:
+                self.owner_queue.notice(
+                    txn,
                     notices.relay_unauthorized(key, claim.attempt, outcome.detail),
                     now,
                     state=work,
@@ -450,29 +456,26 @@ class Relay:
             settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
             result = "dead"
             if settled:
-                records = self.owner_queue.notice(
-                    self.conn,
-                    notices.dead_row(key, outcome.detail, claim.attempt),
-                    now,
-                    state=work,
+                self.owner_queue.notice(
+                    txn, notices.dead_row(key, outcome.detail, claim.attempt), now, state=work
                 )
-        if settled:
-            audit.stage(
-                self.conn,
-                "delivery",
-                now,
-                delivery_key=key,
-                attempt=claim.attempt,
-                result=result,
-                status=outcome.status,
-                detail=outcome.detail,
-            )
-            # In order, inside the batch: a later 401 of it must see this streak's notice.
-            if outcome.status == 401:
-                self.unauthorized_streak = True
-            elif result == "delivered":
-                self.unauthorized_streak = False
-        return settled, result, records
+        if not settled:
+            return streak
+        audit.stage(
+            self.conn,
+            "delivery",
+            now,
+            delivery_key=key,
+            attempt=claim.attempt,
+            result=result,
+            status=outcome.status,
+            detail=outcome.detail,
+        )
+        txn.after_commit(lambda: self._count(claim, outcome, result))
+        # In order, inside the batch: a later 401 of it must see this streak's notice.
+        if outcome.status == 401:
+            return True
+        return False if result == "delivered" else streak
 
     def _count(self, claim: outbox.Claim, outcome: Outcome, result: str) -> None:
         key = claim.delivery_key

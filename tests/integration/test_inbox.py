@@ -40,9 +40,7 @@ def counts(conn: sqlite3.Connection) -> dict[str, int]:
 
 def record(conn: sqlite3.Connection, frames, queue=None, **kw):  # type: ignore[no-untyped-def]
     queue = queue or _queues.setdefault(conn, owner_queue())
-    result = inbox.record_batch(conn, frames, NOW, queue=queue, relay_enabled=True, **kw)
-    queue.commit(result.records)
-    return result
+    return inbox.record_batch(conn, frames, NOW, queue=queue, relay_enabled=True, **kw)
 
 
 # One cadence state per store (keyed by the connection itself, which this keeps alive, so a

@@ -18,12 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import audit, db, inbox, outbox, relay, signing
+from ntfy_intake import audit, db, inbox, outbox, pipeline, relay, signing
+from ntfy_intake.daemon import Daemon
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message, owner_queue
 from ..harness import (
+    CommitFaults,
     DaemonThread,
     cursor_row,
     daemon_process,
@@ -425,3 +427,71 @@ def test_lone_surrogate_in_receiver_reply_does_not_stop_the_relay(store) -> None
         "SELECT text FROM owner_outbox WHERE key = ?", (f"notify:{key}",)
     ).fetchall()
     assert text == "Disk full \ufffd"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """A recovered daemon whose steps are driven directly: its `_db` is the runner that waits
+    out a transient storage fault and runs the transaction again."""
+    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    found = Daemon(settings_for("http://127.0.0.1:9", tmp_path, cadence_debounce="0s"))
+    found.recover()
+    yield found
+    found._audit.close()
+    found.conn.close()
+
+
+def test_401_notice_survives_a_commit_fault_in_the_settle_transaction(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver answered 401 and the settle's COMMIT failed once (an fsync's EIO): the
+    relay's streak had moved inside the transaction, so the retried transaction took the notice
+    as already sent and the owner never heard of the 401s (0 notices, not the promised 1)."""
+    faults = CommitFaults(monkeypatch)
+    inbox.record_batch(
+        daemon.conn,
+        [make_message("aaaaaaaaaaa1")],
+        time.time(),
+        queue=daemon.owner_queue,
+        relay_enabled=True,
+    )
+    answers = [401, 401, 200]
+    now = {"t": time.time()}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(answers.pop(0), json={"error": "unauthorized"})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                daemon.conn,
+                client,
+                run_db=daemon._db,
+                owner_queue=daemon.owner_queue,
+                url="http://receiver.invalid/triage",
+                timeout=5.0,
+                max_attempts=8,
+                clock=lambda: now["t"],
+                flush_audit=daemon._flush_audit,
+                rng=lambda: 0.0,
+                retry_base=0.01,
+            )
+            # The first transaction there is the claim; the second settles the first 401.
+            faults.fail_once("Relay._settle_and_claim", skip=1)
+            for _ in range(3):
+                assert await r.run_once()
+                now["t"] += 1000.0
+
+    asyncio.run(scenario())
+
+    assert faults.fired == ["Relay._settle_and_claim"]
+    assert answers == []
+    assert query(tmp_path, "SELECT state, attempts FROM outbox") == [("delivered", 3)]
+    notices = query(tmp_path, "SELECT key FROM owner_outbox WHERE key LIKE 'relay_unauthorized:%'")
+    assert len(notices) == 1
+    audited = [
+        r
+        for r in audit.read_records(tmp_path / "audit")
+        if r["kind"] == "notice" and r["notice"] == "relay_unauthorized"
+    ]
+    assert len(audited) == 1

@@ -16,14 +16,13 @@ def record(
     conn: sqlite3.Connection, event_id: str, at: float, debounce: float = 0.0, title: str = "x"
 ) -> None:
     queue = owner_queue(debounce=debounce)
-    result = inbox.record_batch(
+    inbox.record_batch(
         conn,
         [make_message(event_id, title=title, time=int(at))],  # ntfy's time: when it was recorded
         at,
         queue=queue,
         relay_enabled=True,
     )
-    queue.adopt(result.state)
 
 
 def ids(conn: sqlite3.Connection) -> set[str]:

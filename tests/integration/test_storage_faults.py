@@ -83,7 +83,6 @@ def test_lone_surrogate_in_message_does_not_stop_intake(store: sqlite3.Connectio
     result = inbox.record_batch(
         store, [hostile, make_message("ordinary0001")], NOW, queue=queue, relay_enabled=True
     )
-    queue.commit(result.records)
     assert result.recorded == 2
     assert outcomes(store) == {
         "surrogate001": ["triage_requested"],
@@ -131,7 +130,6 @@ def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
         make_message("after0000001"),
     ]
     result = inbox.record_batch(store, batch, NOW, queue=queue, relay_enabled=True)
-    queue.commit(result.records)
     assert outcomes(store) == {
         "before000001": ["triage_requested"],
         "poisoned0001": ["quarantined"],
@@ -288,14 +286,12 @@ def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Pat
     first = db.connect(tmp_path / "first.sqlite3")
     db.migrate(first, migrations())
     queue = owner_queue(daily_cap=1)
-    with db.write_txn(first):
-        _, records = queue.triage_message(first, "agent:one", "reply \ud83d one", NOW)
-    queue.commit(records)
-    with db.write_txn(first):
-        _, records = queue.triage_message(first, "agent:two", "over the cap", NOW)
-    queue.commit(records)
-    with db.write_txn(first):
-        queue.notice(first, notices_module.gap("c", "s", "e"), NOW)
+    with db.write_txn(first) as txn:
+        queue.triage_message(txn, "agent:one", "reply \ud83d one", NOW)
+    with db.write_txn(first) as txn:
+        queue.triage_message(txn, "agent:two", "over the cap", NOW)
+    with db.write_txn(first) as txn:
+        queue.notice(txn, notices_module.gap("c", "s", "e"), NOW)
     with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
         audit.flush(first, log)
     first.close()

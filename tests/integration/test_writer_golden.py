@@ -228,7 +228,6 @@ def produce(
                 feed_append=append_triage_entry,
                 note_append=append_info_entry,
             )
-            queue.adopt(result.state)
             audit.flush(conn, log)
             out["batches"].append(
                 {

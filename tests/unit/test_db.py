@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,44 @@ def test_commits_without_fsync_leave_every_later_commit_fully_synced(tmp_path: P
         conn.execute("INSERT INTO t VALUES (2)")
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
     assert [tuple(row) for row in conn.execute("SELECT x FROM t")] == [(1,)]
+
+
+def test_after_commit_effects_run_in_order_once_the_commit_is_durable(tmp_path: Path) -> None:
+    """An effect ran before COMMIT: memory moved on for rows that were not there yet (a
+    transaction run again after a failed COMMIT then took its own notice as already sent)."""
+    conn = db.connect(tmp_path / "x.sqlite3")
+    db.migrate(conn, [("001", ["CREATE TABLE t(x INTEGER)"])])
+    seen: list[tuple[str, bool, int]] = []
+
+    def effect(name: str) -> db.Effect:
+        def run() -> None:
+            with contextlib.closing(db.connect(tmp_path / "x.sqlite3")) as other:
+                count = other.execute("SELECT count(*) FROM t").fetchone()[0]
+            seen.append((name, conn.in_transaction, count))
+
+        return run
+
+    with db.write_txn(conn) as txn:
+        txn.conn.execute("INSERT INTO t VALUES (1)")
+        txn.after_commit(effect("first"))
+        txn.after_commit(effect("second"))
+        assert seen == []
+    # After COMMIT, in order, and another connection already sees the row.
+    assert seen == [("first", False, 1), ("second", False, 1)]
+
+
+@pytest.mark.parametrize("where", ["body", "commit"])
+def test_rolled_back_transaction_drops_its_after_commit_effects(tmp_path: Path, where: str) -> None:
+    """An effect of a rolled-back transaction ran anyway: the retry found memory already moved
+    (a streak set, a counter bumped, a cadence decision taken) for rows that never existed."""
+    conn = db.connect(tmp_path / "x.sqlite3")
+    db.migrate(conn, [("001", ["CREATE TABLE t(x INTEGER)"])])
+    ran: list[str] = []
+    fault = db.fail_before_commit if where == "commit" else None
+    with pytest.raises(InjectedFault), db.write_txn(conn, before_commit=fault) as txn:
+        txn.conn.execute("INSERT INTO t VALUES (1)")
+        txn.after_commit(lambda: ran.append("effect"))
+        if where == "body":
+            raise InjectedFault()
+    assert ran == []
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0
