@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 
 
 @dataclass
@@ -146,7 +146,7 @@ def warm_bytecode() -> None:
     global _warmed  # noqa: PLW0603 - once per bench process
     if _warmed:
         return
-    code = "import ntfy_intake.cli, ntfy_intake.daemon, ntfy_intake.logs, ntfy_intake.settings"
+    code = "import ntfy_intake.cli, ntfy_intake.runtime.daemon, ntfy_intake.runtime.logs, ntfy_intake.settings"
     env = bytecode_env({k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")})
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
     _warmed = True

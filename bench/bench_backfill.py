@@ -21,7 +21,7 @@ from typing import Any
 
 from _common import AuditCounter, daemon, daemon_env
 from bench_replay import publish_backlog
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 TIMEOUT_S = 600.0

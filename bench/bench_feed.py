@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import Row, met, ms, percentile, ratio
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 WARMUP = 20
 TARGET_P50_S = 0.005
@@ -37,8 +37,8 @@ DEFAULT_POLL_S = 0.004  # Doorbell's default poll_interval
 
 WAITER = """
 import sys, time
-from ntfy_intake.doorbell import Doorbell
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.doorbell import Doorbell
+from ntfy_intake.store.feed import FeedStore
 store = FeedStore.open(sys.argv[1])
 store.subscribe("bench")
 bell = Doorbell(store, "bench", poll_interval=float(sys.argv[2]))

@@ -54,10 +54,13 @@ from _common import (
     render,
     wait_for,
 )
-from ntfy_intake import audit, cadence, logs, outbox, relay
-from ntfy_intake import db as dbmod
-from ntfy_intake.daemon import migrations
-from ntfy_intake.owner_queue import OwnerQueue
+from ntfy_intake.flow import relay
+from ntfy_intake.rules import cadence
+from ntfy_intake.runtime import logs
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import audit, outbox
+from ntfy_intake.store import db as dbmod
+from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 

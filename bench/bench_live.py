@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import AuditCounter, daemon, daemon_env, ms, percentile
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 

@@ -34,10 +34,10 @@ import httpx
 
 from _common import Row, ratio, render
 from bench_replay import publish_backlog
-from ntfy_intake import http_connection
-from ntfy_intake.frames import NdjsonDecoder
-from ntfy_intake.http_stream import RawStreamOpener, StreamOpener, StreamResponse, httpx_opener
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import http_connection
+from ntfy_intake.wire.frames import NdjsonDecoder
+from ntfy_intake.wire.http_stream import RawStreamOpener, StreamOpener, StreamResponse, httpx_opener
 
 TOPICS = "alerts,backups"
 ROUNDS = 3

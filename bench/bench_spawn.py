@@ -3,7 +3,7 @@
 Median of ROUNDS spawns against the emulator (empty topics, a fresh state directory each time),
 bytecode compiled as in production. The clock stops when the daemon's `intake.connected` log line
 appears (polled every 2 ms). References, same run: the interpreter alone (`python -c pass`) and
-importing what `run` imports (`python -c "import ntfy_intake.daemon ..."`), so the rest is local
+importing what `run` imports (`python -c "import ntfy_intake.runtime.daemon ..."`), so the rest is local
 recovery, the HTTP surface and the connection. `--importtime` prints the slowest imports of a
 real `run` (`python -X importtime`).
 
@@ -27,7 +27,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 ROUNDS = 5
 TARGET_S = 0.3
-IMPORTS = "import ntfy_intake.cli, ntfy_intake.daemon, ntfy_intake.logs, ntfy_intake.settings"
+IMPORTS = "import ntfy_intake.cli, ntfy_intake.runtime.daemon, ntfy_intake.runtime.logs, ntfy_intake.settings"
 
 
 @dataclass

@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ntfy_intake import audit, rehydrate
-from ntfy_intake.cadence import CadenceState, Policy
+from ntfy_intake.rules.cadence import CadenceState, Policy, rfc3339
+from ntfy_intake.store import audit, rehydrate
 
 END = datetime.fromisoformat("2025-11-30T12:00:00Z").timestamp()
 DAY = 86400.0
@@ -38,7 +38,7 @@ def synthesize(directory: Path, days: int, per_day: int) -> int:
         name = datetime.fromtimestamp(day_start, UTC).strftime("%Y-%m-%d")
         lines = []
         for i in range(per_day):
-            ts = audit.rfc3339(day_start + i * DAY / per_day)
+            ts = rfc3339(day_start + i * DAY / per_day)
             incident = f"alerts:incident {(day * per_day + i) % INCIDENTS}"
             kind = i % 10
             if kind == 0:

@@ -37,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from _common import Row, ratio
-from ntfy_intake import audit, cadence, db, frames, inbox
-from ntfy_intake.daemon import migrations
-from ntfy_intake.owner_queue import OwnerQueue
-from ntfy_intake.pipeline import append_info_entry, append_triage_entry
+from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
+from ntfy_intake.rules import cadence
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import audit, db, inbox
+from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed.emulator.wire import MESSAGE, Event
+from ntfy_intake.wire import frames
 
 INCIDENTS = 50
 BATCH = 500  # pipeline.MAX_BATCH; a replay that keeps up gets smaller ones (--batch)

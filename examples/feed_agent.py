@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from ntfy_intake.doorbell import Doorbell
-from ntfy_intake.feed import Entry, FeedStore
-from ntfy_intake.sanitize import one_line, quote_untrusted
+from ntfy_intake.rules.sanitize import one_line, quote_untrusted
+from ntfy_intake.store.doorbell import Doorbell
+from ntfy_intake.store.feed import Entry, FeedStore
 
 
 def handle_entry(entry: Entry) -> None:

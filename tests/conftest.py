@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import cadence, db
-from ntfy_intake.daemon import migrations
-from ntfy_intake.frames import Message, decode_line
-from ntfy_intake.owner_queue import OwnerQueue
+from ntfy_intake.rules import cadence
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import db
+from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.wire.frames import Message, decode_line
 
 from .harness import Child
 from .real_ntfy import RealNtfy

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import audit, db, settings
-from ntfy_intake.daemon import Daemon
+from ntfy_intake import settings
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.store import audit, db
 
 TOPICS = "alerts,backups"
 

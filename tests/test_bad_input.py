@@ -22,10 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import db, inbox, logs, owner
-from ntfy_intake.daemon import migrations
-from ntfy_intake.frames import DeviceAction, Ignored, Junk, Message, decode_line
+from ntfy_intake.flow import owner
+from ntfy_intake.runtime import logs
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import db, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire.frames import DeviceAction, Ignored, Junk, Message, decode_line
 
 from .conftest import TOPICS, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import db
-from ntfy_intake.doorbell import Doorbell, WakeEvent
 from ntfy_intake.errors import FeedError, InjectedFault
-from ntfy_intake.feed import Entry, FeedStore, append
+from ntfy_intake.store import db
+from ntfy_intake.store.doorbell import Doorbell, WakeEvent
+from ntfy_intake.store.feed import Entry, FeedStore, append
 
 from .harness import Child
 
@@ -425,8 +425,8 @@ def test_cancelled_async_waiter_loses_nothing(store: FeedStore) -> None:
 
 WAITER_PROCESS = """
 import json, sys
-from ntfy_intake.doorbell import Doorbell
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.doorbell import Doorbell
+from ntfy_intake.store.feed import FeedStore
 
 store = FeedStore.open(sys.argv[1])
 bell = Doorbell(store, sys.argv[2])

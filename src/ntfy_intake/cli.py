@@ -24,7 +24,7 @@ from ntfy_intake import __version__
 from ntfy_intake.errors import ConfigError, IntakeError, StartupError
 
 if TYPE_CHECKING:
-    from ntfy_intake.daemon import Daemon
+    from ntfy_intake.runtime.daemon import Daemon
     from ntfy_intake.settings import Settings
 
 Command = Callable[[argparse.Namespace], int]
@@ -248,15 +248,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     early_stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: early_stop.set())
-    from ntfy_intake import logs  # noqa: PLC0415
-    from ntfy_intake.daemon import CrashPoints, Daemon  # noqa: PLC0415
-    from ntfy_intake.preflight import check_state_dir  # noqa: PLC0415
-    from ntfy_intake.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
+    from ntfy_intake.runtime import logs  # noqa: PLC0415
+    from ntfy_intake.runtime.daemon import CrashPoints, Daemon  # noqa: PLC0415
+    from ntfy_intake.runtime.preflight import check_state_dir  # noqa: PLC0415
+    from ntfy_intake.runtime.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
 
     settings = _load_settings(args)
     check_state_dir(settings.state.dir)
     logs.configure()
-    from ntfy_intake import clock  # noqa: PLC0415
+    from ntfy_intake.runtime import clock  # noqa: PLC0415
 
     daemon = Daemon(
         settings,
@@ -280,7 +280,7 @@ async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
 
 
 def _open_readonly(args: argparse.Namespace) -> tuple[sqlite3.Connection | None, Settings]:
-    from ntfy_intake import db  # noqa: PLC0415
+    from ntfy_intake.store import db  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)
     path = settings.state.database
@@ -297,7 +297,7 @@ def _no_state(settings: Settings) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from ntfy_intake import status  # noqa: PLC0415
+    from ntfy_intake.surfaces import status  # noqa: PLC0415
 
     conn, settings = _open_readonly(args)
     if conn is None:
@@ -312,7 +312,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ntfy_intake import status  # noqa: PLC0415
+    from ntfy_intake.surfaces import status  # noqa: PLC0415
 
     conn, settings = _open_readonly(args)
     if conn is None:
@@ -324,7 +324,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_redrive(args: argparse.Namespace) -> int:
-    from ntfy_intake import db, outbox  # noqa: PLC0415
+    from ntfy_intake.store import db, outbox  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)
     if not settings.state.database.exists():
@@ -343,7 +343,7 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
 
 
 def _cmd_feed(args: argparse.Namespace) -> int:
-    from ntfy_intake import feed_cli  # noqa: PLC0415
+    from ntfy_intake.surfaces import feed_cli  # noqa: PLC0415
 
     if args.state_dir is not None:
         db_path = args.state_dir / "intake.sqlite3"
@@ -357,7 +357,7 @@ def _cmd_feed(args: argparse.Namespace) -> int:
 
 
 def _duration_arg(name: str, text: str) -> float:
-    from ntfy_intake.durations import parse_duration  # noqa: PLC0415
+    from ntfy_intake.rules.durations import parse_duration  # noqa: PLC0415
 
     try:
         return parse_duration(text)
@@ -425,8 +425,9 @@ def default_receiver_db(environ: Mapping[str, str]) -> Path:
 
 
 def _cmd_receiver(args: argparse.Namespace) -> int:
-    from ntfy_intake import settings, signing  # noqa: PLC0415
+    from ntfy_intake import settings  # noqa: PLC0415
     from ntfy_intake.testbed import receiver  # noqa: PLC0415
+    from ntfy_intake.wire import signing  # noqa: PLC0415
 
     allow = args.allow_insecure_permissions
     secret = settings.secret_from(

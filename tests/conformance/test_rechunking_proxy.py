@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from ntfy_intake.http_stream import RawStreamOpener
+from ntfy_intake.wire.http_stream import RawStreamOpener
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
 from ..servers import KEEPALIVE, Server

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import audit, inbox
 from ntfy_intake.errors import AuditWriteError
+from ntfy_intake.store import audit, inbox
 
 from ..conftest import make_message, owner_queue
 

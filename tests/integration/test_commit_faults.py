@@ -18,11 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import cursor, feed, intake, notices, pipeline, refusals, relay
-from ntfy_intake.daemon import Daemon
 from ntfy_intake.errors import StoreError
-from ntfy_intake.owner import OwnerSender
+from ntfy_intake.flow import intake, pipeline, relay
+from ntfy_intake.flow.owner import OwnerSender
+from ntfy_intake.rules import notices
+from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.settings import OwnerSettings
+from ntfy_intake.store import cursor, feed
+from ntfy_intake.wire import refusals
 
 from ..conftest import make_message
 from ..harness import CommitFaults, audit_records, event_ids, query, settings_for

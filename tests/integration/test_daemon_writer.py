@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import audit, cursor, intake, pipeline, refusals
-from ntfy_intake.daemon import Daemon
+from ntfy_intake.flow import intake, pipeline
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.store import audit, cursor
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import refusals
 
 from ..conftest import make_message
 from ..harness import (

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import feed_cli, outbox
-from ntfy_intake.db import write_txn as db_write_txn
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store import outbox
+from ntfy_intake.store.db import write_txn as db_write_txn
+from ntfy_intake.store.feed import FeedStore
+from ntfy_intake.surfaces import feed_cli
 
 
 @pytest.fixture

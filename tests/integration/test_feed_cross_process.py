@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 from ..harness import Child
 
@@ -45,7 +45,7 @@ def start_together(children: list[Child]) -> None:
 
 ACKER = """
 import json, random, sys
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 store = FeedStore.open(sys.argv[1])
 order = list(range(1, int(sys.argv[3]) + 1))
@@ -59,7 +59,7 @@ print(json.dumps(results), flush=True)
 
 ONE_ACK = """
 import json, sys
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 store = FeedStore.open(sys.argv[1])
 print("ready", flush=True)
@@ -98,7 +98,7 @@ def test_stale_ack_from_another_process_never_regresses_the_cursor(
 
 POSTER = """
 import json, sys
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 store = FeedStore.open(sys.argv[1])
 name, count = sys.argv[2], int(sys.argv[3])
@@ -144,7 +144,7 @@ def test_concurrent_posters_never_collide_on_seq_and_dedup_holds(
 
 OPENER = """
 import sys
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
 
 print("ready", flush=True)
 sys.stdin.readline()
@@ -169,8 +169,8 @@ def test_concurrent_first_open_migrates_once(db_path: Path, spawn: Callable[...,
 
 RINGER = """
 import json, sys, time
-from ntfy_intake.doorbell import Doorbell
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.doorbell import Doorbell
+from ntfy_intake.store.feed import FeedStore
 
 store = FeedStore.open(sys.argv[1])
 store.subscribe("triager")

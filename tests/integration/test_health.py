@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from ntfy_intake import _serve, inbox
-from ntfy_intake.sdnotify import Notifier
+from ntfy_intake.runtime.sdnotify import Notifier
+from ntfy_intake.store import inbox
+from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until

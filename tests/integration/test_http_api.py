@@ -16,9 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ntfy_intake import _serve, http_api, metrics
-from ntfy_intake.doorbell import Doorbell, WakeEvent
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.doorbell import Doorbell, WakeEvent
+from ntfy_intake.store.feed import FeedStore
+from ntfy_intake.surfaces import http_api, metrics
+from ntfy_intake.surfaces import serve as _serve
 
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

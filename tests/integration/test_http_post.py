@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake.http_post import KeepAlivePoster
+from ntfy_intake.wire.http_post import KeepAlivePoster
 
 from .test_http_stream import in_loop, self_signed, serve
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import diagnose
-from ntfy_intake.daemon import Daemon
-from ntfy_intake.http_stream import RawStreamOpener, proxied
+from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import diagnose
+from ntfy_intake.wire.http_stream import RawStreamOpener, proxied
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
 

@@ -28,10 +28,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import http_connection, intake
-from ntfy_intake.cursor import Cursor, Owed, Resume
-from ntfy_intake.http_stream import RawStreamOpener, read_response
+from ntfy_intake.flow import intake
+from ntfy_intake.store.cursor import Cursor, Owed, Resume
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import http_connection
+from ntfy_intake.wire.http_stream import RawStreamOpener, read_response
 
 from ..harness import DaemonThread, event_ids, settings_for, wait_until
 from .test_cli import cli

@@ -7,11 +7,12 @@ import sqlite3
 
 import pytest
 
-from ntfy_intake import audit, db, inbox, outbox
 from ntfy_intake.errors import InjectedFault
-from ntfy_intake.frames import Junk, decode_line
-from ntfy_intake.owner_queue import Notice, OwnerQueue
-from ntfy_intake.pipeline import append_triage_entry
+from ntfy_intake.flow.pipeline import append_triage_entry
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit, db, inbox, outbox
+from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.wire.frames import Junk, decode_line
 
 from ..conftest import make_message, owner_queue
 

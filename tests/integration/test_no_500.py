@@ -15,9 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import _serve, http_api, signing
-from ntfy_intake.feed import FeedStore
+from ntfy_intake.store.feed import FeedStore
+from ntfy_intake.surfaces import http_api
+from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
+from ntfy_intake.wire import signing
 
 TOKEN = "tok-for-property-tests"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))

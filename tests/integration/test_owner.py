@@ -19,11 +19,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from ntfy_intake import audit, db
-from ntfy_intake.daemon import migrations
 from ntfy_intake.errors import InjectedFault
-from ntfy_intake.owner import OWNER_MIGRATIONS, OwnerSender
+from ntfy_intake.flow.owner import OWNER_MIGRATIONS, OwnerSender
+from ntfy_intake.runtime.daemon import migrations
 from ntfy_intake.settings import OwnerSettings
+from ntfy_intake.store import audit, db
 from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.signal_standin import SignalHandle

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import preflight
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.runtime import preflight
 
 
 def run_daemon(state_dir: Path) -> subprocess.CompletedProcess[str]:

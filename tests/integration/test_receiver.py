@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import signing
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.receiver import ReceiverFaults, ReceiverHandle
+from ntfy_intake.wire import signing
 
 
 def triage_body(

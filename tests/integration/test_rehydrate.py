@@ -9,8 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, db, rehydrate
-from ntfy_intake.cadence import (
+from ntfy_intake.rules.cadence import (
     CadenceState,
     IncidentView,
     Policy,
@@ -19,6 +18,7 @@ from ntfy_intake.cadence import (
     owner_record,
     parse_ts,
 )
+from ntfy_intake.store import audit, db, rehydrate
 
 NOW = datetime.fromisoformat("2025-11-30T12:00:00Z").timestamp()
 DAY = 86400.0

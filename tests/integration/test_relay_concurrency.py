@@ -9,8 +9,9 @@ import sqlite3
 import httpx
 import pytest
 
-from ntfy_intake import db, outbox, relay
-from ntfy_intake.daemon import migrations
+from ntfy_intake.flow import relay
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import db, outbox
 
 from ..conftest import owner_queue
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake import audit, db, inbox, outbox, pipeline, relay, signing
-from ntfy_intake.daemon import Daemon
+from ntfy_intake.flow import pipeline, relay
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.store import audit, db, inbox, outbox
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import signing
 
 from ..conftest import make_message, owner_queue
 from ..harness import (

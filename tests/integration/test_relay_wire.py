@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for, wait_until

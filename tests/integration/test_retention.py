@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ntfy_intake import feed, inbox, retention
+from ntfy_intake.store import feed, inbox, retention
 
 from ..conftest import make_message, owner_queue
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.sdnotify import Notifier, one_line, watchdog_interval
+from ntfy_intake.runtime.sdnotify import Notifier, one_line, watchdog_interval
 
 MAX_UNIX_PATH = 107  # sun_path is 108 bytes including the NUL
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import daemon as daemon_module
-from ntfy_intake.daemon import Daemon
+from ntfy_intake.runtime import daemon as daemon_module
+from ntfy_intake.runtime.daemon import Daemon
 
 from ..harness import settings_for
 

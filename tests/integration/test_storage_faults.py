@@ -21,20 +21,14 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import (
-    audit,
-    db,
-    inbox,
-    incidents,
-    rebuild,
-    storage,
-)
-from ntfy_intake import notices as notices_module
-from ntfy_intake.daemon import Daemon, migrations
 from ntfy_intake.errors import StartupError
-from ntfy_intake.frames import Message, decode_line
+from ntfy_intake.rules import incidents
+from ntfy_intake.rules import notices as notices_module
+from ntfy_intake.runtime.daemon import Daemon, migrations
+from ntfy_intake.store import audit, db, inbox, rebuild, storage
 from ntfy_intake.testbed import drill_storage, receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire.frames import Message, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
 from ..harness import (

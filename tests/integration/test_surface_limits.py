@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake import http_api, http_limits
+from ntfy_intake.surfaces import http_api, http_limits
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 

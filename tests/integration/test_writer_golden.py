@@ -21,10 +21,13 @@ import string
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, cadence, db, frames, inbox
-from ntfy_intake.daemon import migrations
-from ntfy_intake.owner_queue import Notice, OwnerQueue
-from ntfy_intake.pipeline import append_info_entry, append_triage_entry
+from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
+from ntfy_intake.rules import cadence
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.store import audit, db, inbox
+from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.wire import frames
 
 GOLDEN = Path(__file__).with_name("writer_golden.json")
 TOPICS = frozenset({"alerts", "backups"})

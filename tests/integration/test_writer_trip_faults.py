@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake import audit, inbox, intake, pipeline
-from ntfy_intake.daemon import GIL_SWITCH_INTERVAL_S, Daemon
+from ntfy_intake.flow import intake, pipeline
+from ntfy_intake.runtime.daemon import GIL_SWITCH_INTERVAL_S, Daemon
+from ntfy_intake.store import audit, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message

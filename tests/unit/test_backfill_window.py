@@ -9,9 +9,9 @@ import sqlite3
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake import inbox
-from ntfy_intake.cursor import Cursor, backfill_since, gap_window
-from ntfy_intake.frames import Message, decode_line
+from ntfy_intake.store import inbox
+from ntfy_intake.store.cursor import Cursor, backfill_since, gap_window
+from ntfy_intake.wire.frames import Message, decode_line
 
 from ..conftest import TOPICS, owner_queue
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake import backoff
+from ntfy_intake.rules import backoff
 
 
 def test_exponential_then_capped() -> None:

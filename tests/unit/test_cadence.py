@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import audit
-from ntfy_intake.cadence import (
+from ntfy_intake.rules.cadence import (
     CadenceState,
     Decision,
     IncidentView,
@@ -24,6 +23,7 @@ from ntfy_intake.cadence import (
     owner_record,
     parse_ts,
     quantize,
+    rfc3339,
     window_end,
 )
 
@@ -201,7 +201,7 @@ def test_event_rules(name: str, steps: list[tuple[float, int, str, str, str]]) -
 
 def test_due_at_is_on_the_millisecond_grid_the_log_records() -> None:
     decision = Run(POLICY).event(BASE + 0.1234567, "disk")
-    assert decision.due_at == parse_ts(audit.rfc3339(BASE + 0.123 + 120))
+    assert decision.due_at == parse_ts(rfc3339(BASE + 0.123 + 120))
 
 
 def test_zero_debounce_releases_at_once_and_the_cooldown_still_holds() -> None:
@@ -519,7 +519,7 @@ def test_apply_never_raises_and_the_state_stays_usable(records: list[dict[str, A
 
 @given(st.floats(min_value=0, max_value=4_000_000_000, allow_nan=False))
 def test_quantize_is_exactly_what_the_audit_log_records(now: float) -> None:
-    assert quantize(now) == parse_ts(audit.rfc3339(now))
+    assert quantize(now) == parse_ts(rfc3339(now))
     assert quantize(quantize(now)) == quantize(now)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.http_stream import ChunkedBody
+from ntfy_intake.wire.http_stream import ChunkedBody
 
 
 def encode(chunks: list[bytes], *, extension: bytes = b"", trailers: bytes = b"") -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ntfy_intake.clock import BOUND, TrustedClock
+from ntfy_intake.runtime.clock import BOUND, TrustedClock
 
 DAY = 86400.0
 SERVER = 1_764_470_000.0

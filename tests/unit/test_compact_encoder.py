@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake.jsonsafe import compact_encoder
+from ntfy_intake.wire.jsonsafe import compact_encoder
 
 # Lone surrogates included (st.text() leaves them out: lists of characters do not), floats of
 # every kind json.dumps accepts, integers past 64 bits, nesting.

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake import db
 from ntfy_intake.errors import InjectedFault
+from ntfy_intake.store import db
 
 
 def test_injected_fault_before_commit_rolls_back(tmp_path: Path) -> None:

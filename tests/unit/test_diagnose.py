@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ntfy_intake import diagnose
+from ntfy_intake.wire import diagnose
 
 URL = "https://ntfy.example.lan/alerts,backups/json"
 TOPICS = ("alerts", "backups")

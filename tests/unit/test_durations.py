@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.durations import MAX_SECONDS, format_duration, parse_duration
+from ntfy_intake.rules.durations import MAX_SECONDS, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

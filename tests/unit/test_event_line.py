@@ -6,9 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import audit, cadence
-from ntfy_intake.frames import Message
-from ntfy_intake.inbox import _event_line
+from ntfy_intake.rules import cadence
+from ntfy_intake.store import audit
+from ntfy_intake.store.inbox import _event_line
+from ntfy_intake.wire.frames import Message
 
 # Any text at all, lone surrogates and controls included: the incident key comes from a title.
 # (st.text() leaves lone surrogates out even when its alphabet has them: lists do not.)
@@ -64,4 +65,4 @@ def test_the_written_out_event_line_is_what_audit_encode_writes(
         sequence_id=sequence_id,
         sha256=sha256,
     )
-    assert _event_line(audit.rfc3339(now), message, view, decision) == audit.encode(record)
+    assert _event_line(cadence.rfc3339(now), message, view, decision) == audit.encode(record)

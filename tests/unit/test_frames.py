@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.frames import (
+from ntfy_intake.wire.frames import (
     MAX_LINE_BYTES,
     MAX_MESSAGE_BYTES,
     DeviceAction,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ntfy_intake import health
-from ntfy_intake.health import State
+from ntfy_intake.rules import health
+from ntfy_intake.rules.health import State
 
 LIMITS = health.Limits(keepalive_timeout=112.5, dead_after=600.0)
 NOW = 1_764_470_000.0

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake import incidents
-from ntfy_intake.frames import Message, decode_line
+from ntfy_intake.rules import incidents
+from ntfy_intake.wire.frames import Message, decode_line
 
 
 def msg(

@@ -1,6 +1,8 @@
 """The house rules, read from the source: the product never imports its test bed (the one
 exception is the CLI's dispatch, which imports a test-bed command lazily, inside the function that
-runs it), and no package has an import cycle. Imports inside functions count."""
+runs it), each room imports only the rooms below it, the pure rules do no I/O, only the store
+speaks SQL, and no module has an import cycle. Imports inside functions count.
+docs/architecture.md draws the rooms."""
 
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ def test_the_product_never_imports_its_test_bed() -> None:
 def test_the_direction_check_sees_imports_inside_functions() -> None:
     """The checker itself must catch a lazy import that is not the CLI's dispatch."""
     source = "import os\n\ndef f():\n    from ntfy_intake.testbed import drill\n"
-    found = list(imports(PACKAGE / "status.py", source))
+    found = list(imports(PACKAGE / "surfaces" / "status.py", source))
     assert ("ntfy_intake.testbed", False) in found or ("ntfy_intake.testbed.drill", False) in found
     assert ("os", True) in found
 
@@ -131,3 +133,104 @@ def test_no_import_cycles_among_modules() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The rooms, lowest first: a module may import its own room and the rooms before it, never one
+# after it. Top-level modules (the package itself, `errors`) are the floor; the CLI, which
+# dispatches to everything, and the test bed, which proves everything, stand on top.
+ROOMS = ("", "rules", "wire", "settings", "store", "flow", "surfaces", "runtime", "cli", "testbed")
+FLOOR = ("ntfy_intake", "ntfy_intake.errors")
+# The pure rules take plain values and a clock: none of these may be imported there.
+IO_MODULES = (
+    "asyncio",
+    "socket",
+    "ssl",
+    "selectors",
+    "sqlite3",
+    "subprocess",
+    "threading",
+    "os",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "time",
+    "urllib.request",
+    "http",
+    "httpx",
+    "h11",
+    "httpcore",
+    "starlette",
+    "uvicorn",
+    "structlog",
+    "logging",
+    "prometheus_client",
+)
+SQL_DRIVERS = ("sqlite3", "psycopg", "psycopg_pool", "aiosqlite")
+# Modules outside the store that still hold a connection (issue 22 moves them behind the store's
+# typed methods; this set may only shrink).
+NOT_YET_BEHIND_THE_STORE = {
+    "ntfy_intake.cli",
+    "ntfy_intake.flow.owner",
+    "ntfy_intake.flow.pipeline",
+    "ntfy_intake.flow.relay",
+    "ntfy_intake.runtime.daemon",
+    "ntfy_intake.surfaces.feed_cli",
+    "ntfy_intake.surfaces.status",
+}
+
+
+def room_of(name: str) -> str:
+    if name in FLOOR:
+        return ""
+    if name in ("ntfy_intake.cli", "ntfy_intake.__main__"):
+        return "cli"
+    return name.split(".")[1]
+
+
+def test_every_product_module_stands_in_a_room() -> None:
+    stray = [name for name in modules() if room_of(name) not in ROOMS]
+    assert stray == []
+
+
+def test_each_room_imports_only_the_rooms_below_it() -> None:
+    found = modules()
+    violations = []
+    for name, path in found.items():
+        rank = ROOMS.index(room_of(name))
+        for imported, top_level in imports(path):
+            if imported not in found:
+                continue
+            if name == LAZY_DISPATCH and in_testbed(imported) and not top_level:
+                continue  # the CLI's lazy dispatch to a test-bed command (checked above)
+            if ROOMS.index(room_of(imported)) > rank:
+                violations.append(f"{name} ({room_of(name)}) imports {imported}")
+    assert violations == []
+
+
+def test_the_pure_rules_import_no_io_module() -> None:
+    violations = [
+        f"{name} imports {imported}"
+        for name, path in modules().items()
+        if room_of(name) == "rules"
+        for imported, _ in imports(path)
+        if imported.split(".")[0] in IO_MODULES or imported in IO_MODULES
+    ]
+    assert violations == []
+
+
+def test_only_the_store_imports_a_database_driver() -> None:
+    speaking = {
+        name
+        for name, path in modules().items()
+        if room_of(name) not in ("store", "testbed")
+        for imported, _ in imports(path)
+        if imported.split(".")[0] in SQL_DRIVERS
+    }
+    assert speaking == NOT_YET_BEHIND_THE_STORE
+
+
+def test_the_room_check_sees_an_upward_import() -> None:
+    source = "def f():\n    from ntfy_intake.runtime import daemon\n"
+    found = list(imports(PACKAGE / "rules" / "cadence.py", source))
+    assert ("ntfy_intake.runtime.daemon", False) in found
+    assert ROOMS.index(room_of("ntfy_intake.runtime.daemon")) > ROOMS.index("rules")

@@ -9,7 +9,7 @@ import logging
 import pytest
 import structlog
 
-from ntfy_intake import logs
+from ntfy_intake.runtime import logs
 
 
 def test_repeats_within_the_window_are_dropped_and_counted_on_the_next_line() -> None:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ntfy_intake import metrics
+from ntfy_intake.surfaces import metrics
 
 FULL: dict[str, Any] = {
     "intake_state": "live",

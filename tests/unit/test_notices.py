@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from ntfy_intake import notices
-from ntfy_intake.owner_queue import Notice
+from ntfy_intake.rules import notices
+from ntfy_intake.rules.notices import Notice
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ntfy_intake.owner_channels import (
+from ntfy_intake.wire.owner_channels import (
     classify_ntfy,
     classify_signal,
     failed_recipients,

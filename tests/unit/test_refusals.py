@@ -3,8 +3,8 @@ authentication budget, 403s do not; one report per kind per episode."""
 
 from __future__ import annotations
 
-from ntfy_intake import refusals
-from ntfy_intake.refusals import AUTH_BACKOFF, Episodes, StatusFailure
+from ntfy_intake.wire import refusals
+from ntfy_intake.wire.refusals import AUTH_BACKOFF, Episodes, StatusFailure
 
 
 def failure(

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ntfy_intake.cursor import Cursor, ResumePoint
+from ntfy_intake.store.cursor import Cursor, ResumePoint
 
 
 def test_cursor_waits_out_the_reorder_window() -> None:

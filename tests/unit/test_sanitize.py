@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake.sanitize import one_line, quote_untrusted, strip_control, wake_line
+from ntfy_intake.rules.sanitize import one_line, quote_untrusted, strip_control, wake_line
 
 ESC = "\x1b"
 BIDI = {chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C]}

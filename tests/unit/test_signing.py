@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook
 
-from ntfy_intake import signing
+from ntfy_intake.wire import signing
 
 SECRET = signing.new_secret(bytes(range(32)))
 KEY = signing.parse_secret(SECRET)

@@ -18,7 +18,10 @@ def test_starting_the_daemon_does_not_load_httpx_command_line_client() -> None:
     """Failure mode: ~50-70 ms of every start spent importing click and pygments for `httpx.main`."""
     if "click" not in loaded_after("import httpx"):
         raise AssertionError("precondition: a bare `import httpx` loads click here (uvicorn's)")
-    assert loaded_after("import ntfy_intake.cli, ntfy_intake.daemon, ntfy_intake.intake") == []
+    assert (
+        loaded_after("import ntfy_intake.cli, ntfy_intake.runtime.daemon, ntfy_intake.flow.intake")
+        == []
+    )
 
 
 def test_httpx_imported_first_is_left_as_it_is() -> None:

@@ -6,7 +6,9 @@ import json
 import sqlite3
 import time
 
-from ntfy_intake import db, outbox, settings, status
+from ntfy_intake import settings
+from ntfy_intake.store import db, outbox
+from ntfy_intake.surfaces import status
 
 
 def config() -> settings.Settings:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake import http_connection
-from ntfy_intake.http_stream import read_response
+from ntfy_intake.wire import http_connection
+from ntfy_intake.wire.http_stream import read_response
 
 Outcome = tuple[str, int, tuple[tuple[bytes, bytes], ...], bytes] | tuple[str]
 PROTOCOL_ERROR: Outcome = ("protocol error",)

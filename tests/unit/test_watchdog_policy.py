@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake.watchdog import (
+from ntfy_intake.rules.watchdog import (
     IntakeState,
     LivenessTracker,
     PingDecision,

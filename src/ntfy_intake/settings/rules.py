@@ -11,9 +11,8 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ntfy_intake import signing
-from ntfy_intake.durations import format_duration, parse_duration
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.rules.durations import format_duration, parse_duration
 from ntfy_intake.settings.schema import (
     _URL_KEYS,
     CONFIG_ENV,
@@ -38,6 +37,7 @@ from ntfy_intake.settings.schema import (
     split_listen,
 )
 from ntfy_intake.settings.sources import _type_name, _Value
+from ntfy_intake.wire import signing
 
 
 class _Reader:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal, TypeVar
 from zoneinfo import ZoneInfo
 
-from ntfy_intake import signing
-from ntfy_intake.durations import format_duration
+from ntfy_intake.rules.durations import format_duration
+from ntfy_intake.wire import signing
 
 ENV_PREFIX = "NTFY_INTAKE_"
 CONFIG_ENV = "NTFY_INTAKE_CONFIG"

@@ -17,11 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake import audit, logs, settings, signing
-from ntfy_intake.daemon import Daemon
-from ntfy_intake.sanitize import one_line
+from ntfy_intake import settings
+from ntfy_intake.rules.sanitize import one_line
+from ntfy_intake.runtime import logs
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver, signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import signing
 
 SAMPLES: list[dict[str, Any]] = [
     {

@@ -22,7 +22,8 @@ from typing import IO
 
 import httpx
 
-from ntfy_intake import _serve, audit
+from ntfy_intake.store import audit
+from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 

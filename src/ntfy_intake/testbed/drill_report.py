@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver
 
 SHOW_IDS = 10

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TextIO
 
-from ntfy_intake import audit
+from ntfy_intake.store import audit
 from ntfy_intake.testbed import drill, drill_parts
 from ntfy_intake.testbed.drill_report import Tally, check, render
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator

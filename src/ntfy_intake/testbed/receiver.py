@@ -46,7 +46,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ntfy_intake import _serve, db, jsonsafe, signing
+from ntfy_intake.store import db
+from ntfy_intake.surfaces import serve as _serve
+from ntfy_intake.wire import jsonsafe, signing
 
 SCHEMA = "ntfy-intake.triage/1"
 MAX_BODY_BYTES = 1 << 20

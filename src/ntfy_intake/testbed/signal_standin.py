@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ntfy_intake import _serve
+from ntfy_intake.surfaces import serve as _serve
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

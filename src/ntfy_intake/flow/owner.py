@@ -1,0 +1,457 @@
+"""The owner sender: deliver pending owner_outbox rows over Signal, falling back to an ntfy topic.
+
+Same shape as the relay: claim one row (a lease), send with no transaction open, settle in a short
+transaction that also stages the audit records, flush the audit log. All state that must survive a
+restart lives in the row: the attempt count, when the next attempt is due, which channel the next
+attempt uses (`channel`), the Signal recipients still owed after a partial failure (`signal_owed`),
+when Signal started failing for the row (`signal_failing_since`) and the fallback's own attempt
+count (`ntfy_attempts`).
+
+Delivery is at-least-once, never exactly-once: signal-cli-rest-api has no idempotency key, so a
+crash between the send and the settle, or a timeout after the server already sent, re-sends.
+
+One claim is one "attempt" (the row's `attempts` counter, `attempt` in the audit). An attempt has
+one or two legs, each audited as an `owner_message` record:
+- a Signal leg: `sent` | `partial` (some recipients failed; retry later to those only) | `retry` |
+  `fallback` (Signal gave up for this row: 400-class answer, `max_attempts` spent, or failing for
+  `fallback_after` seconds) | `dead` (Signal gave up and there is no fallback topic);
+- an ntfy leg (the fallback topic), right after a Signal `fallback` in the same attempt, or alone
+  once the row is routed there: `sent` | `retry` | `dead`.
+
+The pure rules that carry the decisions (`prepare_text`, `classify_signal`, `classify_ntfy`,
+`failed_recipients`, `ntfy_headers`, `redact`) live in owner_channels.py; `OwnerSender` is the
+loop around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import structlog
+
+from ntfy_intake.settings import OwnerSettings
+from ntfy_intake.store import audit, db, outbox
+from ntfy_intake.wire.owner_channels import (
+    _NO_CHANNEL,
+    CLAIM_BATCH,
+    Channel,
+    LegResult,
+    classify_ntfy,
+    classify_signal,
+    ntfy_headers,
+    prepare_text,
+    redact,
+    retry_delay,
+)
+
+log = structlog.get_logger("ntfy_intake.owner")
+
+__all__ = [
+    "OWNER_MIGRATIONS",
+    "Claim",
+    "Leg",
+    "OwnerSender",
+    "OwnerStats",
+    "claim_due",
+]
+
+# Schema additions for the owner sender (the daemon appends them to its migration list).
+OWNER_MIGRATIONS: list[tuple[str, list[str]]] = [
+    (
+        "owner_001_delivery_state",
+        [
+            # JSON array of Signal recipients still owed after a partial failure; NULL = all.
+            "ALTER TABLE owner_outbox ADD COLUMN signal_owed TEXT",
+            # Start of the first failed Signal attempt still unresolved: the fallback clock.
+            "ALTER TABLE owner_outbox ADD COLUMN signal_failing_since REAL",
+            # Attempts on the fallback topic (its own max_attempts budget).
+            "ALTER TABLE owner_outbox ADD COLUMN ntfy_attempts INTEGER NOT NULL DEFAULT 0",
+        ],
+    ),
+]
+
+# -- the store side ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    key: str
+    kind: str  # "notice" | "triage"
+    topic: str  # the notice kind ("gap", "latch", ...) or "triage"
+    text: str
+    attempt: int
+    channel: str | None  # "ntfy" once the row is routed to the fallback topic
+    owed: tuple[str, ...] | None  # Signal recipients still owed; None = every configured one
+    failing_since: float | None
+    ntfy_attempts: int
+
+
+def claim_due(conn: sqlite3.Connection, now: float, *, lease: float) -> Claim | None:
+    """Lease the next due row (pending and due, or leased with its lease run out)."""
+    with db.write_txn(conn):
+        row = conn.execute(
+            "UPDATE owner_outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
+            " WHERE key = (SELECT key FROM owner_outbox"
+            "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
+            "   ORDER BY due_at, created_at, key LIMIT 1)"
+            " RETURNING key, kind, topic, text, attempts, channel, signal_owed,"
+            "   signal_failing_since, ntfy_attempts",
+            (now + lease, now, now),
+        ).fetchone()
+    if row is None:
+        return None
+    owed = None if row[6] is None else tuple(str(r) for r in json.loads(row[6]))
+    return Claim(
+        key=row[0],
+        kind=row[1],
+        topic=row[2],
+        text=row[3],
+        attempt=int(row[4]),
+        channel=row[5],
+        owed=owed,
+        failing_since=None if row[7] is None else float(row[7]),
+        ntfy_attempts=int(row[8]),
+    )
+
+
+# -- the sender ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Leg:
+    """One audited step of an attempt."""
+
+    channel: Channel | None
+    result: LegResult
+    status: int | None
+    detail: str
+    recipients: int | None = None  # Signal: how many recipients the send was addressed to
+    failed: int | None = None  # Signal: how many of them failed
+
+
+@dataclass(slots=True)
+class Settlement:
+    state: Literal["pending", "sent", "dead"]
+    legs: list[Leg]
+    channel: str | None
+    due_at: float | None = None
+    error: str | None = None
+    owed: tuple[str, ...] | None = None
+    failing_since: float | None = None
+    ntfy_attempts: int = 0
+    sent_request: bool = False
+
+
+@dataclass(slots=True)
+class OwnerStats:
+    attempts: int = 0
+    sent_signal: int = 0
+    sent_ntfy: int = 0
+    partial: int = 0
+    retries: int = 0
+    fallbacks: int = 0
+    dead: int = 0
+    by_result: dict[str, int] = field(default_factory=dict)
+
+
+class OwnerSender:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        client: httpx.AsyncClient,
+        *,
+        run_db: db.Runner,
+        owner: OwnerSettings,
+        ntfy_url: str,
+        ntfy_token: str | None,
+        clock: Callable[[], float],
+        flush_audit: Callable[[], Awaitable[bool]],
+        timeout: float = 10.0,
+        rng: Callable[[], float] = random.random,
+        retry_base: float = 2.0,
+        fallback_after: float = 300.0,
+        max_attempts: int = 12,
+        after_send: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.conn = conn
+        self.client = client
+        self.run_db = run_db
+        self.owner = owner
+        self.ntfy_url = ntfy_url.rstrip("/")
+        self.ntfy_token = ntfy_token
+        self.clock = clock
+        self.flush_audit = flush_audit
+        self.timeout = timeout
+        self.rng = rng
+        self.retry_base = retry_base
+        self.fallback_after = fallback_after
+        self.max_attempts = max_attempts
+        self.after_send = after_send
+        self.wakeup = asyncio.Event()
+        self.stats = OwnerStats()
+        # At most two sends per claim, each bounded by `timeout` (plus a second of slack).
+        self.lease = 2 * (timeout + 1.0) + 5.0
+        self._known = (*owner.recipients, *([owner.signal_number] if owner.signal_number else []))
+        self._no_channel_logged = False
+
+    @property
+    def signal_configured(self) -> bool:
+        o = self.owner
+        return bool(o.signal_url and o.signal_number and o.recipients)
+
+    @property
+    def fallback_configured(self) -> bool:
+        return bool(self.owner.fallback_topic and self.ntfy_url)
+
+    # -- loop ------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        released = await self.run_db(outbox.release_leases, self.conn, "owner_outbox")
+        if released:
+            log.warning("owner.leases_released", rows=released)
+        while not stop.is_set():
+            self.wakeup.clear()
+            if await self.run_once():
+                continue
+            next_due = await self.run_db(outbox.next_due_at, self.conn, "owner_outbox")
+            wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+
+    async def run_once(self) -> bool:
+        """Send every due row (up to a batch); True if any row was claimed."""
+        claimed = 0
+        while claimed < CLAIM_BATCH:
+            claim = await self.run_db(claim_due, self.conn, self.clock(), lease=self.lease)
+            if claim is None:
+                break
+            claimed += 1
+            settlement = await self.attempt(claim)
+            if settlement.sent_request:
+                self.after_send()
+            await self.run_db(self._settle, claim, settlement)
+        if claimed:
+            await self.flush_audit()
+        return claimed > 0
+
+    # -- one attempt (network, no transaction open) ------------------------------------------------
+
+    async def attempt(self, claim: Claim) -> Settlement:
+        self.stats.attempts += 1
+        text = prepare_text(claim.text)
+        now = self.clock()
+        if not self.signal_configured and not self.fallback_configured:
+            if not self._no_channel_logged:
+                self._no_channel_logged = True
+                log.error("owner.no_channel", detail=_NO_CHANNEL)
+            return Settlement(
+                "dead", [Leg(None, "dead", None, _NO_CHANNEL)], None, error=_NO_CHANNEL
+            )
+        if claim.channel == "ntfy" or not self.signal_configured:
+            return await self._ntfy_leg(claim, text, [])
+        if (
+            self.fallback_configured
+            and claim.failing_since is not None
+            and now - claim.failing_since >= self.fallback_after
+        ):
+            detail = (
+                f"Signal failing for {now - claim.failing_since:.0f}s "
+                f"(fallback_after {self.fallback_after:g}s)"
+            )
+            return await self._ntfy_leg(claim, text, [Leg("signal", "fallback", None, detail)])
+        return await self._signal_leg(claim, text)
+
+    async def _signal_leg(self, claim: Claim, text: str) -> Settlement:
+        configured = self.owner.recipients
+        targets = (
+            configured if claim.owed is None else tuple(r for r in claim.owed if r in configured)
+        )
+        if not targets:
+            detail = "every recipient still owed was removed from owner.recipients"
+            return Settlement("sent", [Leg("signal", "sent", None, detail, 0)], "signal")
+        started = self.clock()
+        body = {"message": text, "number": self.owner.signal_number, "recipients": list(targets)}
+        status, headers, content, error = await self._post(
+            f"{(self.owner.signal_url or '').rstrip('/')}/v2/send", json.dumps(body).encode(), None
+        )
+        now = self.clock()
+        outcome = classify_signal(status, headers, content, error, now, targets)
+        detail = redact(outcome.detail, self._known)
+        count = len(targets)
+        if outcome.kind == "sent":
+            return Settlement(
+                "sent", [Leg("signal", "sent", status, detail, count)], "signal", sent_request=True
+            )
+        failing_since = claim.failing_since if claim.failing_since is not None else started
+        owed = outcome.failed or targets
+        failed = len(outcome.failed) if outcome.failed else None
+        exhausted = claim.attempt >= self.max_attempts
+        overdue = self.fallback_configured and now - failing_since >= self.fallback_after
+        if outcome.kind == "permanent" or exhausted or overdue:
+            why = "permanent" if outcome.kind == "permanent" else "exhausted" if exhausted else ""
+            if overdue and not why:
+                why = f"failing for {now - failing_since:.0f}s"
+            if self.fallback_configured:
+                leg = Leg("signal", "fallback", status, f"{detail}; {why}", count, failed)
+                settlement = await self._ntfy_leg(claim, text, [leg])
+                settlement.owed = owed
+                settlement.failing_since = failing_since
+                settlement.sent_request = True
+                return settlement
+            error = f"{detail}; {why}, no owner.fallback_topic"
+            return Settlement(
+                "dead",
+                [Leg("signal", "dead", status, error, count, failed)],
+                "signal",
+                error=error,
+                owed=owed,
+                failing_since=failing_since,
+                sent_request=True,
+            )
+        due = now + retry_delay(claim.attempt, outcome.retry_after, self.rng, base=self.retry_base)
+        if self.fallback_configured:
+            due = min(due, failing_since + self.fallback_after)
+        result: LegResult = "partial" if outcome.kind == "partial" else "retry"
+        return Settlement(
+            "pending",
+            [Leg("signal", result, status, detail, count, failed)],
+            "signal",
+            due_at=due,
+            error=detail,
+            owed=owed,
+            failing_since=failing_since,
+            sent_request=True,
+        )
+
+    async def _ntfy_leg(self, claim: Claim, text: str, legs: list[Leg]) -> Settlement:
+        assert self.owner.fallback_topic is not None
+        headers = ntfy_headers(claim.kind, claim.topic, self.ntfy_token)
+        status, answer_headers, content, error = await self._post(
+            f"{self.ntfy_url}/{self.owner.fallback_topic}", text.encode("utf-8"), headers
+        )
+        now = self.clock()
+        outcome = classify_ntfy(status, answer_headers, content, error, now)
+        detail = redact(outcome.detail, self._known)
+        attempt = claim.ntfy_attempts + 1
+
+        def settle(state: Literal["pending", "sent", "dead"], leg: Leg, **extra: Any) -> Settlement:
+            return Settlement(
+                state,
+                [*legs, leg],
+                "ntfy",
+                owed=claim.owed,
+                failing_since=claim.failing_since,
+                ntfy_attempts=attempt,
+                sent_request=True,
+                **extra,
+            )
+
+        if outcome.kind == "sent":
+            return settle("sent", Leg("ntfy", "sent", status, detail))
+        if outcome.kind == "retry" and attempt < self.max_attempts:
+            due = now + retry_delay(attempt, outcome.retry_after, self.rng, base=self.retry_base)
+            return settle("pending", Leg("ntfy", "retry", status, detail), due_at=due, error=detail)
+        error = f"{detail}; {'permanent' if outcome.kind == 'permanent' else 'exhausted'}"
+        return settle("dead", Leg("ntfy", "dead", status, error), error=error)
+
+    async def _post(
+        self, url: str, content: bytes, headers: dict[str, str] | None
+    ) -> tuple[int | None, httpx.Headers | None, bytes, str | None]:
+        if headers is None:
+            headers = {"Content-Type": "application/json"}
+        try:
+            async with asyncio.timeout(self.timeout + 1.0):
+                response = await self.client.post(
+                    url, content=content, headers=headers, timeout=self.timeout
+                )
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            return None, None, b"", f"timeout ({type(exc).__name__}): may have been sent"
+        except httpx.HTTPError as exc:
+            return None, None, b"", f"{type(exc).__name__}: {exc}"
+        return response.status_code, response.headers, response.content, None
+
+    # -- settle (short transaction) ------------------------------------------------------------------
+
+    def _settle(self, claim: Claim, settlement: Settlement) -> None:
+        now = self.clock()
+        owed = None if settlement.owed is None else json.dumps(list(settlement.owed))
+        with db.write_txn(self.conn) as txn:
+            settled = (
+                self.conn.execute(
+                    "UPDATE owner_outbox SET state = ?, due_at = coalesce(?, due_at),"
+                    " lease_until = NULL, channel = ?, last_error = ?, settled_at = ?,"
+                    " signal_owed = ?, signal_failing_since = ?, ntfy_attempts = ?"
+                    " WHERE key = ? AND state = 'leased' AND attempts = ?",
+                    (
+                        settlement.state,
+                        settlement.due_at,
+                        settlement.channel,
+                        settlement.error,
+                        None if settlement.state == "pending" else now,
+                        None if settlement.state == "sent" else owed,
+                        None if settlement.state == "sent" else settlement.failing_since,
+                        max(settlement.ntfy_attempts, claim.ntfy_attempts),
+                        claim.key,
+                        claim.attempt,
+                    ),
+                ).rowcount
+                == 1
+            )
+            if settled:
+                for leg in settlement.legs:
+                    audit.stage(
+                        self.conn,
+                        "owner_message",
+                        now,
+                        key=claim.key,
+                        message_kind=claim.kind,
+                        notice=claim.topic if claim.kind == "notice" else None,
+                        channel=leg.channel,
+                        attempt=claim.attempt,
+                        result=leg.result,
+                        status=leg.status,
+                        detail=leg.detail,
+                        recipients=leg.recipients,
+                        failed=leg.failed,
+                    )
+                # The counters follow what is durable: a COMMIT that fails and is run again
+                # counts the attempt once.
+                txn.after_commit(lambda: self._count(claim, settlement))
+
+    def _count(self, claim: Claim, settlement: Settlement) -> None:
+        fields: dict[str, Any] = {"key": claim.key, "attempt": claim.attempt}
+        for leg in settlement.legs:
+            self.stats.by_result[leg.result] = self.stats.by_result.get(leg.result, 0) + 1
+            if leg.result == "fallback":
+                self.stats.fallbacks += 1
+                log.warning("owner.fallback", **fields, detail=leg.detail)
+            elif leg.result == "partial":
+                self.stats.partial += 1
+            elif leg.result == "retry":
+                self.stats.retries += 1
+        last = settlement.legs[-1]
+        if settlement.state == "sent":
+            if last.channel == "ntfy":
+                self.stats.sent_ntfy += 1
+            else:
+                self.stats.sent_signal += 1
+            log.info("owner.sent", **fields, channel=last.channel)
+        elif settlement.state == "dead":
+            self.stats.dead += 1
+            log.error("owner.dead", **fields, channel=last.channel, detail=last.detail)
+        else:
+            log.warning(
+                "owner.retry_scheduled",
+                **fields,
+                channel=last.channel,
+                result=last.result,
+                detail=last.detail,
+            )

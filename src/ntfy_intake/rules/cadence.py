@@ -1,0 +1,527 @@
+"""The cadence engine: debounce, cooldown, escalation, the daily owner cap, notice rate limits.
+
+Pure: no I/O, no clock reads; `now` is a unix time argument. The state is a fold over audit
+records and nothing else, so the audit log is the only cadence store (DESIGN.md section 4):
+
+    decision = state.decide_event(policy, incident, event_id, now)   # never mutates
+    record = event_record(decision, incident, event_id, now, topic=...)
+    state.apply(record)                                             # fold the record it wrote
+
+Replaying the same records into `CadenceState.empty()` rebuilds the same state (`rehydrate.py`
+does that at startup). The rules, the record shapes and the time rounding are in docs/cadence.md.
+
+Time: the audit log stores `ts` with millisecond precision (`rfc3339` truncates), so the
+engine works on that grid. `decide_*` truncate `now` the same way before comparing, and every
+window end is `quantize(start + span)`: a window covers `start <= t < end`. A decision made live
+and the same question asked after a replay therefore see exactly the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any, Literal, NamedTuple
+from zoneinfo import ZoneInfo
+
+Outcome = Literal["triage_requested", "joined", "suppressed"]
+Status = Literal["firing", "resolved"]
+MessageKind = Literal["triage", "notice"]
+
+# The longest local calendar day in the current tz database rules (Antarctica/Troll falls back
+# two hours: a 26 h day). The daily cap needs every queued message of the current local day.
+LOCAL_DAY_SPAN = 26 * 3600.0
+_STATUSES = ("firing", "resolved")
+_OUTCOMES = ("triage_requested", "joined", "suppressed")
+# What folding one record did to the indexes (see `CadenceState.apply`).
+_REJECTED = "rejected"  # malformed: nothing changed
+_IN_PLACE = "in_place"  # entries changed where they stand
+_REORDERED = "reordered"  # an entry was added or moved to the end
+# A `ts` outside these years is malformed (and could not be formatted back or given a local day).
+_EARLIEST = 0.0  # 1970-01-01
+_LATEST = 32_503_680_000.0  # 3000-01-01
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    debounce: float = 120.0  # seconds a new triage request collects further events of its incident
+    cooldown: float = 3600.0  # after a request, repeats are suppressed unless escalating/flipping
+    daily_cap: int = 10  # owner messages of kind "triage" per calendar day in `timezone`
+    timezone: str = "UTC"
+    notice_limit: int = 6  # operational notices per kind per `notice_window`
+    notice_window: float = 3600.0
+
+    @property
+    def retention(self) -> float:
+        """How far back any decision can look: the state keeps this much, startup reads it."""
+        return max(self.debounce, self.cooldown, self.notice_window, LOCAL_DAY_SPAN)
+
+
+# IncidentView and Decision are NamedTuples, not frozen dataclasses: one of each is built per
+# recorded event, ~3x cheaper.
+class IncidentView(NamedTuple):
+    """The merged incident after this event (`incidents.merge` computes it)."""
+
+    key: str
+    severity: int
+    status: Status
+    is_new: bool  # the first event ever seen for this key
+
+
+class Decision(NamedTuple):
+    outcome: Outcome
+    reason: str
+    delivery_key: str | None = None  # new request: tri_<event id>; joined: the open request's
+    due_at: float | None = None  # when the request's debounce window closes
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerDecision:
+    allowed: bool
+    reason: str | None = None  # "daily_cap" | "rate_limited" when not allowed
+
+    @property
+    def result(self) -> str:
+        """The `result` of the owner_message record that audits this decision."""
+        return "queued" if self.allowed else "suppressed"
+
+
+class _Request(NamedTuple):
+    """The latest triage request of one incident, as the audit log recorded it (a NamedTuple:
+    one is built per folded event, several times cheaper than a frozen dataclass)."""
+
+    delivery_key: str
+    opened_at: float
+    severity: int  # what the request carries: max over the records that opened or joined it
+    status: Status  # the incident's status at the last record that opened or joined it
+    last_seen: float
+
+
+# Every record of one batch shares its `now`, and a replay folds runs of equal `ts`: these pure
+# conversions are cached so the fold costs dictionary lookups, not datetime arithmetic.
+@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)  # a batch's records all share one timestamp
+def rfc3339(ts: float) -> str:
+    """`ts` as the audit log writes it: RFC 3339 UTC, milliseconds (`parse_ts` reads it back)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def quantize(now: float) -> float:
+    """`now` as the audit log records it: `parse_ts(rfc3339(now)) == quantize(now)`."""
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
+
+
+def parse_ts(value: object) -> float | None:
+    """An RFC 3339 `ts` back to unix time; None when it is not one (no offset, garbage)."""
+    if not isinstance(value, str):
+        return None
+    return _parse_ts(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_ts(value: str) -> float | None:
+    try:
+        moment = datetime.fromisoformat(value)
+        if moment.tzinfo is None:
+            return None
+        ts = moment.timestamp()
+        if not _EARLIEST <= ts <= _LATEST:
+            return None
+        return quantize(ts)  # a no-op for what rfc3339 wrote
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def window_end(start: float, span: float) -> float:
+    """The first instant outside the window [start, start + span), on the millisecond grid."""
+    return quantize(start + span)
+
+
+def delivery_key_for(event_id: str) -> str:
+    """Stable and deterministic: the event that opened the request names it, forever."""
+    return f"tri_{event_id}"
+
+
+def local_day(ts: float, timezone: str) -> date:
+    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).date()
+
+
+class CadenceState:
+    """Everything cadence remembers, rebuilt by folding audit records with `apply`.
+
+    Entries are pruned by `apply` once the record clock (the greatest `ts` folded so far) has
+    left their retention window (`Policy.retention` of the policy given to `empty`), and by
+    `prune(now)`. No decision ever depends on a pruned entry.
+    """
+
+    __slots__ = ("_clock", "_incidents", "_notices", "_retention", "_triage")
+
+    def __init__(
+        self,
+        retention: float,
+        clock: float | None,
+        incidents: OrderedDict[str, _Request],
+        triage: OrderedDict[str, float],
+        notices: dict[str, OrderedDict[str, float]],
+    ) -> None:
+        self._retention = retention
+        self._clock = clock
+        self._incidents = incidents  # by incident key, oldest request first
+        self._triage = triage  # queued triage owner messages: key -> ts, oldest first
+        self._notices = notices  # queued notices: kind -> (key -> ts), oldest first
+
+    @classmethod
+    def empty(cls, policy: Policy | None = None) -> CadenceState:
+        """A state that keeps what `policy` can need (its `retention`; the default policy's if None)."""
+        return cls((policy or Policy()).retention, None, OrderedDict(), OrderedDict(), {})
+
+    def fork(self) -> CadenceState:
+        """An independent copy (entries are immutable, so this copies only the indexes)."""
+        return CadenceState(
+            self._retention,
+            self._clock,
+            OrderedDict(self._incidents),
+            OrderedDict(self._triage),
+            {kind: OrderedDict(keys) for kind, keys in self._notices.items()},
+        )
+
+    @property
+    def size(self) -> int:
+        """Entries held in memory (incidents, counted owner messages, counted notices)."""
+        return (
+            len(self._incidents)
+            + len(self._triage)
+            + sum(len(keys) for keys in self._notices.values())
+        )
+
+    # -- the fold --------------------------------------------------------------------------------
+
+    def apply(self, record: Mapping[str, Any]) -> None:
+        """Fold one audit record. Irrelevant kinds and malformed records are ignored, never raise.
+
+        A well-formed `event` or `owner_message` record also advances the record clock, which
+        drives pruning; nothing else does.
+        """
+        kind = record.get("kind")
+        if kind not in ("event", "owner_message"):
+            return
+        ts = parse_ts(record.get("ts"))
+        if ts is None:
+            return
+        if kind == "event":
+            folded = self._apply_event(
+                record.get("incident"),
+                record.get("severity"),
+                record.get("status"),
+                record.get("outcome"),
+                record.get("delivery_key"),
+                ts,
+            )
+        else:
+            folded = _REORDERED if self._apply_owner_message(record, ts) else _REJECTED
+        self._advance(folded, ts)
+
+    def apply_event(
+        self,
+        incident: object,
+        severity: object,
+        status: object,
+        outcome: object,
+        delivery_key: object,
+        ts: float | None,
+    ) -> None:
+        """`apply` of an `event` record with these fields whose `ts` parsed to `ts`: the same
+        fold, for a writer that has the values at hand (no record read back, no `ts` parsed)."""
+        if ts is not None:
+            self._advance(
+                self._apply_event(incident, severity, status, outcome, delivery_key, ts), ts
+            )
+
+    def _advance(self, folded: str, ts: float) -> None:
+        if folded is _REJECTED:
+            return
+        advanced = self._clock is None or ts > self._clock
+        if advanced:
+            self._clock = ts
+        # Most events of a replay join or are suppressed under a request at the same clock: they
+        # change an entry where it stands, and the last sweep (at this clock) left every front
+        # alive, so sweeping again would find nothing.
+        if advanced or folded is _REORDERED:
+            self._sweep(everything=False)
+
+    def _apply_event(
+        self,
+        key: Any,  # the record's values, checked here before they are trusted
+        severity: Any,
+        status: Any,
+        outcome: Any,
+        delivery_key: Any,
+        ts: float,
+    ) -> str:
+        if (
+            type(key) is not str
+            or not key
+            or type(severity) is not int
+            or status not in _STATUSES
+            or outcome not in _OUTCOMES
+            or (outcome != "suppressed" and type(delivery_key) is not str)
+        ):
+            return _REJECTED
+        entry = self._incidents.get(key)
+        if outcome == "triage_requested":
+            self._incidents.pop(key, None)  # re-insert at the end: the dict stays in request order
+            self._incidents[key] = _Request(delivery_key, ts, severity, status, ts)
+            return _REORDERED
+        if entry is None:
+            pass  # joined or suppressed under a request older than the state remembers
+        elif outcome == "joined":
+            if delivery_key == entry.delivery_key:
+                self._incidents[key] = _Request(
+                    entry.delivery_key,
+                    entry.opened_at,
+                    max(entry.severity, severity),
+                    status,
+                    max(entry.last_seen, ts),
+                )
+        else:
+            self._incidents[key] = _Request(
+                entry.delivery_key,
+                entry.opened_at,
+                entry.severity,
+                entry.status,
+                max(entry.last_seen, ts),
+            )
+        return _IN_PLACE
+
+    def _apply_owner_message(self, record: Mapping[str, Any], ts: float) -> bool:
+        key = record.get("key")
+        result = record.get("result")
+        # Records written before message_kind existed are triage replies: counting them is the
+        # safe direction for the cap.
+        message_kind = record.get("message_kind", "triage")
+        notice = record.get("notice")
+        if (
+            not isinstance(key, str)
+            or not isinstance(result, str)
+            or message_kind not in ("triage", "notice")
+            or (message_kind == "notice" and not isinstance(notice, str))
+        ):
+            return False
+        if result == "queued":
+            if message_kind == "triage":
+                self._triage.setdefault(key, ts)
+            elif isinstance(notice, str):
+                self._notices.setdefault(notice, OrderedDict()).setdefault(key, ts)
+        return True
+
+    def prune(self, now: float) -> None:
+        """Advance the clock to `now` and drop every entry outside its retention window."""
+        moment = quantize(now)
+        if self._clock is None or moment > self._clock:
+            self._clock = moment
+        self._sweep(everything=True)
+
+    def _alive(self, ts: float) -> bool:
+        return self._clock is None or self._clock < window_end(ts, self._retention)
+
+    def _sweep(self, *, everything: bool) -> None:
+        # Records arrive in time order, so expired entries sit at the front of each index; a full
+        # sweep also catches the few a clock step left behind.
+        if everything:
+            self._incidents = OrderedDict(
+                (k, v) for k, v in self._incidents.items() if self._alive(v.opened_at)
+            )
+            self._triage = OrderedDict((k, v) for k, v in self._triage.items() if self._alive(v))
+            for kind in list(self._notices):
+                kept = OrderedDict((k, v) for k, v in self._notices[kind].items() if self._alive(v))
+                self._notices[kind] = kept
+        else:
+            while self._incidents:
+                key, entry = next(iter(self._incidents.items()))
+                if self._alive(entry.opened_at):
+                    break
+                del self._incidents[key]
+            _sweep_front(self._triage, self._alive)
+            for keys in self._notices.values():
+                _sweep_front(keys, self._alive)
+        for kind in [kind for kind, keys in self._notices.items() if not keys]:
+            del self._notices[kind]
+
+    # -- decisions (never mutate) ----------------------------------------------------------------
+
+    def decide_event(
+        self, policy: Policy, incident: IncidentView, event_id: str, now: float
+    ) -> Decision:
+        moment = quantize(now)
+        entry = self._incidents.get(incident.key)
+        if entry is not None:
+            due = window_end(entry.opened_at, policy.debounce)
+            if moment < due:
+                return Decision("joined", "debounce", entry.delivery_key, due)
+            if moment < window_end(entry.opened_at, policy.cooldown):
+                if incident.status != entry.status:
+                    reason = "resolved" if incident.status == "resolved" else "reopened"
+                elif incident.status == "firing" and incident.severity > entry.severity:
+                    reason = "escalation"
+                else:
+                    return Decision("suppressed", "cooldown")
+                return _new_request(policy, reason, event_id, moment)
+        # No request within the cooldown: a fresh episode.
+        if incident.is_new:
+            reason = "new_incident"
+        elif incident.status == "resolved":
+            reason = "resolved"
+        else:
+            reason = "repeat"
+        return _new_request(policy, reason, event_id, moment)
+
+    def decide_owner_message(self, policy: Policy, now: float) -> OwnerDecision:
+        """A triage reply to the owner: allowed, or suppressed past the day's cap."""
+        if self.triage_messages_today(policy, now) >= policy.daily_cap:
+            return OwnerDecision(False, "daily_cap")
+        return OwnerDecision(True)
+
+    def decide_notice(self, policy: Policy, notice: str, now: float) -> OwnerDecision:
+        """An operational notice: a per-kind rate limit, never the daily cap."""
+        moment = quantize(now)
+        recent = sum(
+            1
+            for ts in self._notices.get(notice, {}).values()
+            if moment < window_end(ts, policy.notice_window)
+        )
+        if recent >= policy.notice_limit:
+            return OwnerDecision(False, "rate_limited")
+        return OwnerDecision(True)
+
+    def triage_messages_today(self, policy: Policy, now: float) -> int:
+        """Queued triage owner messages on `now`'s calendar day in `policy.timezone`."""
+        today = local_day(quantize(now), policy.timezone)
+        return sum(1 for ts in self._triage.values() if local_day(ts, policy.timezone) == today)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A canonical JSON-able view of what is alive at the record clock."""
+        return {
+            "clock": None if self._clock is None else rfc3339(self._clock),
+            "incidents": {
+                key: {
+                    "delivery_key": entry.delivery_key,
+                    "opened_at": rfc3339(entry.opened_at),
+                    "severity": entry.severity,
+                    "status": entry.status,
+                    "last_seen": rfc3339(entry.last_seen),
+                }
+                for key, entry in sorted(self._incidents.items())
+                if self._alive(entry.opened_at)
+            },
+            "triage_messages": sorted(
+                [rfc3339(ts), key] for key, ts in self._triage.items() if self._alive(ts)
+            ),
+            "notices": {
+                kind: alive
+                for kind, keys in sorted(self._notices.items())
+                if (
+                    alive := sorted(
+                        [rfc3339(ts), key] for key, ts in keys.items() if self._alive(ts)
+                    )
+                )
+            },
+        }
+
+
+def _sweep_front(index: OrderedDict[str, float], alive: Callable[[float], bool]) -> None:
+    while index:
+        key, ts = next(iter(index.items()))
+        if alive(ts):
+            break
+        del index[key]
+
+
+def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> Decision:
+    return Decision(
+        "triage_requested",
+        reason,
+        delivery_key_for(event_id),
+        window_end(moment, policy.debounce),
+    )
+
+
+# -- the records that audit decisions (the fold reads exactly these fields) ----------------------
+
+_EVENT_FIELDS = frozenset(
+    {
+        "ts",
+        "kind",
+        "event_id",
+        "incident",
+        "severity",
+        "status",
+        "outcome",
+        "reason",
+        "delivery_key",
+    }
+)
+_OWNER_FIELDS = frozenset({"ts", "kind", "key", "message_kind", "notice", "result", "reason"})
+
+
+def event_record(
+    decision: Decision, incident: IncidentView, event_id: str, now: float, **extra: Any
+) -> dict[str, Any]:
+    """The `event` audit record of a decision: `ts` and `kind` first, None values dropped.
+
+    Stage it with `audit.stage(conn, record["kind"], now, **fields)` where `fields` is the record
+    without `ts` and `kind`, and `apply` the same dict to the state.
+    """
+    record: dict[str, Any] = {
+        "ts": rfc3339(now),
+        "kind": "event",
+        "event_id": event_id,
+        "incident": incident.key,
+        "severity": incident.severity,
+        "status": incident.status,
+        "outcome": decision.outcome,
+        "reason": decision.reason,
+    }
+    if decision.delivery_key is not None:
+        record["delivery_key"] = decision.delivery_key
+    return _with_extra(record, extra, _EVENT_FIELDS)
+
+
+def owner_record(
+    key: str,
+    now: float,
+    *,
+    message_kind: MessageKind,
+    result: str,
+    notice: str | None = None,
+    reason: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The `owner_message` audit record; `result` is `OwnerDecision.result` when it audits one."""
+    record: dict[str, Any] = {
+        "ts": rfc3339(now),
+        "kind": "owner_message",
+        "key": key,
+        "message_kind": message_kind,
+        "notice": notice,
+        "result": result,
+        "reason": reason,
+    }
+    return _with_extra(record, extra, _OWNER_FIELDS)
+
+
+def _with_extra(
+    record: dict[str, Any], extra: Mapping[str, Any], reserved: frozenset[str]
+) -> dict[str, Any]:
+    if extra:
+        if not reserved.isdisjoint(extra):
+            clash = sorted(reserved.intersection(extra))
+            raise ValueError(f"extra fields would overwrite the record's own: {', '.join(clash)}")
+        for name, value in extra.items():
+            if value is not None:
+                record[name] = value
+    if None in record.values():
+        return {k: v for k, v in record.items() if v is not None}
+    return record

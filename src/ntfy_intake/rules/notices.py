@@ -1,0 +1,157 @@
+"""What the daemon tells the owner about its own trouble: the wording and the stable keys.
+
+Pure. Each key names what the notice is about, so a repeat of the same trouble (a restart, a
+retry) reuses the key and the owner outbox sends it once; the per-kind rate limit
+(`cadence.Policy.notice_limit`) bounds the rest. docs/operations.md explains each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """An operational notice for the owner (fallback_400, gap, latch, dead_row, intake_dead...)."""
+
+    notice: str
+    text: str
+    key: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def fallback_400(cursor_value: str, since: str, detail: str) -> Notice:
+    return Notice(
+        "fallback_400",
+        f"ntfy rejected the saved cursor since={since!r} ({detail}); replaying everything the "
+        "server still holds. Nothing is lost; duplicates are absorbed.",
+        key=f"fallback_400:{cursor_value}",
+    )
+
+
+def gap(cursor_value: str, window_start: str, window_end: str) -> Notice:
+    return Notice(
+        "gap",
+        f"Possible alert loss: ntfy no longer holds the last recorded message ({cursor_value}). "
+        f"Anything published between {window_start} and {window_end} that is not in the audit "
+        "log may be gone for good.",
+        key=f"gap:{cursor_value}",
+        fields={"window_start": window_start, "window_end": window_end, "cursor": cursor_value},
+    )
+
+
+_REFUSALS = {
+    "credentials": "the credentials were refused (check ntfy.token)",
+    "acl": "the token may not read these topics (ntfy access control)",
+    "rate_limit": "ntfy's rate limit was reached",
+    "rejected": "ntfy rejected the request",
+}
+
+
+def subscribe_refused(
+    category: str, status: int, code: int | None, error: str, topics: str, episode: str
+) -> Notice:
+    """One per category per episode (until a subscription opens again). The cursor is kept."""
+    said = f"{code}: {error}" if code is not None else error
+    return Notice(
+        "subscribe_refused",
+        f"ntfy refused the subscription to {topics}: {_REFUSALS.get(category, category)} "
+        f"(HTTP {status}, {said!r}). Retrying with backoff; the cursor is kept and nothing "
+        "published meanwhile is lost while ntfy's cache holds it.",
+        key=f"subscribe_refused:{category}:{episode}",
+        fields={"category": category, "topics": topics, "error": said},
+    )
+
+
+def latch(detail: str, boot_id: str) -> Notice:
+    """One per process: the latch trips once and stays until a restart."""
+    return Notice(
+        "latch",
+        f"The audit log cannot be written ({detail}). Intake keeps recording, but the cursor is "
+        "frozen until a restart; free the disk or fix permissions, then restart.",
+        key=f"latch:{boot_id}",
+    )
+
+
+def intake_dead(dead_after: float, last_error: str | None, episode: str) -> Notice:
+    return Notice(
+        "intake_dead",
+        f"No frame from ntfy for over {dead_after:g}s (last error: {last_error or 'none'}). "
+        "Alerts published now are held by ntfy's cache and will be recorded when the "
+        "connection returns.",
+        key=f"intake_dead:{episode}",
+    )
+
+
+def intake_recovered(episode: str) -> Notice:
+    return Notice(
+        "intake_recovered",
+        "ntfy is reachable again; intake is live and replaying what it missed.",
+        key=f"intake_recovered:{episode}",
+    )
+
+
+def dead_row(delivery_key: str, detail: str, attempts: int) -> Notice:
+    return Notice(
+        "dead_row",
+        f"Triage request {delivery_key} could not be delivered ({detail}) after {attempts} "
+        f"attempt(s). `ntfy-intake redrive {delivery_key}` retries it.",
+        key=f"dead_row:{delivery_key}:{attempts}",
+    )
+
+
+def audit_file_replaced(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "audit_file_replaced",
+        f"The audit log was changed under the running daemon: {detail}. Recording goes on in "
+        "the file at its path; nothing recorded is lost.",
+        key=f"audit_file_replaced:{boot_id}:{count}",
+    )
+
+
+def database_locked(holder: str, boot_id: str) -> Notice:
+    return Notice(
+        "db_locked",
+        f"The database is locked by another process ({holder}); intake waits with backoff and "
+        "loses nothing. Health is degraded until the lock is released.",
+        key=f"db_locked:{boot_id}",
+    )
+
+
+def storage_fault(kind: str, description: str, boot_id: str) -> Notice:
+    """`kind` and `description` of a storage.StorageFault (disk_full, io, ...)."""
+    return Notice(
+        "storage_fault",
+        f"Storage trouble: {description}. Intake waits and retries; free space or fix the cause.",
+        key=f"storage_fault:{kind}:{boot_id}",
+    )
+
+
+def rebuilt_from_audit(summary: str, boot_id: str) -> Notice:
+    return Notice(
+        "rebuilt_from_audit",
+        f"The database was missing or empty and was rebuilt from the audit log ({summary}). "
+        "Agent feed cursors cannot be known and restart at each channel's head; undelivered "
+        "triage requests and owner messages are pending again under their old keys.",
+        key=f"rebuilt_from_audit:{boot_id}",
+    )
+
+
+def clock_jump(detail: str, boot_id: str, count: int) -> Notice:
+    return Notice(
+        "clock_jump",
+        f"The local clock disagrees with ntfy's frame times ({detail}); cadence and retention "
+        "follow the server's time until they agree again.",
+        key=f"clock_jump:{boot_id}:{count}",
+    )
+
+
+def relay_unauthorized(delivery_key: str, attempt: int, detail: str) -> Notice:
+    """Once per streak of 401s: the key of the attempt that started it keeps it stable."""
+    return Notice(
+        "relay_unauthorized",
+        f"The triage receiver refused triage request {delivery_key} ({detail}): check that "
+        "relay.secret (and relay.token) match the receiver's and that both clocks are synced. "
+        "The daemon keeps retrying with backoff; nothing is dropped.",
+        key=f"relay_unauthorized:{delivery_key}:{attempt}",
+    )

@@ -1,0 +1,386 @@
+"""The append-only JSONL audit log: one outcome record per event, durable before the cursor moves.
+
+How a record becomes durable without a second store that can disagree:
+1. `stage()` inserts the record into `audit_journal` inside the same SQLite transaction that
+   records the outcome, so an outcome and its audit record commit or vanish together;
+2. `flush()` appends every journal row above the flushed mark to today's file, flushes, fsyncs,
+   then moves the mark (and prunes the journal) in a short transaction;
+3. after a crash, `recover()` drops a torn last line in every file, finds which journal rows
+   already reached a file (a crash between fsync and moving the mark) by `seq` across all files,
+   never by file names or the clock, and appends only the others.
+While running, the writer knows the highest `seq` in the files, so a mark that fails to move
+(SQLite's disk full) never makes a line be written twice, and an append that fails part-way is
+cut back to where it began. So each journal row reaches the log exactly once. Files are named by the UTC day they were
+written (`audit-YYYY-MM-DD.jsonl`); each line's `ts` is when its outcome was recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ntfy_intake.errors import AuditWriteError
+from ntfy_intake.rules.cadence import rfc3339
+from ntfy_intake.store import db
+from ntfy_intake.wire import jsonsafe
+
+SCHEMA_VERSION = 1
+FLUSHED_KEY = "audit_flushed_seq"
+FILE_PREFIX = "audit-"
+FILE_SUFFIX = ".jsonl"
+
+
+# json.dumps(record, separators=(",", ":"), ensure_ascii=True), built once: the same text.
+_COMPACT = jsonsafe.compact_encoder(sort_keys=False)
+
+
+def encode(record: Mapping[str, Any]) -> str:
+    """A complete record (`ts` and `kind` first) as the journal stores it; None values dropped."""
+    if not isinstance(record, dict) or None in record.values():
+        record = {k: v for k, v in record.items() if v is not None}
+    return _COMPACT(record)
+
+
+def stage(conn: sqlite3.Connection, kind: str, now: float, **fields: Any) -> None:
+    """Queue one record inside the caller's write transaction."""
+    stage_encoded(conn, [encode({"ts": rfc3339(now), "kind": kind, **fields})])
+
+
+def stage_encoded(conn: sqlite3.Connection, lines: list[str]) -> None:
+    """Queue already-encoded records (a batch's, in order) inside the caller's transaction."""
+    conn.executemany("INSERT INTO audit_journal(line) VALUES (?)", [(line,) for line in lines])
+
+
+def _line(seq: int, record_json: str) -> str:
+    # The journal stores the record without its envelope; seq and schema version are added here.
+    return f'{{"v":{SCHEMA_VERSION},"seq":{seq},{record_json[1:]}\n'
+
+
+class AuditLog:
+    """Appends lines to the day's file; every append ends with fsync or raises, leaving no part.
+
+    It knows the highest `seq` actually in the files (`last_seq`): read from the files once
+    (across all of them, never by name), then moved by each successful append. A line at or
+    below it is never written again, whatever failed after its fsync.
+
+    Before each append the open file's identity is checked against its path. A deleted file is
+    re-created and the lines the deleted inode held are carried into it (they exist nowhere
+    else); a file replaced by another is reopened as it stands. Either way one line describing
+    it waits in `take_replacements()` for the owner notice.
+    """
+
+    def __init__(self, directory: Path, clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self._clock = clock
+        self._day: str | None = None
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._last_seq: int | None = None
+        self._suspect = False  # a failed append may have left part of a line behind
+        self._replacements: list[str] = []
+
+    def path_for(self, day: str) -> Path:
+        return self.directory / f"{FILE_PREFIX}{day}{FILE_SUFFIX}"
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq in the files, torn tails repaired first (read once, then tracked)."""
+        if self._last_seq is None or self._suspect:
+            self._last_seq = max(repair_tails(self.directory), self._last_seq or 0)
+            self._suspect = False
+        return self._last_seq
+
+    def take_replacements(self) -> list[str]:
+        taken, self._replacements = self._replacements, []
+        return taken
+
+    def _open_today(self) -> int:
+        day = datetime.fromtimestamp(self._clock(), UTC).strftime("%Y-%m-%d")
+        if self._fd is not None and day == self._day:
+            self._check_identity()
+        if self._fd is None or day != self._day:
+            self.close()
+            self._open(self.path_for(day))
+            self._day = day
+        assert self._fd is not None
+        return self._fd
+
+    def _open(self, path: Path) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = not path.exists()
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        self._path = path
+        if created:
+            _fsync_dir(self.directory)
+
+    def _check_identity(self) -> None:
+        assert self._fd is not None and self._path is not None
+        own = os.fstat(self._fd)
+        try:
+            named = os.stat(self._path)
+        except FileNotFoundError:
+            named = None
+        same = named is not None and (named.st_dev, named.st_ino) == (own.st_dev, own.st_ino)
+        if same and own.st_nlink > 0:
+            return
+        path = self._path
+        carried = _read_all(self._fd) if named is None and own.st_nlink == 0 else b""
+        self.close()
+        self._open(path)
+        if carried:
+            self._write_all(carried)
+        what = "deleted" if named is None else "replaced"
+        detail = f"audit file {path.name} was {what} while open; reopened"
+        if carried:
+            lines = carried.count(b"\n")
+            detail += f", {lines} lines it held written again"
+        self._replacements.append(detail)
+
+    def _write_all(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+    def append(self, lines: list[str], *, last_seq: int | None = None) -> None:
+        """Append whole lines; on failure cut the file back to where it was, so no part stays."""
+        if not lines:
+            return
+        size: int | None = None
+        try:
+            fd = self._open_today()
+            size = os.fstat(fd).st_size
+            self._write_all("".join(lines).encode("ascii"))
+        except OSError as exc:
+            self._cut_back(size)
+            self.close()
+            raise AuditWriteError(f"audit log write failed: {exc.strerror or exc}") from exc
+        if last_seq is not None:
+            self._last_seq = max(self._last_seq or 0, last_seq)
+
+    def _cut_back(self, size: int | None) -> None:
+        if self._fd is None or size is None:
+            return
+        try:
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
+        except OSError:
+            self._suspect = True  # the tail will be read and repaired before the next append
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def flushed_seq(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM kv WHERE name = ?", (FLUSHED_KEY,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _mark_flushed(conn: sqlite3.Connection, seq: int) -> None:
+    with db.write_txn(conn):
+        conn.execute(
+            "INSERT INTO kv(name, value) VALUES (?, ?)"
+            " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            (FLUSHED_KEY, str(seq)),
+        )
+        conn.execute("DELETE FROM audit_journal WHERE seq <= ?", (seq,))
+
+
+def flush(conn: sqlite3.Connection, log: AuditLog) -> int:
+    """Write every journal row not yet in the files; return how many lines were written.
+
+    Rows at or below `log.last_seq` are in the files already (a mark that failed to move after
+    their fsync): they are not written again, only marked."""
+    mark = flushed_seq(conn)
+    written = log.last_seq
+    rows = conn.execute(
+        "SELECT seq, line FROM audit_journal WHERE seq > ? ORDER BY seq", (max(mark, written),)
+    ).fetchall()
+    if rows:
+        log.append([_line(seq, line) for seq, line in rows], last_seq=rows[-1][0])
+    top = log.last_seq
+    if (
+        top > mark
+        and conn.execute("SELECT 1 FROM audit_journal WHERE seq > ? LIMIT 1", (mark,)).fetchone()
+    ):
+        _mark_flushed(conn, top)
+    return len(rows)
+
+
+def recover(conn: sqlite3.Connection, log: AuditLog) -> int:
+    """At startup: repair torn tails in every file, then write outcomes that reached SQLite but
+    not the log. What is "already written" is found by seq across all files, never by names."""
+    log.last_seq  # noqa: B018 - repairs every torn tail before anything is read or appended
+    mark = flushed_seq(conn)
+    present = seqs_above(log.directory, mark)
+    rows = conn.execute(
+        "SELECT seq, line FROM audit_journal WHERE seq > ? ORDER BY seq", (mark,)
+    ).fetchall()
+    missing = [(seq, line) for seq, line in rows if seq not in present]
+    if missing:
+        log.append([_line(seq, line) for seq, line in missing], last_seq=missing[-1][0])
+    if rows:
+        _mark_flushed(conn, max(rows[-1][0], log.last_seq))
+    _seq_at_least(conn, log.last_seq)
+    return len(missing)
+
+
+def _seq_at_least(conn: sqlite3.Connection, seq: int) -> None:
+    """New journal rows must number above every line in the files (a rebuilt or restored
+    database would otherwise reuse seqs, and a reused seq counts as already written)."""
+    if seq <= 0:
+        return
+    with db.write_txn(conn):
+        row = conn.execute(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'audit_journal'"
+        ).fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO sqlite_sequence(name, seq) VALUES ('audit_journal', ?)", (seq,)
+            )
+        elif row[0] < seq:
+            conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'audit_journal'", (seq,))
+
+
+def repair_tails(directory: Path) -> int:
+    """Cut a torn last line off every audit file; return the highest seq in any of them."""
+    top = 0
+    for path in log_files(directory):
+        _truncate_torn_tail(path)
+        for record in _reverse_records(path):
+            seq = record.get("seq")
+            if isinstance(seq, int):
+                top = max(top, seq)
+                break
+    return top
+
+
+def seqs_above(directory: Path, mark: int) -> set[int]:
+    """Every seq above `mark` in any file (each file's lines are in seq order: read from its
+    end only as far as needed)."""
+    found: set[int] = set()
+    for path in log_files(directory):
+        found.update(_seqs_above(path, mark))
+    return found
+
+
+def _truncate_torn_tail(path: Path) -> None:
+    """A crash mid-write leaves a last line without its newline; it is still in the journal."""
+    with path.open("rb+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        block = 65536
+        position = size
+        while position > 0:
+            start = max(0, position - block)
+            handle.seek(start)
+            chunk = handle.read(position - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                handle.truncate(start + newline + 1)
+                break
+            position = start
+        else:
+            handle.truncate(0)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _seqs_above(path: Path, mark: int) -> set[int]:
+    """Seqs above `mark` at the end of a file, reading backwards only as far as needed."""
+    found: set[int] = set()
+    for record in _reverse_records(path):
+        seq = record.get("seq")
+        if not isinstance(seq, int) or seq <= mark:
+            break
+        found.add(seq)
+    return found
+
+
+def _reverse_records(path: Path) -> Iterator[Mapping[str, Any]]:
+    with path.open("rb") as handle:
+        position = handle.seek(0, os.SEEK_END)
+        tail = b""
+        while position > 0:
+            start = max(0, position - 65536)
+            handle.seek(start)
+            tail = handle.read(position - start) + tail
+            position = start
+            lines = tail.split(b"\n")
+            tail = lines[0]
+            for raw in reversed(lines[1:]):
+                record = _parse(raw)
+                if record is not None:
+                    yield record
+        record = _parse(tail)
+        if record is not None:
+            yield record
+
+
+def _parse(raw: bytes) -> Mapping[str, Any] | None:
+    if not raw.strip():
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def log_files(directory: Path) -> list[Path]:
+    """The audit files, oldest first. Only regular files: anything else (a device, a FIFO) under
+    an audit name is not a log this process wrote, and reading it could block forever."""
+    if not directory.exists():
+        return []
+    return sorted(p for p in directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
+
+
+def read_records(directory: Path, *, since_day: str | None = None) -> Iterator[dict[str, Any]]:
+    """Every record in file order, oldest file first; torn or garbled lines are skipped."""
+    for path in log_files(directory):
+        day = path.name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
+        if since_day is not None and day < since_day:
+            continue
+        with path.open("rb") as handle:
+            for raw in handle:
+                record = _parse(raw)
+                if record is not None:
+                    yield dict(record)

@@ -1,0 +1,297 @@
+"""The triage outbox: rows written inside the inbox transaction, each with a stable delivery key.
+
+Row life: `collecting` (the debounce window: later events of the incident join it) ->
+`pending` (released: payload frozen, feed entry written, due for the relay) -> `leased` (a relay
+attempt is in flight; the lease expires if the daemon dies) -> `delivered` | `dead`. With the
+push relay off, released rows go to `skipped` (agents pull them from the feed instead).
+A payload is built once, at release, and never changes: a receiver sees one body per key.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ntfy_intake.rules import sanitize
+from ntfy_intake.store import audit, db
+from ntfy_intake.wire import frames
+
+SCHEMA = "ntfy-intake.triage/1"
+UNTRUSTED_FIELDS = [
+    "events[].title",
+    "events[].message",
+    "events[].tags",
+    "events[].click",
+    "events[].icon",
+    "events[].actions",
+    "events[].attachment",
+]
+# What publishers may add to a message, passed to the agent as ntfy sent it (when present).
+PUBLISHER_FIELDS = ("click", "icon", "actions", "attachment", "content_type")
+
+# Called inside the release transaction with (conn, delivery_key, payload, summary, now).
+FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
+
+
+def create(
+    conn: sqlite3.Connection, key: str, incident_key: str, reason: str, due_at: float, now: float
+) -> None:
+    conn.execute(
+        "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+        " VALUES (?, ?, ?, 'collecting', ?, ?)",
+        (key, incident_key, reason, due_at, now),
+    )
+
+
+def next_release_at(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def release_due(
+    conn: sqlite3.Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
+) -> list[str]:
+    """Freeze the payload of every request whose window closed; call inside a write txn."""
+    keys = [
+        row[0]
+        for row in conn.execute(
+            "SELECT delivery_key FROM outbox WHERE state = 'collecting' AND due_at <= ?"
+            " ORDER BY due_at, delivery_key",
+            (now,),
+        )
+    ]
+    for key in keys:
+        payload, summary, version = build_payload(conn, key)
+        conn.execute(
+            "UPDATE outbox SET state = ?, payload = ?, incident_version = ? WHERE delivery_key = ?",
+            (
+                "pending" if relay_enabled else "skipped",
+                json.dumps(payload, separators=(",", ":"), ensure_ascii=True),
+                version,
+                key,
+            ),
+        )
+        if feed_append is not None:
+            feed_append(conn, key, payload, summary, now)
+        # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
+        audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
+    return keys
+
+
+def event_view(frame: dict[str, Any]) -> dict[str, Any]:
+    """One event as the agent sees it: ntfy's fields as sent, the body decoded when ntfy base64-
+    encoded it, and no key for what the publisher did not send (a titleless alert has no
+    `title`, never a null one)."""
+    message = frame.get("message", "")
+    if frame.get("encoding") == "base64" and isinstance(message, str):
+        message = frames.decode_base64_body(message)
+    view: dict[str, Any] = {"id": frame["id"], "topic": frame["topic"], "time": frame["time"]}
+    if isinstance(frame.get("title"), str):
+        view["title"] = frame["title"]
+    view["message"] = message
+    view["priority"] = frame.get("priority", 3)
+    view["tags"] = frame.get("tags", [])
+    view.update({name: frame[name] for name in PUBLISHER_FIELDS if frame.get(name) is not None})
+    return view
+
+
+def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], str, int]:
+    """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
+    row = conn.execute(
+        "SELECT o.reason, i.key, i.severity, i.status, i.version"
+        " FROM outbox o JOIN incidents i ON i.key = o.incident_key WHERE o.delivery_key = ?",
+        (key,),
+    ).fetchone()
+    reason, incident_key, severity, status, version = row
+    events = []
+    for (raw,) in conn.execute(
+        "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+        " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
+        (key,),
+    ):
+        # The raw frame is kept as received; what reaches an agent obeys the decode rule.
+        events.append(event_view(sanitize.valid_utf8(json.loads(raw))))
+    # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
+    # agent, never a resolution: the request goes out all the same.
+    device_actions = [
+        {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
+        for row in conn.execute(
+            "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+            " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+            " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+            " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
+            " ORDER BY a.time, a.seq",
+            (key,),
+        )
+    ]
+    payload = {
+        "schema": SCHEMA,
+        "delivery_key": key,
+        "reason": reason,
+        "incident": {
+            "key": incident_key,
+            "severity": severity,
+            "status": status,
+            "version": version,
+        },
+        "events": events,
+        "untrusted_fields": UNTRUSTED_FIELDS,
+    }
+    if device_actions:
+        payload["device_actions"] = device_actions
+    summary = f"{incident_key} sev {severity} {status} ({len(events)} event(s))"
+    return payload, summary, int(version)
+
+
+# -- the relay's side: claim, settle, redrive ------------------------------------------------------
+
+
+def claim_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
+    """Lease up to `limit` due rows (pending, or leased by a claim whose lease ran out)."""
+    with db.write_txn(conn):
+        return lease_due(conn, now, limit=limit, lease=lease, holding=holding)
+
+
+# Pending rows are taken only up to the due time of the `limit`-th one (ties included): found on
+# the (state, due_at) index, so a claim sorts about `limit` rows, not the whole backlog.
+_LEASE_DUE = (
+    "UPDATE outbox SET state = 'leased', lease_until = :until, attempts = attempts + 1"
+    " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
+    "   WHERE (state = 'pending' AND due_at <= coalesce((SELECT due_at FROM outbox"
+    "       WHERE state = 'pending' AND due_at <= :now ORDER BY due_at LIMIT 1 OFFSET :limit - 1),"
+    "     :now))"
+    "   OR (state = 'leased' AND lease_until <= :now"
+    "     AND delivery_key NOT IN (SELECT value FROM json_each(:holding)))"
+    "   ORDER BY due_at, created_at LIMIT :limit)"
+    " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at"
+)
+
+
+def lease_due(
+    conn: sqlite3.Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> list[Claim]:
+    """`claim_due` inside the caller's write transaction. `holding`: keys the caller already
+    holds (claimed, not yet settled); their lease may run out while they wait their turn, and
+    they must not be claimed twice."""
+    rows = conn.execute(
+        _LEASE_DUE,
+        {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
+    ).fetchall()
+    # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
+    # each incident), the key breaking ties.
+    rows.sort(key=lambda row: (row[4], row[5], row[0]))
+    return [Claim(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def unclaim(conn: sqlite3.Connection, keys: Collection[str]) -> int:
+    """Claimed rows whose attempt never started (the relay is stopping) go back to pending, the
+    attempt they were counted for taken back."""
+    return conn.execute(
+        "UPDATE outbox SET state = 'pending', lease_until = NULL, attempts = attempts - 1"
+        " WHERE state = 'leased' AND delivery_key IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(keys)),),
+    ).rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    delivery_key: str
+    payload: str
+    attempt: int
+    incident_key: str = ""
+
+
+# Both outboxes (triage requests, owner messages) lease rows the same way.
+Table = Literal["outbox", "owner_outbox"]
+
+
+def release_leases(conn: sqlite3.Connection, table: Table = "outbox") -> int:
+    """At startup: the previous process is gone, so its in-flight attempts are retried now
+    (an attempt that had gone out goes out again: at-least-once, absorbed by keys)."""
+    with db.write_txn(conn):
+        return conn.execute(
+            f"UPDATE {table} SET state = 'pending', lease_until = NULL WHERE state = 'leased'"
+        ).rowcount
+
+
+def next_due_at(conn: sqlite3.Connection, table: Table = "outbox") -> float | None:
+    """When the next row falls due: a pending row's due time, or a lease running out."""
+    row = conn.execute(
+        "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
+        f" FROM {table} WHERE state IN ('pending', 'leased')"
+    ).fetchone()
+    return None if row[0] is None else float(row[0])
+
+
+def mark_delivered(conn: sqlite3.Connection, key: str, response: str, now: float) -> bool:
+    """Only a leased row settles: a row redriven or already settled meanwhile is left alone."""
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
+            " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'",
+            (now, response, key),
+        ).rowcount
+        == 1
+    )
+
+
+def mark_retry(conn: sqlite3.Connection, key: str, due_at: float, error: str) -> bool:
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
+            " WHERE delivery_key = ? AND state = 'leased'",
+            (due_at, error, key),
+        ).rowcount
+        == 1
+    )
+
+
+def mark_dead(conn: sqlite3.Connection, key: str, error: str, now: float) -> bool:
+    return (
+        conn.execute(
+            "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
+            " WHERE delivery_key = ? AND state = 'leased'",
+            (error, now, key),
+        ).rowcount
+        == 1
+    )
+
+
+def redrive(conn: sqlite3.Connection, keys: Sequence[str] | None, now: float) -> list[str]:
+    """Put dead rows back in the queue (all of them when `keys` is None), attempts reset."""
+    with db.write_txn(conn):
+        if keys is None:
+            selected = [
+                r[0] for r in conn.execute("SELECT delivery_key FROM outbox WHERE state = 'dead'")
+            ]
+        else:
+            selected = [
+                key
+                for key in keys
+                if conn.execute(
+                    "SELECT 1 FROM outbox WHERE delivery_key = ? AND state = 'dead'", (key,)
+                ).fetchone()
+            ]
+        for key in selected:
+            conn.execute(
+                "UPDATE outbox SET state = 'pending', attempts = 0, due_at = ?, settled_at = NULL"
+                " WHERE delivery_key = ?",
+                (now, key),
+            )
+            audit.stage(conn, "delivery", now, delivery_key=key, attempt=0, result="redriven")
+    return selected

@@ -1,0 +1,165 @@
+"""Queueing owner messages and notices through the cadence state: the daily cap and rate limits.
+
+Every owner message (a triage agent's reply, or an operational notice) enters the owner outbox
+here, under a stable key, inside the caller's write transaction, together with the
+`owner_message` audit record of its cadence decision (queued, or suppressed with a reason). The
+same records, folded, are the cadence state: nothing else counts messages, so a restart rebuilds
+exactly the day's count from the audit log and the cap holds across any number of redeploys.
+
+The live state changes only after the caller's transaction committed (`db.Transaction
+.after_commit`, the one rule for in-memory state): a decision made on the live state is folded
+into it then, and a batch that decides on a fork of it has the queue adopt the fork then. A
+rolled-back transaction leaves the live state untouched, so running it again decides the same.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ntfy_intake.rules import cadence, sanitize
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit, db
+
+Record = dict[str, Any]
+
+
+class OwnerQueue:
+    def __init__(self, policy: cadence.Policy, state: cadence.CadenceState) -> None:
+        self.policy = policy
+        self.state = state
+
+    def fork_for(self, txn: db.Transaction) -> cadence.CadenceState:
+        """A copy of the live state for a transaction that makes several decisions (a batch):
+        each sees the earlier ones, and the queue adopts the copy once `txn` committed.
+
+        Safe because every user of the queue runs under the daemon's single database lock: no
+        other decision can have changed the live state between the fork and the commit."""
+        work = self.state.fork()
+        txn.after_commit(lambda: self.adopt(work))
+        return work
+
+    def adopt(self, state: cadence.CadenceState | None) -> None:
+        """Take over a state decided on in a transaction that committed (see `fork_for`)."""
+        if state is not None:
+            self.state = state
+
+    def commit(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Fold records whose transaction committed into the live state."""
+        for record in records:
+            self.state.apply(record)
+
+    def _decided(
+        self, txn: db.Transaction, records: list[Record], state: cadence.CadenceState | None
+    ) -> None:
+        """Fold a decision's records: into the transaction's fork now (the fork is adopted
+        after COMMIT), or into the live state once `txn` commits."""
+        if state is not None:
+            for record in records:
+                state.apply(record)
+        else:
+            txn.after_commit(lambda: self.commit(records))
+
+    def notice(
+        self,
+        txn: db.Transaction,
+        notice: Notice,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> list[Record]:
+        """Queue (or rate-limit) a notice; a repeated key is a no-op. `state`: the fork the
+        transaction decides on (`fork_for`), else the live state, changed after COMMIT."""
+        conn = txn.conn
+        if _exists(conn, notice.key):
+            return []
+        decision = (state or self.state).decide_notice(self.policy, notice.notice, now)
+        _insert(conn, notice.key, "notice", notice.notice, notice.text, decision, now)
+        audit.stage(
+            conn,
+            "notice",
+            now,
+            notice=notice.notice,
+            key=notice.key,
+            text=notice.text,
+            **notice.fields,
+        )
+        record = cadence.owner_record(
+            notice.key,
+            now,
+            message_kind="notice",
+            notice=notice.notice,
+            result=decision.result,
+            reason=decision.reason,
+        )
+        _stage(conn, record, now)
+        self._decided(txn, [record], state)
+        return [record]
+
+    def triage_message(
+        self,
+        txn: db.Transaction,
+        key: str,
+        text: str,
+        now: float,
+        *,
+        state: cadence.CadenceState | None = None,
+    ) -> tuple[str, list[Record]]:
+        """Queue a triage reply under the daily cap: ('queued' | 'suppressed' | 'duplicate',
+        records); `state` as for `notice`."""
+        conn = txn.conn
+        if _exists(conn, key):
+            return "duplicate", []
+        decision = (state or self.state).decide_owner_message(self.policy, now)
+        _insert(conn, key, "triage", "triage", text, decision, now)
+        record = cadence.owner_record(
+            key,
+            now,
+            message_kind="triage",
+            result=decision.result,
+            reason=decision.reason,
+            text=sanitize.valid_utf8(text),  # the audit log can rebuild the message (rebuild.py)
+        )
+        _stage(conn, record, now)
+        self._decided(txn, [record], state)
+        return decision.result, [record]
+
+
+def _exists(conn: sqlite3.Connection, key: str) -> bool:
+    return conn.execute("SELECT 1 FROM owner_outbox WHERE key = ?", (key,)).fetchone() is not None
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    key: str,
+    kind: str,
+    topic: str,
+    text: str,
+    decision: cadence.OwnerDecision,
+    now: float,
+) -> None:
+    # A suppressed message is kept (and audited) so the owner can see what the cap held back.
+    # The text may come from a receiver or an agent: made valid UTF-8 before SQLite sees it.
+    text = sanitize.valid_utf8(text)
+    conn.execute(
+        "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at, created_at, last_error,"
+        " settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            key,
+            kind,
+            topic,
+            text,
+            "pending" if decision.allowed else "suppressed",
+            now,
+            now,
+            decision.reason,
+            None if decision.allowed else now,
+        ),
+    )
+
+
+def _stage(conn: sqlite3.Connection, record: Record, now: float) -> None:
+    audit.stage(
+        conn, record["kind"], now, **{k: v for k, v in record.items() if k not in ("ts", "kind")}
+    )

@@ -1,0 +1,185 @@
+"""`status` and `check`: what the store and the daemon's last health snapshot say, read-only.
+
+Healthy-quiet and dead-quiet look the same from the event count; they differ in frame age:
+ntfy sends a frame at least every keepalive interval, so a fresh frame means the subscription
+is alive even when nothing is happening. The verdict itself comes from `health.assess`, the same
+model the daemon uses for /healthz, /metrics and systemd's STATUS line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from ntfy_intake.rules import health
+from ntfy_intake.settings import Settings
+from ntfy_intake.store import audit
+
+# A health snapshot older than this means the daemon is not running (it writes one every 2 s).
+SNAPSHOT_STALE_AFTER = 15.0
+
+
+def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[str, Any]:
+    def scalar(sql: str, *params: object) -> Any:
+        return conn.execute(sql, params).fetchone()[0]
+
+    row = conn.execute("SELECT value FROM kv WHERE name = 'health'").fetchone()
+    snapshot: dict[str, Any] = json.loads(row[0]) if row else {}
+    cursor = conn.execute("SELECT kind, value, updated_at FROM cursor WHERE id = 1").fetchone()
+    snapshot_age = now - float(snapshot["updated_at"]) if "updated_at" in snapshot else None
+    running = (
+        snapshot_age is not None
+        and snapshot_age <= SNAPSHOT_STALE_AFTER
+        and snapshot.get("state") != "stopped"
+    )
+    assessed = health.assess(
+        snapshot,
+        now,
+        health.Limits(settings.ntfy.keepalive_timeout, settings.ntfy.dead_after),
+        running=running,
+    )
+    event_age = None
+    if snapshot.get("last_event_wall") is not None:
+        event_age = round(now - float(snapshot["last_event_wall"]), 1)
+    else:
+        last = scalar("SELECT max(received_at) FROM inbox")
+        event_age = None if last is None else round(now - float(last), 1)
+    next_release = scalar("SELECT min(due_at) FROM outbox WHERE state = 'collecting'")
+    dead_keys = [
+        r[0]
+        for r in conn.execute(
+            "SELECT delivery_key FROM outbox WHERE state = 'dead' ORDER BY created_at LIMIT 50"
+        )
+    ]
+    return {
+        "health": assessed.as_dict(),
+        "daemon": {
+            "running": running,
+            "pid": snapshot.get("pid") if running else None,
+            "snapshot_age_s": None if snapshot_age is None else round(snapshot_age, 1),
+            "http_port": snapshot.get("http_port") if running else None,
+            "http_error": snapshot.get("http_error") if running else None,
+        },
+        "intake": {
+            "state": str(assessed.intake),
+            "last_frame_age_s": assessed.last_frame_age_s,
+            "last_event_age_s": event_age,
+            "cursor": None if cursor is None else f"{cursor[0]}:{cursor[1]}",
+            "cursor_age_s": None if cursor is None else round(now - float(cursor[2]), 1),
+            "connections": snapshot.get("connections", 0),
+            "watchdog_drops": snapshot.get("watchdog_drops", 0),
+            "last_error": assessed.last_error,
+            "last_error_age_s": assessed.last_error_age_s,
+            "last_error_current": assessed.error_current,
+            "topics": list(settings.ntfy.topics),
+        },
+        "inbox": {
+            "events": scalar("SELECT count(*) FROM inbox"),
+            "incidents": scalar("SELECT count(*) FROM incidents"),
+        },
+        "quarantine": {"count": scalar("SELECT count(*) FROM quarantine")},
+        "latch": bool(snapshot.get("latch", False)) if running else False,
+        "audit": {
+            "unflushed": scalar(
+                "SELECT count(*) FROM audit_journal WHERE seq > ?", audit.flushed_seq(conn)
+            ),
+        },
+        "relay": {
+            "enabled": settings.relay.url is not None,
+            "collecting": scalar("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
+            "next_release_in_s": None
+            if next_release is None
+            else round(max(0.0, float(next_release) - now), 1),
+            "pending": scalar("SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"),
+            "delivered": scalar("SELECT count(*) FROM outbox WHERE state = 'delivered'"),
+            "dead": scalar("SELECT count(*) FROM outbox WHERE state = 'dead'"),
+            "dead_keys": dead_keys,
+        },
+        "owner": {
+            "pending": scalar(
+                "SELECT count(*) FROM owner_outbox WHERE state IN ('pending', 'leased')"
+            ),
+            "sent": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'sent'"),
+            "suppressed": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"),
+            "dead": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'dead'"),
+        },
+    }
+
+
+def healthy(report: dict[str, Any]) -> tuple[bool, str]:
+    """The `check` verdict for container health checks: the health model's one line."""
+    verdict = report["health"]
+    line = verdict["state"]
+    if verdict["reasons"]:
+        line += ": " + "; ".join(verdict["reasons"])
+    elif report["intake"]["last_frame_age_s"] is not None:
+        line += f" (last frame {health.ago(report['intake']['last_frame_age_s'])})"
+    return bool(verdict["healthy"]), line
+
+
+_VERDICTS = {
+    "live": "live (frames fresh, subscription up)",
+    "degraded": "DEGRADED (intake live, something around it is not)",
+    "reconnecting": "RECONNECTING",
+    "dead": "DEAD",
+    "latched": "LATCHED (audit log not writable: restart advised)",
+}
+
+
+def render(report: dict[str, Any]) -> str:
+    intake = report["intake"]
+    relay = report["relay"]
+    verdict = report["health"]
+    rows = [("health", _VERDICTS.get(verdict["state"], verdict["state"]))]
+    rows.extend(("  why", reason) for reason in verdict["reasons"])
+    rows += [
+        ("intake", intake["state"]),
+        ("daemon", _daemon(report["daemon"])),
+        ("last frame", health.ago(intake["last_frame_age_s"])),
+        ("last event", health.ago(intake["last_event_age_s"])),
+        ("cursor", str(intake["cursor"])),
+        ("connections", f"{intake['connections']} (watchdog drops {intake['watchdog_drops']})"),
+        ("events recorded", str(report["inbox"]["events"])),
+        ("incidents", str(report["inbox"]["incidents"])),
+        ("quarantine", str(report["quarantine"]["count"])),
+        ("audit latch", "SET (restart advised)" if report["latch"] else "clear"),
+        ("audit unflushed", str(report["audit"]["unflushed"])),
+        ("relay", ("on" if relay["enabled"] else "off (feed only)") + f": {_relay(relay)}"),
+        (
+            "owner outbox",
+            f"pending {report['owner']['pending']}, sent {report['owner']['sent']}, "
+            f"suppressed {report['owner']['suppressed']}, dead {report['owner']['dead']}",
+        ),
+    ]
+    if intake["last_error"]:
+        when = health.ago(intake["last_error_age_s"])
+        if intake["last_error_age_s"] is None:
+            when = "time unknown"
+        later = "" if intake["last_error_current"] else ", frames have arrived since"
+        rows.append(("last error", f"{intake['last_error']} ({when}{later})"))
+    if relay["dead_keys"]:
+        rows.append(("dead keys", " ".join(relay["dead_keys"])))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _daemon(daemon: dict[str, Any]) -> str:
+    if not daemon["running"]:
+        return "not running"
+    text = f"running (pid {daemon['pid']})"
+    if daemon.get("http_error"):
+        return text + f", HTTP surface down: {daemon['http_error']}"
+    if daemon.get("http_port"):
+        return text + f", HTTP on port {daemon['http_port']}"
+    return text
+
+
+def _relay(relay: dict[str, Any]) -> str:
+    collecting = f"collecting {relay['collecting']}"
+    if relay["collecting"] and relay["next_release_in_s"] is not None:
+        collecting += f" (debounce window, next release in {relay['next_release_in_s']:.0f} s)"
+    return (
+        f"{collecting}, pending {relay['pending']}, delivered {relay['delivered']}, "
+        f"dead {relay['dead']}"
+    )
