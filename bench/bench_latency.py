@@ -110,7 +110,7 @@ def durable_floor(directory: Path, n: int) -> list[float]:
 STAMPING_RECEIVER = """
 import sys, time
 from pathlib import Path
-from ntfy_intake import _serve
+from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
 
 def decide(body):
