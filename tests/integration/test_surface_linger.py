@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -39,6 +41,7 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "k1"}
 BIG = 1024 * 1024
 PARALLEL = 16
 ROUNDS = 4
+LINGER_S = 2.0  # the bound the surface is to linger for, at most
 
 
 @contextlib.contextmanager
@@ -92,6 +95,20 @@ def daemon_surface(
         thread.join(30)
         assert not thread.is_alive(), "the surface did not stop"
     assert not failure, failure
+
+
+def open_descriptors() -> int:
+    gc.collect()  # a client socket dropped unclosed is closed now, not counted
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _released(baseline: int) -> float:
+    """Seconds until the surface holds no connection's descriptor (each lingers <= LINGER_S)."""
+    started = time.monotonic()
+    while open_descriptors() > baseline and time.monotonic() - started < LINGER_S + 5:
+        time.sleep(0.05)
+    assert open_descriptors() <= baseline, "connections still open past their linger"
+    return time.monotonic() - started
 
 
 def _oversize(size: int = BIG) -> bytes:
@@ -210,6 +227,7 @@ def test_an_oversize_notify_is_read_as_413_not_a_reset_by_urllib_httpx_and_curl_
     body_file = tmp_path / "big.json"
     body_file.write_bytes(body)
     with daemon_surface(tmp_path) as (port, notified):
+        baseline = open_descriptors()
         calls: list[Callable[[], int | str]] = []
         for _ in range(ROUNDS * PARALLEL // 4):
             calls += [
@@ -224,9 +242,11 @@ def test_an_oversize_notify_is_read_as_413_not_a_reset_by_urllib_httpx_and_curl_
         slow_head = _head(len(body), "Connection: close")
         slow = _hammer([lambda: via_raw_socket(port, slow_head, body, pieces=16)] * PARALLEL)
         huge = _hammer([lambda: via_urllib(port, huge_body)] * PARALLEL)
+        released = _released(baseline)
     _report("oversize notify", outcomes, 413)
     _report("oversize notify sent slowly", slow, 413)
     _report("8 MB notify from urllib", huge, 413)
+    print(f"all connections closed {released:.2f} s after the last answer")
     assert outcomes == Counter({413: len(calls)})
     assert slow == Counter({413: PARALLEL})
     assert huge == Counter({413: PARALLEL})
@@ -241,11 +261,36 @@ def test_a_malformed_body_gets_its_400_read_not_a_reset(tmp_path: Path) -> None:
     # A valid first chunk, then a chunk-size line that is not hex, then a megabyte more.
     garbage = b"10\r\n" + b"z" * 16 + b"\r\n" + b"not-hex\r\n" + b"q" * BIG
     with daemon_surface(tmp_path) as (port, notified):
+        baseline = open_descriptors()
         # Sent slowly, so the 400 is certainly written while most of the body is still to come.
         outcomes = _hammer(
             [lambda: via_raw_socket(port, bad_length, b"q" * BIG, pieces=16)] * (PARALLEL * 2)
             + [lambda: via_raw_socket(port, bad_chunks, garbage, pieces=16)] * (PARALLEL * 2)
         )
+        _released(baseline)
     _report("malformed body", outcomes, 400)
     assert outcomes == Counter({400: PARALLEL * 4})
     assert notified == []
+
+
+def test_a_client_that_keeps_sending_after_its_413_is_cut_off_after_the_linger(
+    tmp_path: Path,
+) -> None:
+    with daemon_surface(tmp_path) as (port, _):
+        baseline = open_descriptors()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(_head(100 * BIG))
+            answer = sock.recv(65536)  # the 413 comes at once, on the headers
+            answered = time.monotonic()
+            cut_after = None
+            while time.monotonic() - answered < LINGER_S + 10:
+                try:
+                    sock.sendall(b"q" * 65536)  # on and on, never reading again
+                except OSError:
+                    cut_after = time.monotonic() - answered
+                    break
+                time.sleep(0.01)
+        _released(baseline)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert cut_after is not None, "a client sending for ever held its connection for ever"
+    assert LINGER_S - 0.5 < cut_after < LINGER_S + 3
