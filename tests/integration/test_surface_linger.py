@@ -41,7 +41,6 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "k1"}
 BIG = 1024 * 1024
 PARALLEL = 16
 ROUNDS = 4
-LINGER_S = 2.0  # the bound the surface is to linger for, at most
 
 
 @contextlib.contextmanager
@@ -105,7 +104,7 @@ def open_descriptors() -> int:
 def _released(baseline: int) -> float:
     """Seconds until the surface holds no connection's descriptor (each lingers <= LINGER_S)."""
     started = time.monotonic()
-    while open_descriptors() > baseline and time.monotonic() - started < LINGER_S + 5:
+    while open_descriptors() > baseline and time.monotonic() - started < http_limits.LINGER_S + 5:
         time.sleep(0.05)
     assert open_descriptors() <= baseline, "connections still open past their linger"
     return time.monotonic() - started
@@ -299,7 +298,7 @@ def test_a_client_that_keeps_sending_after_its_413_is_cut_off_after_the_linger(
             answer = sock.recv(65536)  # the 413 comes at once, on the headers
             answered = time.monotonic()
             cut_after = None
-            while time.monotonic() - answered < LINGER_S + 10:
+            while time.monotonic() - answered < http_limits.LINGER_S + 10:
                 try:
                     sock.sendall(b"q" * 65536)  # on and on, never reading again
                 except OSError:
@@ -309,4 +308,4 @@ def test_a_client_that_keeps_sending_after_its_413_is_cut_off_after_the_linger(
         _released(baseline)
     assert answer.startswith(b"HTTP/1.1 413")
     assert cut_after is not None, "a client sending for ever held its connection for ever"
-    assert LINGER_S - 0.5 < cut_after < LINGER_S + 3
+    assert http_limits.LINGER_S - 0.5 < cut_after < http_limits.LINGER_S + 3
