@@ -24,6 +24,26 @@ The choice, an accept guard plus a protocol wrapper around uvicorn's own h11 pro
 - **Descriptor reserve** (`fit_to_descriptors`): the caps shrink to leave `FD_RESERVE` descriptors
   for intake, the database, the audit log and the relay, whatever the soft RLIMIT_NOFILE is.
   (The systemd unit raises LimitNOFILE; its `SystemCallFilter=~@resources` forbids setrlimit here.)
+- **Lingering close** (`_LingeringTransport`, the transport uvicorn is handed): every close the
+  server decides on goes through it (uvicorn's close after an answer with `Connection: close`, its
+  400 for a malformed request, the keep-alive timeout and shutdown; the 503 above; and an answer
+  given before the request body is all in). If the client may still be sending (its request is
+  partly in: h11's `their_state` SEND_BODY or ERROR, or unparsed bytes; or it was turned away with
+  the 503 before its request was read), the close is a half-close: the answer is flushed and
+  followed by a FIN, and whatever still arrives is read and dropped, never parsed or buffered,
+  until the client closes or `LINGER_S` has passed; then the socket is aborted. Why: a socket
+  closed with unread data is reset by the kernel, and the reset throws the answer out of the
+  client's receive buffer. urllib, curl and most clients read only after sending the whole body,
+  so an oversize `POST` answered 413 while its body was still arriving got a connection reset, not
+  the 413. A client that owes nothing (a whole request or none) is closed at once, as before:
+  nothing is unread, so the close sends a FIN, not a reset, and waiting would only hold every
+  idle keep-alive connection, and so shutdown, for `LINGER_S`. An answer given while the body is still arriving always closes:
+  uvicorn would otherwise keep the connection and parse the rest of a body nobody reads (until
+  the header deadline aborted it). That answer carries no `Connection: close` (uvicorn has sent
+  its headers by then); the FIN after it tells the client. `LINGER_S` is wall time, not renewed by
+  bytes, so a client that keeps sending cannot hold the slot longer; there is no byte bound, since
+  dropped bytes cost no memory and the time bound caps the reading. A lingering connection keeps
+  its slot, and counts toward both caps, until it is closed. Deadline aborts stay aborts.
 Open long polls have their own cap in `http_api` (503 past it).
 
 Another server (hypercorn, a hand-written h11 loop) was considered: hypercorn has the same
@@ -43,17 +63,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = structlog.get_logger("ntfy_intake.http")
 
 FD_RESERVE = 96  # descriptors kept for intake, SQLite (db, -wal, -shm), the audit log, httpx pools
+# After the server closes: how long the client may go on sending (discarded) before the socket is
+# dropped. Long enough for a client on loopback or a LAN to finish a body of many megabytes and
+# read the answer; short enough that a lingering connection is not a slot an attacker can hold.
+LINGER_S = 2.0
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     b"retry-after: 1\r\nconnection: close\r\ncontent-length: 55\r\n\r\n"
     b'{"error":"busy","message":"too many connections; retry"}'
 )
+# The client's h11 states in which it has sent a whole request or none: it owes no more bytes.
+_OWES_NOTHING = frozenset({h11.IDLE, h11.DONE, h11.MUST_CLOSE, h11.CLOSED})
 _ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -102,8 +129,80 @@ def current_limits(limits: Limits) -> Limits:
     return fit_to_descriptors(limits, soft, open_descriptors())
 
 
+class _LingeringTransport(asyncio.Transport):
+    """The transport uvicorn is given: `close()` hands the closing to the protocol's `_linger`.
+
+    Everything else passes through to the real transport. Once closed, writes and pauses are
+    dropped (the answer is out; reading must go on while lingering) and `is_closing()` is true,
+    so uvicorn treats the connection as closed.
+    """
+
+    def __init__(self, transport: asyncio.Transport, linger: Callable[[], None]) -> None:
+        super().__init__()
+        self.real = transport
+        self.lingering = False
+        self._linger = linger
+
+    def close(self) -> None:
+        if self.lingering:
+            return
+        if self.real.is_closing():  # closed by asyncio (the peer closed): nothing to wait for
+            self.real.close()
+            return
+        self.lingering = True
+        self._linger()
+
+    def abort(self) -> None:
+        self.real.abort()
+
+    def is_closing(self) -> bool:
+        return self.lingering or self.real.is_closing()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.lingering:
+            self.real.write(data)
+
+    def writelines(self, list_of_data: Any) -> None:
+        if not self.lingering:
+            self.real.writelines(list_of_data)
+
+    def write_eof(self) -> None:
+        self.real.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self.real.can_write_eof()
+
+    def pause_reading(self) -> None:
+        if not self.lingering:
+            self.real.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.real.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.real.is_reading()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.real.get_extra_info(name, default)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.real.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.real.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.real.get_write_buffer_limits()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.real.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.real.get_protocol()
+
+
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a soft cap (503) and wall-clock header and body deadlines."""
+    """uvicorn's h11 protocol with a soft cap (503), wall-clock deadlines and a lingering close."""
 
     limits: Limits = Limits()
     on_closed: Callable[[], None] = staticmethod(lambda: None)
@@ -113,17 +212,49 @@ class GuardedH11Protocol(H11Protocol):
         self._rejected = False
         self._deadline: asyncio.TimerHandle | None = None
         self._started = 0.0
+        self._closer: _LingeringTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        wrapped = self._closer = _LingeringTransport(transport, self._linger)
         if len(self.connections) >= self.limits.max_connections:
             self._rejected = True
-            self.transport = transport
-            transport.write(_BUSY)
-            transport.close()
+            self.transport = wrapped
+            wrapped.write(_BUSY)
+            wrapped.close()
             return
-        super().connection_made(transport)
+        super().connection_made(wrapped)
         self._arm()
+
+    def _linger(self) -> None:
+        """Flush the answer and send a FIN, then discard what arrives until EOF or LINGER_S."""
+        assert self._closer is not None
+        real = self._closer.real
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        owes_nothing = self.conn.their_state in _OWES_NOTHING and not self.conn.trailing_data[0]
+        if owes_nothing and not self._rejected:
+            # The request is all in, or none was begun (keep-alive timeout, shutdown): nothing
+            # unread, nothing on its way, so this close cannot reset; waiting would only delay it.
+            real.close()
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The connection is done with: a request still running sees its client as gone.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self._deadline = self.loop.call_later(LINGER_S, real.abort)
+        try:
+            if real.can_write_eof():
+                real.write_eof()  # after the buffered answer: asyncio shuts down once it is written
+        except OSError:  # the peer already reset the connection: nothing left to linger for
+            real.abort()
+            return
+        real.resume_reading()
+
+    def _closing_down(self) -> bool:
+        return self._closer is not None and self._closer.lingering
 
     def _arm(self) -> None:
         """Start the clock for the next request: headers by header_timeout, body by read_timeout."""
@@ -151,16 +282,23 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.abort()  # not close(): a client that reads nothing must not hold the fd
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY:
+            # Answered before the body was all in (a 413, a 401 to a large POST): close, and
+            # discard the rest while lingering, rather than have h11 parse it for nobody.
+            self.transport.close()
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._closing_down():
+            return  # dropped unread: this connection is being closed
         if not self._rejected:
             super().data_received(data)
 
     def eof_received(self) -> None:
-        if not self._rejected:
+        # Returning None, asyncio closes the transport: a lingering close ends here.
+        if not self._rejected and not self._closing_down():
             super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
