@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake import http_api, http_limits
+from ntfy_intake.surfaces import http_api, http_limits
 
 TOKEN = "tok-linger"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "k1"}
