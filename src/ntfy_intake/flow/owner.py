@@ -38,7 +38,7 @@ import httpx
 import structlog
 
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, outbox
+from ntfy_intake.store import audit, db, migrations, outbox
 from ntfy_intake.wire.owner_channels import (
     _NO_CHANNEL,
     CLAIM_BATCH,
@@ -63,19 +63,9 @@ __all__ = [
     "claim_due",
 ]
 
-# Schema additions for the owner sender (the daemon appends them to its migration list).
+# Kept for runtime/daemon.py's `migrations()`: the owner sender's step of the one list.
 OWNER_MIGRATIONS: list[tuple[str, list[str]]] = [
-    (
-        "owner_001_delivery_state",
-        [
-            # JSON array of Signal recipients still owed after a partial failure; NULL = all.
-            "ALTER TABLE owner_outbox ADD COLUMN signal_owed TEXT",
-            # Start of the first failed Signal attempt still unresolved: the fallback clock.
-            "ALTER TABLE owner_outbox ADD COLUMN signal_failing_since REAL",
-            # Attempts on the fallback topic (its own max_attempts budget).
-            "ALTER TABLE owner_outbox ADD COLUMN ntfy_attempts INTEGER NOT NULL DEFAULT 0",
-        ],
-    ),
+    (name, list(statements)) for name, statements in migrations.SQLITE[3:4]
 ]
 
 # -- the store side ------------------------------------------------------------------------------
