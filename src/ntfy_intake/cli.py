@@ -12,7 +12,6 @@ import errno
 import json
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from ntfy_intake.errors import ConfigError, IntakeError, StartupError
 if TYPE_CHECKING:
     from ntfy_intake.runtime.daemon import Daemon
     from ntfy_intake.settings import Settings
+    from ntfy_intake.store.db import Connection
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -279,7 +279,7 @@ async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
     return 1 if daemon.failed else 0
 
 
-def _open_readonly(args: argparse.Namespace) -> tuple[sqlite3.Connection | None, Settings]:
+def _open_readonly(args: argparse.Namespace) -> tuple[Connection | None, Settings]:
     from ntfy_intake.store import db  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)

@@ -3,7 +3,9 @@
 IntakeError
 ├── ConfigError        a bad setting; the CLI prints one line naming the key and exits 2
 ├── StartupError       a permanent cause at start-up (corrupt database, unusable state dir):
-│                      the CLI prints one line and exits 2, so systemd stops restarting
+│   │                  the CLI prints one line and exits 2, so systemd stops restarting
+│   └── SchemaTooNew   the database holds a migration this version does not know (a newer
+│                      version wrote it)
 ├── StoreError         SQLite refused a statement (wrapped, original in __cause__)
 │   └── InjectedFault  a test-only fault raised between the last statement and COMMIT
 ├── AuditWriteError    the JSONL audit log could not be appended or fsynced (trips the latch)
@@ -31,6 +33,10 @@ class ConfigError(IntakeError):
 
 class StartupError(IntakeError):
     """Start-up cannot succeed until someone fixes the cause; restarting cannot help."""
+
+
+class SchemaTooNew(StartupError):
+    """The database was migrated by a newer ntfy-intake; this version cannot run on it."""
 
 
 class StoreError(IntakeError):

@@ -19,8 +19,8 @@ one or two legs, each audited as an `owner_message` record:
   once the row is routed there: `sent` | `retry` | `dead`.
 
 The pure rules that carry the decisions (`prepare_text`, `classify_signal`, `classify_ntfy`,
-`failed_recipients`, `ntfy_headers`, `redact`) live in owner_channels.py; `OwnerSender` is the
-loop around them.
+`failed_recipients`, `ntfy_headers`, `redact`) live in owner_channels.py; the row's claim and
+settle are store/owner_outbox.py's; `OwnerSender` is the loop around them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import random
-import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,7 +37,8 @@ import httpx
 import structlog
 
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, outbox
+from ntfy_intake.store import audit, db, migrations, outbox, owner_outbox
+from ntfy_intake.store.owner_outbox import Claim, claim_due
 from ntfy_intake.wire.owner_channels import (
     _NO_CHANNEL,
     CLAIM_BATCH,
@@ -63,64 +63,10 @@ __all__ = [
     "claim_due",
 ]
 
-# Schema additions for the owner sender (the daemon appends them to its migration list).
+# Kept for runtime/daemon.py's `migrations()`: the owner sender's step of the one list.
 OWNER_MIGRATIONS: list[tuple[str, list[str]]] = [
-    (
-        "owner_001_delivery_state",
-        [
-            # JSON array of Signal recipients still owed after a partial failure; NULL = all.
-            "ALTER TABLE owner_outbox ADD COLUMN signal_owed TEXT",
-            # Start of the first failed Signal attempt still unresolved: the fallback clock.
-            "ALTER TABLE owner_outbox ADD COLUMN signal_failing_since REAL",
-            # Attempts on the fallback topic (its own max_attempts budget).
-            "ALTER TABLE owner_outbox ADD COLUMN ntfy_attempts INTEGER NOT NULL DEFAULT 0",
-        ],
-    ),
+    (name, list(statements)) for name, statements in migrations.SQLITE[3:4]
 ]
-
-# -- the store side ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    key: str
-    kind: str  # "notice" | "triage"
-    topic: str  # the notice kind ("gap", "latch", ...) or "triage"
-    text: str
-    attempt: int
-    channel: str | None  # "ntfy" once the row is routed to the fallback topic
-    owed: tuple[str, ...] | None  # Signal recipients still owed; None = every configured one
-    failing_since: float | None
-    ntfy_attempts: int
-
-
-def claim_due(conn: sqlite3.Connection, now: float, *, lease: float) -> Claim | None:
-    """Lease the next due row (pending and due, or leased with its lease run out)."""
-    with db.write_txn(conn):
-        row = conn.execute(
-            "UPDATE owner_outbox SET state = 'leased', lease_until = ?, attempts = attempts + 1"
-            " WHERE key = (SELECT key FROM owner_outbox"
-            "   WHERE (state = 'pending' AND due_at <= ?) OR (state = 'leased' AND lease_until <= ?)"
-            "   ORDER BY due_at, created_at, key LIMIT 1)"
-            " RETURNING key, kind, topic, text, attempts, channel, signal_owed,"
-            "   signal_failing_since, ntfy_attempts",
-            (now + lease, now, now),
-        ).fetchone()
-    if row is None:
-        return None
-    owed = None if row[6] is None else tuple(str(r) for r in json.loads(row[6]))
-    return Claim(
-        key=row[0],
-        kind=row[1],
-        topic=row[2],
-        text=row[3],
-        attempt=int(row[4]),
-        channel=row[5],
-        owed=owed,
-        failing_since=None if row[7] is None else float(row[7]),
-        ntfy_attempts=int(row[8]),
-    )
-
 
 # -- the sender ----------------------------------------------------------------------------------
 
@@ -165,7 +111,7 @@ class OwnerStats:
 class OwnerSender:
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: db.Connection,
         client: httpx.AsyncClient,
         *,
         run_db: db.Runner,
@@ -382,28 +328,18 @@ class OwnerSender:
 
     def _settle(self, claim: Claim, settlement: Settlement) -> None:
         now = self.clock()
-        owed = None if settlement.owed is None else json.dumps(list(settlement.owed))
         with db.write_txn(self.conn) as txn:
-            settled = (
-                self.conn.execute(
-                    "UPDATE owner_outbox SET state = ?, due_at = coalesce(?, due_at),"
-                    " lease_until = NULL, channel = ?, last_error = ?, settled_at = ?,"
-                    " signal_owed = ?, signal_failing_since = ?, ntfy_attempts = ?"
-                    " WHERE key = ? AND state = 'leased' AND attempts = ?",
-                    (
-                        settlement.state,
-                        settlement.due_at,
-                        settlement.channel,
-                        settlement.error,
-                        None if settlement.state == "pending" else now,
-                        None if settlement.state == "sent" else owed,
-                        None if settlement.state == "sent" else settlement.failing_since,
-                        max(settlement.ntfy_attempts, claim.ntfy_attempts),
-                        claim.key,
-                        claim.attempt,
-                    ),
-                ).rowcount
-                == 1
+            settled = owner_outbox.settle(
+                self.conn,
+                claim,
+                settlement.state,
+                now,
+                due_at=settlement.due_at,
+                channel=settlement.channel,
+                error=settlement.error,
+                owed=settlement.owed,
+                failing_since=settlement.failing_since,
+                ntfy_attempts=settlement.ntfy_attempts,
             )
             if settled:
                 for leg in settlement.legs:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sqlite3
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -86,19 +85,6 @@ def _notify_text(body: bytes) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _synchronous(conn: sqlite3.Connection, level: Literal["NORMAL", "FULL"]) -> Iterator[None]:
-    """`PRAGMA synchronous` for one transaction, FULL (every connection's setting) after it."""
-    if level == "FULL":
-        yield
-        return
-    conn.execute(f"PRAGMA synchronous={level}")
-    try:
-        yield
-    finally:
-        conn.execute("PRAGMA synchronous=FULL")
-
-
 def retry_delay(
     attempt: int,
     retry_after: float | None,
@@ -130,7 +116,7 @@ class Relay:
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: db.Connection,
         client: httpx.AsyncClient,
         *,
         run_db: db.Runner,
@@ -391,7 +377,7 @@ class Relay:
         # One fsync less between a release and its POST.
         claim_only = not settlements and not unstarted
         with (
-            _synchronous(self.conn, "NORMAL" if claim_only else "FULL"),
+            db.commits_without_fsync(self.conn) if claim_only else contextlib.nullcontext(),
             db.write_txn(self.conn) as txn,
         ):
             if settlements:

@@ -14,16 +14,16 @@ Invariants owned here:
 
 Latency: posts through the same `FeedStore` wake a synchronous waiter via a condition variable.
 Everything else (another process, or the daemon's own connection) is noticed by polling
-``PRAGMA data_version``, which changes whenever another connection commits; the entry query runs
-only when it changed, so an idle doorbell costs one cheap pragma per poll interval (4 ms default:
-about 3.6 us each here, under 0.1 % of a core per waiting agent; it puts the cross-process ring's
-median near 3 ms, where 10 ms gave 6 ms).
+`db.commit_counter` (the store's notification of new rows; on SQLite ``PRAGMA data_version``),
+which changes whenever another connection commits; the entry query runs only when it changed,
+so an idle doorbell costs one cheap pragma per poll interval (4 ms default: about 3.6 us each
+here, under 0.1 % of a core per waiting agent; it puts the cross-process ring's median near
+3 ms, where 10 ms gave 6 ms).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,7 +87,7 @@ class Doorbell:
             seen_version: int | None = None
             while True:
                 generation = self._store.changes()
-                version = _data_version(conn)
+                version = db.commit_counter(conn)
                 if version != seen_version:
                     seen_version = version
                     event = self._check(conn)
@@ -111,7 +111,7 @@ class Doorbell:
         try:
             seen_version: int | None = None
             while True:
-                version = _data_version(conn)
+                version = db.commit_counter(conn)
                 if version != seen_version:
                     seen_version = version
                     event = self._check(conn)
@@ -124,12 +124,10 @@ class Doorbell:
         finally:
             conn.close()
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = db.connect(self._store.db_path)
-        conn.execute("PRAGMA query_only=ON")
-        return conn
+    def _connect(self) -> db.Connection:
+        return db.read_only(db.connect(self._store.db_path))
 
-    def _check(self, conn: sqlite3.Connection) -> WakeEvent | None:
+    def _check(self, conn: db.Connection) -> WakeEvent | None:
         cursors = feed.cursors_of(conn, self._handle)
         for channel, position in self._position.items():
             after = cursors.get(channel, position)
@@ -146,10 +144,6 @@ class Doorbell:
                 wake_line=wake_line(channel, seq, sender, summary),
             )
         return None
-
-
-def _data_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def _check_timeout(timeout: float) -> float:

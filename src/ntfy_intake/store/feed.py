@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from ntfy_intake.errors import FeedError, StoreError
-from ntfy_intake.store import db
+from ntfy_intake.store import db, migrations
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -54,29 +54,9 @@ DEFAULT_CHANNEL = "triage"
 MAX_PAGE = 1000
 JoinAt = Literal["head", "start"]
 
+# Kept for runtime/daemon.py's `migrations()`: the feed's step of the one list (migrations.py).
 FEED_MIGRATIONS: list[tuple[str, list[str]]] = [
-    (
-        "feed_0001_entries_and_cursors",
-        [
-            "CREATE TABLE IF NOT EXISTS feed_entries ("
-            " channel TEXT NOT NULL,"
-            " seq INTEGER NOT NULL CHECK (seq > 0),"
-            " delivery_key TEXT NOT NULL,"
-            " sender TEXT NOT NULL,"
-            " payload TEXT NOT NULL CHECK (json_valid(payload)),"
-            " summary TEXT NOT NULL,"
-            " idempotency_key TEXT,"
-            " created_at REAL NOT NULL,"
-            " PRIMARY KEY (channel, seq),"
-            " UNIQUE (channel, idempotency_key))",
-            "CREATE TABLE IF NOT EXISTS feed_cursors ("
-            " handle TEXT NOT NULL,"
-            " channel TEXT NOT NULL,"
-            " acked_seq INTEGER NOT NULL CHECK (acked_seq >= 0),"
-            " joined_at REAL NOT NULL,"
-            " PRIMARY KEY (handle, channel))",
-        ],
-    ),
+    (name, list(statements)) for name, statements in migrations.SQLITE[2:3]
 ]
 
 # Handles are stable role names and channels are fixed names: keep both to a plain identifier set.
@@ -304,17 +284,14 @@ class FeedStore:
 
     @classmethod
     def open(cls, db_path: Path | str) -> FeedStore:
-        """Open (creating if needed) the database and apply the feed migrations."""
+        """Open (creating if needed) the database and migrate it (the whole list: a fresh file
+        opened here first has the daemon's tables too; the migration lock keeps agents and the
+        daemon starting together from racing)."""
         path = Path(db_path)
         with _store_errors():
             conn = _connect(path)
             try:
-                try:
-                    db.migrate(conn, FEED_MIGRATIONS)
-                except sqlite3.IntegrityError:
-                    # Another process applied the same migration between our ledger read and our
-                    # write. The statements are idempotent, so one more pass settles it.
-                    db.migrate(conn, FEED_MIGRATIONS)
+                migrations.apply(conn)
             except BaseException:
                 conn.close()
                 raise

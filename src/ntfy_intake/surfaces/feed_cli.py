@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from ntfy_intake.errors import IntakeError
 from ntfy_intake.rules.sanitize import one_line
+from ntfy_intake.store import db, summary
 from ntfy_intake.store.doorbell import Doorbell
 from ntfy_intake.store.feed import DEFAULT_CHANNEL, FeedStore, JoinAt
 
@@ -36,11 +36,14 @@ EXIT_OK = 0
 EXIT_TIMEOUT = 1
 EXIT_ERROR = 2
 
-_EXPECTED = (IntakeError, sqlite3.Error, OSError, ValueError)
+_EXPECTED: tuple[type[Exception], ...] = (IntakeError, *db.ERRORS, OSError, ValueError)
 
 
 class _Failed(Exception):
     pass
+
+
+_REPORTED: tuple[type[Exception], ...] = (_Failed, *_EXPECTED)
 
 
 def _print(value: object) -> None:
@@ -63,7 +66,7 @@ def _store(db_path: Path | str) -> Iterator[FeedStore]:
 def _run(body: Callable[[], int]) -> int:
     try:
         return body()
-    except (_Failed, *_EXPECTED) as exc:
+    except _REPORTED as exc:
         message = one_line(str(exc), 500) or type(exc).__name__
         sys.stderr.write(f"ntfy-intake feed: {message}\n")
         sys.stderr.flush()
@@ -105,17 +108,10 @@ def debounce_note(collecting: int, next_release_at: float | None, now: float) ->
 
 
 def _debounce_note(db_path: Path | str, now: float) -> str | None:
-    try:
-        conn = sqlite3.connect(f"file:{Path(db_path)}?mode=ro", uri=True, timeout=1.0)
-        try:
-            count, due = conn.execute(
-                "SELECT count(*), min(due_at) FROM outbox WHERE state = 'collecting'"
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+    found = summary.collecting_in(db_path)
+    if found is None:
         return None  # a hint only: never fail the catch-up over it
-    return debounce_note(int(count), None if due is None else float(due), now)
+    return debounce_note(*found, now)
 
 
 def ack(db_path: Path | str, handle: str, channel: str, seq: int) -> int:

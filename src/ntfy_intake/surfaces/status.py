@@ -3,30 +3,26 @@
 Healthy-quiet and dead-quiet look the same from the event count; they differ in frame age:
 ntfy sends a frame at least every keepalive interval, so a fresh frame means the subscription
 is alive even when nothing is happening. The verdict itself comes from `health.assess`, the same
-model the daemon uses for /healthz, /metrics and systemd's STATUS line.
+model the daemon uses for /healthz, /metrics and systemd's STATUS line. What the store holds is
+read by `store.summary.read`: this module only words it.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from typing import Any
 
 from ntfy_intake.rules import health
 from ntfy_intake.settings import Settings
-from ntfy_intake.store import audit
+from ntfy_intake.store import db, summary
 
 # A health snapshot older than this means the daemon is not running (it writes one every 2 s).
 SNAPSHOT_STALE_AFTER = 15.0
 
 
-def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[str, Any]:
-    def scalar(sql: str, *params: object) -> Any:
-        return conn.execute(sql, params).fetchone()[0]
-
-    row = conn.execute("SELECT value FROM kv WHERE name = 'health'").fetchone()
-    snapshot: dict[str, Any] = json.loads(row[0]) if row else {}
-    cursor = conn.execute("SELECT kind, value, updated_at FROM cursor WHERE id = 1").fetchone()
+def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, Any]:
+    found = summary.read(conn)
+    snapshot = found.snapshot
+    cursor = found.cursor
     snapshot_age = now - float(snapshot["updated_at"]) if "updated_at" in snapshot else None
     running = (
         snapshot_age is not None
@@ -42,16 +38,10 @@ def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[st
     event_age = None
     if snapshot.get("last_event_wall") is not None:
         event_age = round(now - float(snapshot["last_event_wall"]), 1)
-    else:
-        last = scalar("SELECT max(received_at) FROM inbox")
-        event_age = None if last is None else round(now - float(last), 1)
-    next_release = scalar("SELECT min(due_at) FROM outbox WHERE state = 'collecting'")
-    dead_keys = [
-        r[0]
-        for r in conn.execute(
-            "SELECT delivery_key FROM outbox WHERE state = 'dead' ORDER BY created_at LIMIT 50"
-        )
-    ]
+    elif found.last_received_at is not None:
+        event_age = round(now - found.last_received_at, 1)
+    relay = found.outbox
+    owner = found.owner
     return {
         "health": assessed.as_dict(),
         "daemon": {
@@ -65,8 +55,8 @@ def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[st
             "state": str(assessed.intake),
             "last_frame_age_s": assessed.last_frame_age_s,
             "last_event_age_s": event_age,
-            "cursor": None if cursor is None else f"{cursor[0]}:{cursor[1]}",
-            "cursor_age_s": None if cursor is None else round(now - float(cursor[2]), 1),
+            "cursor": None if cursor is None else f"{cursor.kind}:{cursor.value}",
+            "cursor_age_s": None if cursor is None else round(now - cursor.updated_at, 1),
             "connections": snapshot.get("connections", 0),
             "watchdog_drops": snapshot.get("watchdog_drops", 0),
             "last_error": assessed.last_error,
@@ -74,35 +64,26 @@ def collect(conn: sqlite3.Connection, settings: Settings, now: float) -> dict[st
             "last_error_current": assessed.error_current,
             "topics": list(settings.ntfy.topics),
         },
-        "inbox": {
-            "events": scalar("SELECT count(*) FROM inbox"),
-            "incidents": scalar("SELECT count(*) FROM incidents"),
-        },
-        "quarantine": {"count": scalar("SELECT count(*) FROM quarantine")},
+        "inbox": {"events": found.events, "incidents": found.incidents},
+        "quarantine": {"count": found.quarantined},
         "latch": bool(snapshot.get("latch", False)) if running else False,
-        "audit": {
-            "unflushed": scalar(
-                "SELECT count(*) FROM audit_journal WHERE seq > ?", audit.flushed_seq(conn)
-            ),
-        },
+        "audit": {"unflushed": found.unflushed},
         "relay": {
             "enabled": settings.relay.url is not None,
-            "collecting": scalar("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
+            "collecting": relay.collecting,
             "next_release_in_s": None
-            if next_release is None
-            else round(max(0.0, float(next_release) - now), 1),
-            "pending": scalar("SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"),
-            "delivered": scalar("SELECT count(*) FROM outbox WHERE state = 'delivered'"),
-            "dead": scalar("SELECT count(*) FROM outbox WHERE state = 'dead'"),
-            "dead_keys": dead_keys,
+            if relay.next_release_at is None
+            else round(max(0.0, relay.next_release_at - now), 1),
+            "pending": relay.pending,
+            "delivered": relay.delivered,
+            "dead": relay.dead,
+            "dead_keys": relay.dead_keys,
         },
         "owner": {
-            "pending": scalar(
-                "SELECT count(*) FROM owner_outbox WHERE state IN ('pending', 'leased')"
-            ),
-            "sent": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'sent'"),
-            "suppressed": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"),
-            "dead": scalar("SELECT count(*) FROM owner_outbox WHERE state = 'dead'"),
+            "pending": owner.pending,
+            "sent": owner.sent,
+            "suppressed": owner.suppressed,
+            "dead": owner.dead,
         },
     }
 

@@ -1,0 +1,142 @@
+"""The one migrations list: every earlier schema, and every ledger written before the list had
+one naming scheme, upgrades to a database equal to a fresh one; a newer schema is refused."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.errors import SchemaTooNew, StartupError
+from ntfy_intake.runtime.daemon import migrations as daemon_migrations
+from ntfy_intake.store import db, migrations
+from ntfy_intake.store.feed import FeedStore
+
+NAMES = [name for name, _ in migrations.SQLITE]
+OLD_NAME = {new: old for old, new in migrations.FORMERLY.items()}
+
+Dump = list[tuple[str, str, str, str | None]]
+
+
+def dump(conn: sqlite3.Connection) -> Dump:
+    """Every table, index and trigger with its SQL, whitespace normalised."""
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")
+    return [
+        (row[0], row[1], row[2], None if row[3] is None else " ".join(row[3].split()))
+        for row in rows
+    ]
+
+
+def fresh(tmp_path: Path) -> tuple[Dump, list[str]]:
+    conn = db.connect(tmp_path / "fresh.sqlite3")
+    try:
+        assert migrations.apply(conn) == NAMES
+        return dump(conn), sorted(migrations.ledger(conn))
+    finally:
+        conn.close()
+
+
+def test_names_are_one_numbered_scheme_and_every_former_name_maps_to_a_step() -> None:
+    assert [int(name[:4]) for name in NAMES] == list(range(1, len(NAMES) + 1))
+    assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+", name) for name in NAMES)
+    assert len(set(NAMES)) == len(NAMES)
+    assert set(migrations.FORMERLY.values()) <= set(NAMES)
+    assert not set(migrations.FORMERLY) & set(NAMES)
+
+
+def test_the_old_entry_points_are_the_one_list() -> None:
+    """runtime/daemon.py's migrations() concatenates the old three lists: the same steps."""
+    assert [(name, list(sql)) for name, sql in daemon_migrations()] == [
+        (name, list(sql)) for name, sql in migrations.SQLITE
+    ]
+
+
+@pytest.mark.parametrize("k", range(len(NAMES) + 1))
+def test_every_earlier_schema_migrates_to_the_fresh_one(tmp_path: Path, k: int) -> None:
+    expected = fresh(tmp_path)
+    conn = db.connect(tmp_path / "old.sqlite3")
+    migrations.apply(conn, migrations.SQLITE[:k])
+    assert migrations.apply(conn) == NAMES[k:]
+    assert (dump(conn), sorted(migrations.ledger(conn))) == expected
+    assert migrations.apply(conn) == []
+    conn.close()
+
+
+@pytest.mark.parametrize("k", range(1, len(NAMES) + 1))
+def test_a_ledger_of_former_names_is_recognised_and_nothing_runs_again(
+    tmp_path: Path, k: int
+) -> None:
+    """A database created before issue 22 records 001_core, feed_0001_..., owner_001_...:
+    running any of those steps again would fail (table exists, duplicate column)."""
+    expected = fresh(tmp_path)
+    conn = db.connect(tmp_path / "old.sqlite3")
+    migrations.apply(conn, migrations.SQLITE[:k])
+    with db.write_txn(conn):
+        for name in NAMES[:k]:
+            conn.execute(
+                "UPDATE schema_migrations SET name = ? WHERE name = ?", (OLD_NAME[name], name)
+            )
+    ran: list[str] = []
+    conn.set_trace_callback(ran.append)
+    assert migrations.apply(conn) == NAMES[k:]
+    conn.set_trace_callback(None)
+    old_statements = {s for _, steps in migrations.SQLITE[:k] for s in steps}
+    assert not old_statements & set(ran)
+    assert (dump(conn), sorted(migrations.ledger(conn))) == expected
+    conn.close()
+
+
+def test_a_database_the_old_feed_cli_created_first_is_upgraded(tmp_path: Path) -> None:
+    """The old FeedStore.open migrated the feed's step alone, under its old name."""
+    expected = fresh(tmp_path)
+    conn = db.connect(tmp_path / "old.sqlite3")
+    feed_step = migrations.SQLITE[NAMES.index("0003_feed_entries_and_cursors")]
+    migrations.apply(conn, [("feed_0001_entries_and_cursors", feed_step[1])])
+    conn.close()
+    with FeedStore.open(tmp_path / "old.sqlite3") as store:
+        store.post("triage", {"x": 1}, sender="test", summary="s")
+    conn = db.connect(tmp_path / "old.sqlite3")
+    assert (dump(conn), sorted(migrations.ledger(conn))) == expected
+    conn.close()
+
+
+def test_a_former_name_beside_its_current_one_is_dropped(tmp_path: Path) -> None:
+    """An older agent CLI opening a newer database records the feed step again, by its old
+    name (its statements are IF NOT EXISTS): the ledger keeps one name per step."""
+    expected = fresh(tmp_path)
+    conn = db.connect(tmp_path / "mixed.sqlite3")
+    migrations.apply(conn)
+    with db.write_txn(conn):
+        conn.execute("INSERT INTO schema_migrations(name) VALUES ('feed_0001_entries_and_cursors')")
+    assert migrations.apply(conn) == []
+    assert (dump(conn), sorted(migrations.ledger(conn))) == expected
+    conn.close()
+
+
+def test_a_newer_schema_is_refused_with_one_line_and_left_untouched(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path / "newer.sqlite3")
+    migrations.apply(conn, migrations.SQLITE[:2])
+    with db.write_txn(conn):
+        conn.execute("INSERT INTO schema_migrations(name) VALUES ('0099_from_the_future')")
+    before = (dump(conn), migrations.ledger(conn))
+    with pytest.raises(SchemaTooNew) as raised:
+        migrations.apply(conn)
+    assert isinstance(raised.value, StartupError)  # exit 2: restarting cannot help
+    message = str(raised.value)
+    assert "\n" not in message and "0099_from_the_future" in message
+    assert str(tmp_path / "newer.sqlite3") in message
+    assert (dump(conn), migrations.ledger(conn)) == before
+    assert not conn.in_transaction
+    conn.close()
+
+
+def test_db_migrate_is_the_same_ledger(tmp_path: Path) -> None:
+    """The test bed's receiver keeps its own list through db.migrate: same lock, same ledger."""
+    conn = db.connect(tmp_path / "own.sqlite3")
+    assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x)"])]) == ["0001_t"]
+    assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x)"])]) == []
+    with pytest.raises(SchemaTooNew):
+        db.migrate(conn, [])
+    conn.close()
