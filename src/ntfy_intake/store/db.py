@@ -179,3 +179,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration]) -> list[s
             conn.execute("INSERT INTO schema_migrations(name) VALUES (?)", (name,))
         done.append(name)
     return done
+
+
+# The connection type, named here so code outside the store types it without the driver.
+Connection = sqlite3.Connection
