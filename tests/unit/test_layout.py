@@ -171,9 +171,7 @@ SQL_DRIVERS = ("sqlite3", "psycopg", "psycopg_pool", "aiosqlite")
 NOT_YET_BEHIND_THE_STORE = {
     "ntfy_intake.cli",
     "ntfy_intake.flow.owner",
-    "ntfy_intake.flow.pipeline",
     "ntfy_intake.flow.relay",
-    "ntfy_intake.runtime.daemon",
     "ntfy_intake.surfaces.feed_cli",
     "ntfy_intake.surfaces.status",
 }
