@@ -57,8 +57,7 @@ from _common import (
 from ntfy_intake.flow import relay
 from ntfy_intake.rules import cadence
 from ntfy_intake.runtime import logs
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import audit, outbox
+from ntfy_intake.store import audit, migrations, outbox
 from ntfy_intake.store import db as dbmod
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed import receiver
@@ -562,7 +561,7 @@ def relay_in_process(
     `profile` writes a cProfile of the run there."""
     state = workdir / f"inproc-{target}"
     conn = dbmod.connect(state / "intake.sqlite3")
-    dbmod.migrate(conn, migrations())
+    migrations.apply(conn)
     with dbmod.write_txn(conn):
         for i in range(n):
             key = f"triage_inproc_{target}_{i:07d}"

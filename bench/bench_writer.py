@@ -39,8 +39,7 @@ from typing import Any
 from _common import Row, ratio
 from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
 from ntfy_intake.rules import cadence
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import audit, db, inbox
+from ntfy_intake.store import audit, db, inbox, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed.emulator.wire import MESSAGE, Event
 from ntfy_intake.wire import frames
@@ -105,7 +104,7 @@ def record_all(
 ) -> Recorded:
     """Batches through record_batch + audit.flush on a fresh store in `directory`."""
     conn = db.connect(directory / "intake.sqlite3")
-    db.migrate(conn, migrations())
+    migrations.apply(conn)
     policy = cadence.Policy()
     queue = OwnerQueue(policy, cadence.CadenceState.empty(policy))
     log = audit.AuditLog(directory / "audit", clock=lambda: now)

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake.rules import cadence
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import db
+from ntfy_intake.store import db, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire.frames import Message, decode_line
 
@@ -34,7 +33,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     conn = db.connect(tmp_path / "intake.sqlite3")
-    db.migrate(conn, migrations())
+    migrations.apply(conn)
     yield conn
     conn.close()
 

@@ -224,7 +224,7 @@ class Child:
 class CommitFaults:
     """Fails the COMMIT of chosen write transactions, as an fsync failing with EIO would: the
     transaction rolls back whole and the error is a transient one, which the daemon waits out
-    by running the same work again (`EventPipeline._db`).
+    by running the same work again (`Database.run`).
 
     A transaction is chosen by the function that opened it: `fail_once("Relay._settle_and_claim")`
     fails the next transaction opened while that function (by `__qualname__`) is on the stack,

@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from ntfy_intake.flow import owner
 from ntfy_intake.runtime import logs
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import db, inbox
+from ntfy_intake.store import db, inbox, migrations
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import DeviceAction, Ignored, Junk, Message, decode_line
 
@@ -194,7 +193,7 @@ def fresh_store() -> Iterator[sqlite3.Connection]:
     with tempfile.TemporaryDirectory() as directory:
         conn = db.connect(Path(directory) / "intake.sqlite3")
         try:
-            db.migrate(conn, migrations())
+            migrations.apply(conn)
             yield conn
         finally:
             conn.close()

@@ -83,7 +83,7 @@ def test_chunk_sizes_with_trailing_whitespace_from_a_proxy_are_read_not_refused(
         )
         with DaemonThread(settings) as running:
             assert running.daemon is not None
-            assert isinstance(running.daemon._stream_opener(), RawStreamOpener)
+            assert isinstance(running.daemon.stream_reader, RawStreamOpener)
             wait_until(
                 lambda: (
                     running.daemon is not None

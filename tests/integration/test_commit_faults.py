@@ -1,7 +1,7 @@
 """A COMMIT fault at each write of the intake, relay, owner and feed paths, then the retry.
 
 The one rule (`db.Transaction.after_commit`): in-memory state changes only after COMMIT. So a
-transaction whose COMMIT failed (an fsync's EIO, waited out by the daemon's `_db`, which runs
+transaction whose COMMIT failed (an fsync's EIO, waited out by the daemon's `Database.run`, which runs
 the same work again) decides from the same memory the second time: no notice, cadence decision,
 counter or streak is lost or doubled. Each case is named after the failure it kills, the one
 that comes back when that site's mutation moves before COMMIT again.
@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from ntfy_intake.errors import StoreError
-from ntfy_intake.flow import intake, pipeline, relay
+from ntfy_intake.flow import database, intake, relay
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.rules import notices
 from ntfy_intake.runtime.daemon import Daemon
@@ -35,7 +35,7 @@ from ..harness import CommitFaults, audit_records, event_ids, query, settings_fo
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """A recovered daemon whose steps are driven directly; a daily cap of one owner message,
     so a reply decided twice is a reply suppressed."""
-    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    monkeypatch.setattr(database, "STORAGE_RETRY_BASE", 0.001)
     config = settings_for(
         "http://127.0.0.1:9",
         tmp_path,
@@ -46,8 +46,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     found = Daemon(config)
     found.recover()
     yield found
-    found._audit.close()
-    found.conn.close()
+    found.close()
 
 
 def received(*ids: str, read_at: float | None = None) -> list[intake.Received]:
@@ -63,8 +62,8 @@ def owner_rows(state: Path, like: str) -> list[tuple[str, str]]:
 
 
 def batch_cadence_decision(daemon: Daemon, state: Path) -> None:
-    asyncio.run(daemon._record(received("aaaaaaaaaaa1")))
-    asyncio.run(daemon._record(received("aaaaaaaaaaa2")))  # the same incident, in cooldown
+    asyncio.run(daemon.writer.record(received("aaaaaaaaaaa1")))
+    asyncio.run(daemon.writer.record(received("aaaaaaaaaaa2")))  # the same incident, in cooldown
     outcomes = query(state, "SELECT event_id, outcome FROM inbox ORDER BY seq")
     assert outcomes == [("aaaaaaaaaaa1", "triage_requested"), ("aaaaaaaaaaa2", "suppressed")]
     assert query(state, "SELECT delivery_key FROM outbox") == [("tri_aaaaaaaaaaa1",)]
@@ -76,7 +75,7 @@ def batch_cadence_decision(daemon: Daemon, state: Path) -> None:
 
 def intake_notice(daemon: Daemon, state: Path) -> None:
     refused = refusals.Refused("credentials", 403, 40301, "forbidden", "alerts", "1")
-    asyncio.run(daemon._record_refusal(refused))
+    asyncio.run(daemon.writer.record_refusal(refused))
     assert [s for _, s in owner_rows(state, "subscribe_refused:%")] == ["pending"]
     assert daemon.owner_queue.queued == 1
     assert [r["notice"] for r in audit_records(state) if r["kind"] == "notice"] == [
@@ -85,7 +84,7 @@ def intake_notice(daemon: Daemon, state: Path) -> None:
 
 
 def fallback_400_notice(daemon: Daemon, state: Path) -> None:
-    asyncio.run(daemon._drop_cursor(cursor.Cursor.at_id("aaaaaaaaaaa1", 1), '{"code":40008}'))
+    asyncio.run(daemon.writer.drop_cursor(cursor.Cursor.at_id("aaaaaaaaaaa1", 1), '{"code":40008}'))
     assert query(state, "SELECT kind, value FROM cursor") == [("all", "all")]
     assert [s for _, s in owner_rows(state, "fallback_400:%")] == ["pending"]
     assert daemon.owner_queue.queued == 1
@@ -94,10 +93,10 @@ def fallback_400_notice(daemon: Daemon, state: Path) -> None:
 
 def cursor_move(daemon: Daemon, state: Path) -> None:
     # Read long ago: the reorder window has passed, the cursor may move at once.
-    asyncio.run(daemon._record(received("aaaaaaaaaaa1", read_at=time.monotonic() - 60)))
-    asyncio.run(daemon._settle_cursor())
+    asyncio.run(daemon.writer.record(received("aaaaaaaaaaa1", read_at=time.monotonic() - 60)))
+    asyncio.run(daemon.writer.settle_cursor())
     assert query(state, "SELECT kind, value FROM cursor") == [("id", "aaaaaaaaaaa1")]
-    assert daemon._cursor == cursor.Cursor.at_id("aaaaaaaaaaa1", 1_764_470_000)
+    assert daemon.writer.cursor == cursor.Cursor.at_id("aaaaaaaaaaa1", 1_764_470_000)
     assert daemon.counters.cursor_moves == 1
 
 
@@ -106,7 +105,7 @@ def cursor_move(daemon: Daemon, state: Path) -> None:
 
 def _relay_run(daemon: Daemon, answers: list[httpx.Response]) -> relay.Relay:
     """One pending request, then one relay turn (claim, POST, settle) per answer."""
-    asyncio.run(daemon._record(received("aaaaaaaaaaa1")))
+    asyncio.run(daemon.writer.record(received("aaaaaaaaaaa1")))
     now = {"t": time.time()}
 
     async def scenario() -> relay.Relay:
@@ -115,13 +114,13 @@ def _relay_run(daemon: Daemon, answers: list[httpx.Response]) -> relay.Relay:
             r = relay.Relay(
                 daemon.conn,
                 client,
-                run_db=daemon._db,
+                run_db=daemon.database.run,
                 owner_queue=daemon.owner_queue,
                 url="http://receiver.invalid/triage",
                 timeout=5.0,
                 max_attempts=8,
                 clock=lambda: now["t"],
-                flush_audit=daemon._flush_audit,
+                flush_audit=daemon.journal.flush,
                 rng=lambda: 0.0,
                 retry_base=0.01,
             )
@@ -166,7 +165,7 @@ def relay_reply_under_the_cap(daemon: Daemon, state: Path) -> None:
 
 
 def owner_send(daemon: Daemon, state: Path) -> None:
-    daemon._record_notice(notices.gap("aaaaaaaaaaa1", "10:00", "10:05"))
+    daemon.journal.record_notice(notices.gap("aaaaaaaaaaa1", "10:00", "10:05"))
     owner = OwnerSettings(
         signal_url="http://signal.invalid",
         signal_number="+31600000000",
@@ -180,12 +179,12 @@ def owner_send(daemon: Daemon, state: Path) -> None:
             sender = OwnerSender(
                 daemon.conn,
                 client,
-                run_db=daemon._db,
+                run_db=daemon.database.run,
                 owner=owner,
                 ntfy_url="http://127.0.0.1:9",
                 ntfy_token=None,
                 clock=time.time,
-                flush_audit=daemon._flush_audit,
+                flush_audit=daemon.journal.flush,
             )
             assert await sender.run_once()
             return sender
@@ -198,7 +197,7 @@ def owner_send(daemon: Daemon, state: Path) -> None:
 
 
 def agent_reply_under_the_cap(daemon: Daemon, state: Path) -> None:
-    status, body = asyncio.run(daemon._notify("disk replaced", "reply-1"))
+    status, body = asyncio.run(daemon.journal.queue_agent_reply("disk replaced", "reply-1"))
     assert (status, body["result"]) == (202, "queued")
     assert owner_rows(state, "agent:%") == [("agent:reply-1", "pending")]
     assert daemon.owner_queue.queued == 1
@@ -233,8 +232,8 @@ class Site:
 
 SITES = [
     Site("batch-cadence-decision-lost", "_record_batch", batch_cadence_decision),
-    Site("intake-notice-counted-twice", "EventPipeline._record_notice", intake_notice),
-    Site("fallback-400-notice-counted-twice", "EventPipeline._record_drop", fallback_400_notice),
+    Site("intake-notice-counted-twice", "Journal.record_notice", intake_notice),
+    Site("fallback-400-notice-counted-twice", "Writer._record_drop", fallback_400_notice),
     Site("cursor-move-counted-twice", "save", cursor_move),
     # The first transaction of `_settle_and_claim` is the claim; the second settles.
     Site("relay-401-notice-lost", "Relay._settle_and_claim", relay_401_notice, skip=1),
@@ -248,7 +247,7 @@ SITES = [
     Site("owner-send-counted-twice", "OwnerSender._settle", owner_send),
     Site(
         "agent-reply-suppressed-by-its-own-cap-count",
-        "Daemon._queue_agent_message",
+        "Journal._queue_agent_message",
         agent_reply_under_the_cap,
     ),
     Site("feed-doorbell-rung-for-a-rolled-back-post", "FeedStore.post", feed_post_doorbell),

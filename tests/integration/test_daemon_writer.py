@@ -1,6 +1,6 @@
 """The writer's one trip to the worker thread per batch: commit, then the audit flush.
 
-A transient storage fault anywhere in that trip re-runs it (pipeline `_db`); these tests try to
+A transient storage fault anywhere in that trip re-runs it (`Database.run`); these tests try to
 make the re-run record something twice or lose it, and check that the crash points still split
 the trip where the guarantees need it. Each test is named after the failure it kills.
 """
@@ -8,7 +8,6 @@ the trip where the guarantees need it. Each test is named after the failure it k
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sqlite3
 import threading
@@ -21,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake.flow import intake, pipeline
+from ntfy_intake.flow import database, intake
 from ntfy_intake.runtime.daemon import Daemon
-from ntfy_intake.store import audit, cursor
+from ntfy_intake.store import audit, cursor, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire import refusals
 
@@ -48,7 +47,7 @@ def emu() -> Iterator[NtfyEmulator]:
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """A recovered daemon whose pipeline steps are driven directly (no ntfy, no tasks)."""
-    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    monkeypatch.setattr(database, "STORAGE_RETRY_BASE", 0.001)
     config = settings_for("http://127.0.0.1:9", tmp_path, cadence_debounce="0s")
     found = Daemon(config)
     found.recover()
@@ -58,11 +57,7 @@ def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
 
 def shut(daemon: Daemon) -> None:
     """What the end of `Daemon.run` releases (idempotent): the audit file, the store, the lock."""
-    daemon._audit.close()
-    daemon.conn.close()
-    if daemon._lock_fd is not None:
-        os.close(daemon._lock_fd)
-        daemon._lock_fd = None
+    daemon.close()
 
 
 def failing_first(times: int, fn: Callable[..., Any], error: str) -> Callable[..., Any]:
@@ -95,7 +90,7 @@ def test_storage_fault_after_the_commit_records_no_event_twice(
         audit, "_mark_flushed", failing_first(2, audit._mark_flushed, "database or disk is full")
     )
 
-    asyncio.run(daemon._record(received("fault0000001", "fault0000002")))
+    asyncio.run(daemon.writer.record(received("fault0000001", "fault0000002")))
 
     assert event_lines(tmp_path) == {"fault0000001": 1, "fault0000002": 1}
     assert query(tmp_path, "SELECT count(*) FROM inbox") == [(2,)]
@@ -103,7 +98,7 @@ def test_storage_fault_after_the_commit_records_no_event_twice(
     assert (counters.recorded, counters.duplicates, counters.batches) == (2, 0, 1)
     assert len(daemon.resume) == 2  # both made durable for the cursor, once each
     assert daemon.storage_wait is None and daemon.storage_episodes == 1
-    assert audit.flushed_seq(daemon.conn) == daemon._audit.last_seq  # the mark caught up
+    assert audit.flushed_seq(daemon.conn) == daemon.journal.last_written_seq  # the mark caught up
 
 
 def test_flush_mark_lost_with_the_power_writes_no_line_twice_after_restart(
@@ -112,15 +107,15 @@ def test_flush_mark_lost_with_the_power_writes_no_line_twice_after_restart(
     """The flush's mark commits without an fsync, so a power cut can lose it after the lines
     are in the files: the restart must find them there (by seq), not write them again."""
     monkeypatch.setattr(audit, "_mark_flushed", lambda conn, seq: None)  # never reached disk
-    asyncio.run(daemon._record(received("power0000001", "power0000002")))
-    asyncio.run(daemon._record(received("power0000003")))
+    asyncio.run(daemon.writer.record(received("power0000001", "power0000002")))
+    asyncio.run(daemon.writer.record(received("power0000003")))
     shut(daemon)
     monkeypatch.undo()
     assert query(tmp_path, "SELECT value FROM kv WHERE name = ?", audit.FLUSHED_KEY) == []
 
     restarted = Daemon(daemon.settings)
     restarted.recover()
-    asyncio.run(restarted._record(received("power0000004", "power0000001")))
+    asyncio.run(restarted.writer.record(received("power0000004", "power0000001")))
     shut(restarted)
 
     assert event_lines(tmp_path) == {f"power000000{n}": 1 for n in range(1, 5)}
@@ -133,16 +128,16 @@ def test_storage_fault_in_the_batch_transaction_loses_no_event(
     """The batch's own transaction fails (the lock held by another process): it rolled back
     whole, so the re-run records it once, and the wait ends with the storage episode closed."""
     monkeypatch.setattr(
-        pipeline.inbox,
+        inbox,
         "record_batch",
-        failing_first(1, pipeline.inbox.record_batch, "database is locked"),
+        failing_first(1, inbox.record_batch, "database is locked"),
     )
 
-    asyncio.run(daemon._record(received("locked000001")))
+    asyncio.run(daemon.writer.record(received("locked000001")))
 
     assert event_lines(tmp_path) == {"locked000001": 1}
     assert (daemon.counters.recorded, daemon.counters.duplicates) == (1, 0)
-    assert daemon.storage_wait is None and len(daemon._storage_notices) == 1
+    assert daemon.storage_wait is None and len(daemon.storage.notices_owed) == 1
 
 
 def test_storage_fault_at_the_backfill_commit_does_not_double_its_counts(
@@ -150,7 +145,7 @@ def test_storage_fault_at_the_backfill_commit_does_not_double_its_counts(
 ) -> None:
     """The backfill's totals were summed inside its transaction: a commit that failed (the lock
     held elsewhere) and ran again counted the batch twice in the `backfill` audit record."""
-    real = pipeline.inbox.record_batch
+    real = inbox.record_batch
     failed = {"n": 0}
 
     def locked_at_first_commit(*args: Any, **kwargs: Any) -> Any:
@@ -163,11 +158,11 @@ def test_storage_fault_at_the_backfill_commit_does_not_double_its_counts(
             kwargs["before_commit"] = locked
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline.inbox, "record_batch", locked_at_first_commit)
+    monkeypatch.setattr(inbox, "record_batch", locked_at_first_commit)
     owed = cursor.owe_backfill(daemon.conn, 1_764_469_000, None, time.time())
     events: list[Any] = [make_message(f"backfill{n:04d}") for n in range(3)]
 
-    asyncio.run(daemon._record_backfill(intake.Backfilled(owed, events, polled=3)))
+    asyncio.run(daemon.writer.record_backfill(intake.Backfilled(owed, events, polled=3)))
 
     (record,) = [r for r in audit_records(tmp_path) if r["kind"] == "backfill"]
     assert (record["new"], record["duplicate"], record["polled"]) == (3, 0, 3)
@@ -185,7 +180,7 @@ def test_storage_fault_while_tripping_the_latch_still_queues_its_notice(
         failing_first(1, daemon.owner_queue.notice, "database is locked"),
     )
 
-    asyncio.run(daemon._db(daemon._trip_latch_sync, "audit log write failed: disk full"))
+    asyncio.run(daemon.database.run(daemon.journal.latch, "audit log write failed: disk full"))
 
     assert daemon.latched
     assert query(tmp_path, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'latch:%'") == [(1,)]
@@ -197,11 +192,11 @@ def test_flush_that_queued_nothing_does_not_wake_the_owner_sender(daemon: Daemon
 
     async def run() -> tuple[bool, bool]:
         sender = SimpleNamespace(wakeup=asyncio.Event())
-        daemon.owner = sender  # type: ignore[assignment]
-        await daemon._record(received("quiet0000001", "quiet0000002"))
-        await daemon._flush_audit()
+        daemon.journal.wake_owner_sender_with(sender.wakeup)
+        await daemon.writer.record(received("quiet0000001", "quiet0000002"))
+        await daemon.journal.flush()
         after_events = sender.wakeup.is_set()
-        await daemon._record_refusal(
+        await daemon.writer.record_refusal(
             refusals.Refused("credentials", 403, 40301, "forbidden", "alerts", "1")
         )
         return after_events, sender.wakeup.is_set()
@@ -254,11 +249,11 @@ def test_cancelled_caller_keeps_the_connection_until_its_thread_is_done(daemon: 
         overlapped.append(running.is_set() and not release.is_set())
 
     async def run() -> None:
-        first = asyncio.create_task(daemon._db(slow))
+        first = asyncio.create_task(daemon.database.run(slow))
         while not running.is_set():
             await asyncio.sleep(0.001)
         first.cancel()
-        second = asyncio.create_task(daemon._db(next_user))
+        second = asyncio.create_task(daemon.database.run(next_user))
         await asyncio.sleep(0.05)  # the second user would have run by now if the lock were free
         release.set()
         await second

@@ -160,7 +160,9 @@ def test_watchdog_pings_stop_when_the_loop_is_wedged(
         before = notify_socket.count("WATCHDOG=1")
         time.sleep(1.0)
         assert notify_socket.count("WATCHDOG=1") == before, "pings continued while wedged"
-        running.daemon._wedged = False  # let the test shut down; the stuck ticker is cancelled
+        running.daemon.wedge_for_test(
+            False
+        )  # let the test shut down; the stuck ticker is cancelled
     assert any("STOPPING=1" in m for m in notify_socket.drain())
 
 
@@ -206,7 +208,7 @@ def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_pa
             wait_until(lambda: len(pings) >= 2, timeout=30, what="pings while healthy")
             emu.faults.silence(True)
             assert running.daemon is not None
-            wait_until(lambda: running.daemon._http_health()[0] is False, timeout=30)
+            wait_until(lambda: running.daemon.assess_health().healthy is False, timeout=30)
             time.sleep(1.2)  # one ping interval for a ping already in flight to land
             count = len(pings)
             time.sleep(2.5)
@@ -251,7 +253,7 @@ def test_http_port_in_use_leaves_intake_running_and_health_degraded_everywhere(
             wait_until(lambda: event in event_ids(tmp_path))
             daemon = running.daemon
             assert daemon is not None
-            # The HTTP surface loads once intake has caught up (daemon._after_subscribing).
+            # The HTTP surface loads once intake has caught up (supervisor.after_subscribing).
             wait_until(lambda: daemon.http_error is not None, what="the bind failure")
             wait_until(
                 lambda: (
@@ -266,7 +268,7 @@ def test_http_port_in_use_leaves_intake_running_and_health_degraded_everywhere(
             assert check.stdout.startswith("unhealthy: degraded: HTTP surface down")
             assert "degraded" in cli(env, "status").stdout.splitlines()[0].lower()
             assert daemon.metrics_snapshot()["health_state"] == "degraded"
-            assert daemon._status_line("intake live: last frame 0s ago").startswith(
+            assert daemon.vitals.status_line("intake live: last frame 0s ago").startswith(
                 "degraded: HTTP surface down"
             )
             # Intake goes on: a second alert is still recorded.

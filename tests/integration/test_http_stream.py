@@ -398,9 +398,7 @@ def test_stream_goes_through_the_proxy_the_environment_names(
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         try:
             state = tmp_path / "state"
-            assert isinstance(
-                Daemon(settings_for(emu.url, state))._stream_opener(), RawStreamOpener
-            )
+            assert isinstance(Daemon(settings_for(emu.url, state)).stream_reader, RawStreamOpener)
             monkeypatch.setenv("HTTP_PROXY", proxy.url)
             with DaemonThread(settings_for(emu.url, state, ntfy_cache_settle="200ms")):
                 emu.wait_for_subscribers(1)

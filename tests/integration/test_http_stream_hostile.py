@@ -446,7 +446,7 @@ def test_daemon_on_the_lean_reader_records_each_event_once_through_repeated_disc
         published: list[str] = []
         with DaemonThread(settings) as running:
             assert running.daemon is not None
-            assert isinstance(running.daemon._stream_opener(), RawStreamOpener)
+            assert isinstance(running.daemon.stream_reader, RawStreamOpener)
             for round_ in range(6):
                 emu.wait_for_subscribers(1)
                 for n in range(40):

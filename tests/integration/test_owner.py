@@ -20,10 +20,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from ntfy_intake.errors import InjectedFault
-from ntfy_intake.flow.owner import OWNER_MIGRATIONS, OwnerSender
-from ntfy_intake.runtime.daemon import migrations
+from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db
+from ntfy_intake.store import audit, db, migrations
 from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.signal_standin import SignalHandle
@@ -51,7 +50,7 @@ class Clock:
 @pytest.fixture
 def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
     connection = db.connect(tmp_path / "intake.sqlite3")
-    db.migrate(connection, [*migrations(), *OWNER_MIGRATIONS])
+    migrations.apply(connection)
     yield connection
     connection.close()
 

@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from ntfy_intake.flow import relay
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import db, outbox
+from ntfy_intake.store import db, migrations, outbox
 
 from ..conftest import owner_queue
 
@@ -368,7 +367,7 @@ def test_claim_cost_does_not_grow_with_the_backlog(tmp_path) -> None:  # type: i
     costs = []
     for n in (300, 3000):
         conn = db.connect(tmp_path / f"backlog-{n}.sqlite3")
-        db.migrate(conn, migrations())
+        migrations.apply(conn)
         _backlog(conn, n)
         costs.append(_claim_steps(conn))
         conn.close()

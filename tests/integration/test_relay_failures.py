@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake.flow import pipeline, relay
+from ntfy_intake.flow import database, relay
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db, inbox, outbox
 from ntfy_intake.testbed import receiver
@@ -435,12 +435,11 @@ def test_lone_surrogate_in_receiver_reply_does_not_stop_the_relay(store) -> None
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """A recovered daemon whose steps are driven directly: its `_db` is the runner that waits
     out a transient storage fault and runs the transaction again."""
-    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    monkeypatch.setattr(database, "STORAGE_RETRY_BASE", 0.001)
     found = Daemon(settings_for("http://127.0.0.1:9", tmp_path, cadence_debounce="0s"))
     found.recover()
     yield found
-    found._audit.close()
-    found.conn.close()
+    found.close()
 
 
 def test_401_notice_survives_a_commit_fault_in_the_settle_transaction(
@@ -468,13 +467,13 @@ def test_401_notice_survives_a_commit_fault_in_the_settle_transaction(
             r = relay.Relay(
                 daemon.conn,
                 client,
-                run_db=daemon._db,
+                run_db=daemon.database.run,
                 owner_queue=daemon.owner_queue,
                 url="http://receiver.invalid/triage",
                 timeout=5.0,
                 max_attempts=8,
                 clock=lambda: now["t"],
-                flush_audit=daemon._flush_audit,
+                flush_audit=daemon.journal.flush,
                 rng=lambda: 0.0,
                 retry_base=0.01,
             )

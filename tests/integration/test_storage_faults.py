@@ -24,8 +24,8 @@ import pytest
 from ntfy_intake.errors import StartupError
 from ntfy_intake.rules import incidents
 from ntfy_intake.rules import notices as notices_module
-from ntfy_intake.runtime.daemon import Daemon, migrations
-from ntfy_intake.store import audit, db, inbox, rebuild, storage
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.store import audit, db, inbox, migrations, rebuild, storage
 from ntfy_intake.testbed import drill_storage, receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import Message, decode_line
@@ -278,7 +278,7 @@ def test_missing_database_beside_an_audit_log_is_rebuilt_not_a_first_start(
 def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Path) -> None:
     """Finding 5: owner messages come back from the audit log; not audited as sent = pending."""
     first = db.connect(tmp_path / "first.sqlite3")
-    db.migrate(first, migrations())
+    migrations.apply(first)
     queue = owner_queue(daily_cap=1)
     with db.write_txn(first) as txn:
         queue.triage_message(txn, "agent:one", "reply \ud83d one", NOW)
@@ -290,7 +290,7 @@ def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Pat
         audit.flush(first, log)
     first.close()
     second = db.connect(tmp_path / "second.sqlite3")
-    db.migrate(second, migrations())
+    migrations.apply(second)
     assert rebuild.is_empty(second)
     summary = rebuild.from_audit(
         second, tmp_path / "audit", NOW, debounce=0.0, relay_enabled=True, feed_append=None
@@ -428,7 +428,7 @@ def hold_write_lock_while_publishing(
     assert daemon is not None
     wait_until(lambda: daemon.storage_wait is not None, timeout=seconds, what="degraded")
     assert daemon.storage_wait is not None and daemon.storage_wait.kind == "locked"
-    assert daemon._http_health()[0] is False  # health degraded while the lock is held
+    assert daemon.assess_health().healthy is False  # health degraded while the lock is held
     assert holder.expect_line(timeout=seconds + 30) == "released"
     wait_until(lambda: set(during) <= set(event_ids(state)), what="recorded after the wait")
     wait_until(lambda: len(notices(state, "db_locked")) == 1, what="one notice")
@@ -502,13 +502,15 @@ def test_clock_jump_keeps_cooldown_daily_cap_and_retention_and_replay_records_no
 
         first = emu.publish("alerts", "sda1 at 97%", title="Disk full")["id"]
         wait_until(lambda: outcome_of(state, first) == "triage_requested")
-        assert call(daemon._notify("reply one", "one"))[1]["result"] == "queued"
+        assert call(daemon.journal.queue_agent_reply("reply one", "one"))[1]["result"] == "queued"
         clock.offset = jump
         second = emu.publish("alerts", "sda1 at 98%", title="Disk full")["id"]
         wait_until(lambda: outcome_of(state, second) is not None)
         assert outcome_of(state, second) == "suppressed"  # cooldown: seconds, not days, passed
-        assert call(daemon._notify("reply two", "two"))[1]["result"] == "suppressed"  # daily cap
-        call(daemon._prune())
+        assert (
+            call(daemon.journal.queue_agent_reply("reply two", "two"))[1]["result"] == "suppressed"
+        )  # daily cap
+        call(daemon.prune_retention())
         assert {first, second} <= {r[0] for r in query(state, "SELECT event_id FROM inbox")}
         assert not daemon.failed
     conn = sqlite3.connect(state / "intake.sqlite3")
@@ -582,8 +584,7 @@ def test_corrupt_database_stops_startup_and_once_moved_aside_is_rebuilt(tmp_path
         )
     with audit.AuditLog(config.state.audit_dir, lambda: NOW) as log:
         audit.flush(first.conn, log)
-    first.conn.close()
-    os.close(first._lock_fd or -1)
+    first.close()
     config.state.database.write_bytes(b"this is not a database" * 500)
     for suffix in ("-wal", "-shm"):
         Path(f"{config.state.database}{suffix}").unlink(missing_ok=True)
@@ -594,7 +595,6 @@ def test_corrupt_database_stops_startup_and_once_moved_aside_is_rebuilt(tmp_path
     again.recover()
     try:
         assert again.conn.execute("SELECT event_id FROM inbox").fetchall()[0][0] == "kept00000001"
-        assert again._cursor is not None and again._cursor.value == "kept00000001"
+        assert again.writer.cursor is not None and again.writer.cursor.value == "kept00000001"
     finally:
-        again.conn.close()
-        os.close(again._lock_fd or -1)
+        again.close()

@@ -24,8 +24,7 @@ from typing import Any
 from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.runtime.daemon import migrations
-from ntfy_intake.store import audit, db, inbox
+from ntfy_intake.store import audit, db, inbox, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire import frames
 
@@ -206,7 +205,7 @@ def produce(
 ) -> dict[str, Any]:
     directory.mkdir(parents=True, exist_ok=True)
     conn = db.connect(directory / "intake.sqlite3")
-    db.migrate(conn, migrations())
+    migrations.apply(conn)
     policy = cadence.Policy(debounce=10.0, cooldown=3600.0, daily_cap=3)
     queue = OwnerQueue(policy, cadence.CadenceState.empty(policy))
     log = audit.AuditLog(directory / "audit", clock=lambda: NOW)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake.flow import intake, pipeline
+from ntfy_intake.flow import database, intake
 from ntfy_intake.runtime.daemon import GIL_SWITCH_INTERVAL_S, Daemon
 from ntfy_intake.store import audit, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
@@ -29,12 +29,11 @@ from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """A recovered daemon whose pipeline steps are driven directly (no ntfy, no tasks)."""
-    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    monkeypatch.setattr(database, "STORAGE_RETRY_BASE", 0.001)
     found = Daemon(settings_for("http://127.0.0.1:9", tmp_path, cadence_debounce="0s"))
     found.recover()
     yield found
-    found._audit.close()
-    found.conn.close()
+    found.close()
 
 
 def received(*ids: str) -> list[intake.Received]:
@@ -51,7 +50,7 @@ def test_storage_fault_on_the_replaced_file_notice_does_not_lose_the_notice(
     """The audit file was deleted under the daemon; the flush reopened it and the notice's own
     transaction hit a transient fault (the lock held by the feed CLI). The trip ran again, but
     the replacement had already been taken from the audit log: the owner never heard."""
-    asyncio.run(daemon._record(received("before000001")))
+    asyncio.run(daemon.writer.record(received("before000001")))
     for path in audit.log_files(tmp_path / "audit"):
         path.unlink()
     original = daemon.owner_queue.notice
@@ -65,7 +64,7 @@ def test_storage_fault_on_the_replaced_file_notice_does_not_lose_the_notice(
 
     monkeypatch.setattr(daemon.owner_queue, "notice", notice_failing_once)
 
-    asyncio.run(daemon._record(received("after0000001")))
+    asyncio.run(daemon.writer.record(received("after0000001")))
 
     assert failures["left"] == 0  # the fault did happen
     assert len(replaced_notices(tmp_path)) == 1
@@ -114,7 +113,7 @@ def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_r
     first frame's commit. The first frame was then a duplicate that decided nothing, and the
     second opened a second triage request for the same incident (within its cooldown, or
     beside the one collecting its debounce window)."""
-    monkeypatch.setattr(pipeline, "STORAGE_RETRY_BASE", 0.001)
+    monkeypatch.setattr(database, "STORAGE_RETRY_BASE", 0.001)
     config = settings_for(
         "http://127.0.0.1:9",
         tmp_path,
@@ -141,7 +140,7 @@ def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_r
     now = int(time.time())
     try:
         asyncio.run(
-            found._record(
+            found.writer.record(
                 [
                     intake.Received(make_message(i, time=now), time.monotonic(), 0)
                     for i in ("sameinc00001", "sameinc00002")
@@ -149,8 +148,7 @@ def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_r
             )
         )
     finally:
-        found._audit.close()
-        found.conn.close()
+        found.close()
     assert calls == {"batch": 2, "single": 2}  # both faults happened
     assert query(tmp_path, "SELECT count(*) FROM outbox") == [(1,)]
 

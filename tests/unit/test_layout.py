@@ -166,12 +166,6 @@ IO_MODULES = (
     "prometheus_client",
 )
 SQL_DRIVERS = ("sqlite3", "psycopg", "psycopg_pool", "aiosqlite")
-# Modules outside the store that still hold a connection (issue 22 moves them behind the store's
-# typed methods; this set may only shrink).
-NOT_YET_BEHIND_THE_STORE = {
-    "ntfy_intake.flow.pipeline",
-    "ntfy_intake.runtime.daemon",
-}
 
 
 def room_of(name: str) -> str:
@@ -221,7 +215,7 @@ def test_only_the_store_imports_a_database_driver() -> None:
         for imported, _ in imports(path)
         if imported.split(".")[0] in SQL_DRIVERS
     }
-    assert speaking == NOT_YET_BEHIND_THE_STORE
+    assert speaking == set()
 
 
 def test_the_room_check_sees_an_upward_import() -> None:

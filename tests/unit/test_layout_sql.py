@@ -11,13 +11,6 @@ from .test_layout import modules, room_of
 
 # Case-sensitive on purpose: SQL is written upper-case here, and prose says "select" and "update".
 SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|CREATE TABLE|PRAGMA)\b")
-# Modules that still write SQL of their own while the mixin chain is taken apart (issue 22's other
-# half moves their statements into the store). This set may only shrink.
-STILL_WRITING_SQL = {
-    "ntfy_intake.flow.pipeline",
-    "ntfy_intake.runtime.daemon",
-    "ntfy_intake.runtime.vitals",
-}
 
 
 def sql_strings(source: str, filename: str = "<source>") -> Iterator[tuple[int, str]]:
@@ -53,7 +46,7 @@ def writers_of_sql() -> dict[str, list[str]]:
 
 
 def test_no_module_outside_the_store_writes_sql() -> None:
-    assert set(writers_of_sql()) == STILL_WRITING_SQL, writers_of_sql()
+    assert writers_of_sql() == {}
 
 
 def test_the_sql_check_sees_a_statement_and_ignores_prose() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake.errors import SchemaTooNew, StartupError
-from ntfy_intake.runtime.daemon import migrations as daemon_migrations
 from ntfy_intake.store import db, migrations
 from ntfy_intake.store.feed import FeedStore
 
@@ -44,13 +43,6 @@ def test_names_are_one_numbered_scheme_and_every_former_name_maps_to_a_step() ->
     assert len(set(NAMES)) == len(NAMES)
     assert set(migrations.FORMERLY.values()) <= set(NAMES)
     assert not set(migrations.FORMERLY) & set(NAMES)
-
-
-def test_the_old_entry_points_are_the_one_list() -> None:
-    """runtime/daemon.py's migrations() concatenates the old three lists: the same steps."""
-    assert [(name, list(sql)) for name, sql in daemon_migrations()] == [
-        (name, list(sql)) for name, sql in migrations.SQLITE
-    ]
 
 
 @pytest.mark.parametrize("k", range(len(NAMES) + 1))

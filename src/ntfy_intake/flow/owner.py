@@ -37,7 +37,7 @@ import httpx
 import structlog
 
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations, outbox, owner_outbox
+from ntfy_intake.store import audit, db, outbox, owner_outbox
 from ntfy_intake.store.owner_outbox import Claim, claim_due
 from ntfy_intake.wire.owner_channels import (
     _NO_CHANNEL,
@@ -55,17 +55,11 @@ from ntfy_intake.wire.owner_channels import (
 log = structlog.get_logger("ntfy_intake.owner")
 
 __all__ = [
-    "OWNER_MIGRATIONS",
     "Claim",
     "Leg",
     "OwnerSender",
     "OwnerStats",
     "claim_due",
-]
-
-# Kept for runtime/daemon.py's `migrations()`: the owner sender's step of the one list.
-OWNER_MIGRATIONS: list[tuple[str, list[str]]] = [
-    (name, list(statements)) for name, statements in migrations.SQLITE[3:4]
 ]
 
 # -- the sender ----------------------------------------------------------------------------------

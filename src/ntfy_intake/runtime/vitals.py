@@ -9,7 +9,6 @@ against ntfy's `Date` header. The verdict itself is the pure `health.assess`.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from typing import Any
@@ -17,56 +16,109 @@ from typing import Any
 import httpx
 import structlog
 
-from ntfy_intake.flow.pipeline import EventPipeline
+from ntfy_intake.flow import intake
+from ntfy_intake.flow.database import Database, StorageWaits
+from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.owner import OwnerSender
+from ntfy_intake.flow.pipeline import Counters, Heartbeat
+from ntfy_intake.flow.relay import Relay
+from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import health as health_model
 from ntfy_intake.rules import notices, watchdog
 from ntfy_intake.runtime.clock import TrustedClock
 from ntfy_intake.runtime.sdnotify import Notifier
-from ntfy_intake.store import db
+from ntfy_intake.settings import Settings
+from ntfy_intake.store import vitals_state
 
 log = structlog.get_logger("ntfy_intake.daemon")
 
 TICK_SECONDS = 0.05  # the ticker's period (daemon.py); the dead-man's switch judges wedging by it
 HEALTH_EVERY = 2.0
-HEALTH_KEY = "health"
 
 
-class Vitals(EventPipeline):
-    """Liveness, systemd, health reports and metrics, on top of the pipeline's state."""
+class Vitals:
+    """Liveness, systemd, health reports and metrics, read from what it is given."""
 
-    # Health state, set up by daemon.Daemon.__init__.
-    trusted_clock: TrustedClock
-    notifier: Notifier
-    watchdog_interval: float | None
-    liveness: watchdog.LivenessTracker
-    health_limits: health_model.Limits
-    started_wall: float
-    last_error_wall: float | None
-    http_port: int | None
-    http_error: str | None
-    watchdog_pings: int
-    dead_mans_pings: int
-    _seen_frame_at: float | None
-    _error_seen: tuple[int, str | None]
-    _cached_counts: dict[str, Any]
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: TrustedClock,
+        boot_id: str,
+        intake_health: intake.IntakeHealth,
+        counters: Counters,
+        heartbeat: Heartbeat,
+        storage: StorageWaits,
+        degraded: dict[str, str],
+        database: Database,
+        journal: Journal,
+        writer: Writer,
+        notifier: Notifier,
+        watchdog_interval: float | None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.boot_id = boot_id
+        self.health = intake_health
+        self.counters = counters
+        self.heartbeat = heartbeat
+        self.storage = storage
+        self.degraded = degraded  # source -> one-line reason
+        self._database = database
+        self._journal = journal
+        self._writer = writer
+        self.notifier = notifier
+        self.watchdog_interval = watchdog_interval
+        self.liveness = watchdog.LivenessTracker(
+            started_at=time.monotonic(),
+            keepalive_timeout=settings.ntfy.keepalive_timeout,
+            dead_after=settings.ntfy.dead_after,
+            recover_after=settings.ntfy.keepalive_interval,
+        )
+        # Health: wall-clock times, as in the stored snapshot that `status` reads.
+        self.started_wall = time.time()
+        self.health_limits = health_model.Limits(
+            keepalive_timeout=settings.ntfy.keepalive_timeout,
+            dead_after=settings.ntfy.dead_after,
+        )
+        self.relay: Relay | None = None
+        self.owner: OwnerSender | None = None
+        self.http_port: int | None = None
+        self.http_error: str | None = None
+        self.watchdog_pings = 0
+        self.dead_mans_pings = 0
+        self.last_error_wall: float | None = None
+        self._seen_frame_at: float | None = None
+        self._error_seen: tuple[int, str | None] = (0, None)
+        self._cached_counts: dict[str, Any] = {}
+
+    def watch_senders(self, relay: Relay | None, owner: OwnerSender | None) -> None:
+        """The relay and the owner sender run now: report their counters too."""
+        self.relay, self.owner = relay, owner
+
+    def http_listening(self, port: int) -> None:
+        self.http_port = port
+
+    def http_down(self, error: str) -> None:
+        """The HTTP surface could not start: health says degraded, intake goes on."""
+        self.http_error = error
 
     # -- the clock, checked against ntfy's -----------------------------------------------------------
 
-    async def _observe_server_time(self, response: httpx.Response) -> None:
+    async def observe_server_time(self, response: httpx.Response) -> None:
         """ntfy's `Date` header: the server time the local clock is checked against."""
         if str(response.request.url).startswith(self.settings.ntfy.url):
-            self.trusted_clock.observe_date_header(response.headers.get("date"))
+            self.clock.observe_date_header(response.headers.get("date"))
 
-    async def _notice_clock_jumps(self) -> None:
-        for detail in self.trusted_clock.take_jumps():
+    async def notice_clock_jumps(self) -> None:
+        for detail in self.clock.take_jumps():
             log.error("clock.jump", detail=detail)
-            count = self.trusted_clock.jumps
-            await self._db(self._record_notice, notices.clock_jump(detail, self.boot_id, count))
-            await self._flush_audit()
+            count = self.clock.jumps
+            await self._journal.note(notices.clock_jump(detail, self.boot_id, count))
 
     # -- liveness and systemd ------------------------------------------------------------------------
 
-    async def _observe_liveness(self) -> None:
+    async def observe_liveness(self) -> None:
         """Dead longer than dead_after: one owner notice; back to live: one more."""
         frame_at = self.health.last_frame_at
         transition = None
@@ -84,10 +136,9 @@ class Vitals(EventPipeline):
         else:
             notice = notices.intake_recovered(episode)
         log.warning("intake.liveness", transition=str(transition))
-        await self._db(self._record_notice, notice)
-        await self._flush_audit()
+        await self._journal.note(notice)
 
-    async def _systemd(self) -> None:
+    async def run_systemd(self) -> None:
         """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary."""
         interval = self.watchdog_interval
         period = interval if interval is not None else 5.0
@@ -104,7 +155,7 @@ class Vitals(EventPipeline):
                 self.watchdog_pings += 1
             elif interval is not None and not decision.ping:
                 log.error("systemd.watchdog_withheld", reason=decision.reason)
-            self.notifier.status(self._status_line(decision.reason))
+            self.notifier.status(self.status_line(decision.reason))
 
     def _progress(self) -> watchdog.Progress:
         health = self.health
@@ -118,13 +169,13 @@ class Vitals(EventPipeline):
         elif health.state == "starting":
             due = self.liveness.started_at + 30.0
         return watchdog.Progress(
-            heartbeat_at=self.heartbeat_at,
+            heartbeat_at=self.heartbeat.at,
             last_frame_at=health.last_frame_at,
             next_attempt_due=due,
             last_attempt_at=health.last_attempt_at,
         )
 
-    def _status_line(self, reason: str) -> str:
+    def status_line(self, reason: str) -> str:
         """STATUS=: the health model's line, then the counters; the watchdog's reason only when
         it withholds a ping (otherwise it would repeat the state)."""
         assessed = self.assess_health()
@@ -132,14 +183,15 @@ class Vitals(EventPipeline):
         if assessed.intake is health_model.State.LIVE:
             parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
         parts.append(f"{self.counters.recorded} recorded this run")
-        parts.append(f"cursor {self._cursor.since if self._cursor else '-'}")
+        cursor = self._writer.cursor
+        parts.append(f"cursor {cursor.since if cursor else '-'}")
         if not reason.startswith(("intake live", "intake reconnecting on schedule")):
             parts.append(f"watchdog: {reason}")
         return "; ".join(parts)
 
     # -- the health verdict and what reports it ------------------------------------------------------
 
-    def _stamp_error(self) -> None:
+    def stamp_error(self) -> None:
         """Give the intake's last error a time, so every report can say how old it is."""
         failures = sum(n for kind, n in self.health.failures.items() if kind != "stream_ended")
         seen = (failures, self.health.last_error)
@@ -150,10 +202,10 @@ class Vitals(EventPipeline):
 
     def assess_health(self) -> health_model.Health:
         """The one health verdict (see health.py), for /healthz, /metrics, STATUS= and pings."""
-        self._stamp_error()
+        self.stamp_error()
         return health_model.assess(self.health_snapshot(), time.time(), self.health_limits)
 
-    def _http_health(self) -> tuple[bool, dict[str, Any]]:
+    def http_health(self) -> tuple[bool, dict[str, Any]]:
         assessed = self.assess_health()
         details: dict[str, Any] = {"status": str(assessed.state), "intake": str(assessed.intake)}
         if assessed.reasons:
@@ -182,8 +234,8 @@ class Vitals(EventPipeline):
             "last_error": self.health.last_error,
             "last_error_wall": self.last_error_wall,
             "started_at": self.started_wall,
-            "latch": self.latched,
-            "storage": None if self.storage_wait is None else str(self.storage_wait),
+            "latch": self._journal.latched,
+            "storage": None if self.storage.fault is None else str(self.storage.fault),
             "http_port": self.http_port,
             "http_error": self.http_error,
             "degraded": sorted(self.degraded.values()),
@@ -191,38 +243,14 @@ class Vitals(EventPipeline):
             "duplicates": self.counters.duplicates,
         }
 
-    def _write_health(self, *, final: bool = False) -> None:
-        def count(sql: str) -> int:
-            return int(self.conn.execute(sql).fetchone()[0])
-
-        self._cached_counts = {
-            "relay_collecting": count("SELECT count(*) FROM outbox WHERE state = 'collecting'"),
-            "relay_pending": count(
-                "SELECT count(*) FROM outbox WHERE state IN ('pending', 'leased')"
-            ),
-            "relay_dead": count("SELECT count(*) FROM outbox WHERE state = 'dead'"),
-            "owner_pending": count(
-                "SELECT count(*) FROM owner_outbox WHERE state IN ('pending', 'leased')"
-            ),
-            "owner_suppressed_total": count(
-                "SELECT count(*) FROM owner_outbox WHERE state = 'suppressed'"
-            ),
-            "feed_head": {
-                row[0]: row[1]
-                for row in self.conn.execute(
-                    "SELECT channel, max(seq) FROM feed_entries GROUP BY channel"
-                )
-            },
-        }
+    def write_health(self, *, final: bool = False) -> None:
+        """In the worker thread: refresh the queue counts and store the health snapshot."""
+        conn = self._database.conn
+        self._cached_counts = vitals_state.queue_counts(conn)
         snapshot = self.health_snapshot()
         if final:
             snapshot["state"] = "stopped"
-        with db.write_txn(self.conn):
-            self.conn.execute(
-                "INSERT INTO kv(name, value) VALUES (?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-                (HEALTH_KEY, json.dumps(snapshot)),
-            )
+        vitals_state.save_health(conn, snapshot)
 
     def metrics_snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -244,7 +272,7 @@ class Vitals(EventPipeline):
             "conflicts_total": self.counters.conflicts,
             "quarantined_total": self.counters.quarantined,
             "cursor_moves_total": self.counters.cursor_moves,
-            "audit_latch": self.latched,
+            "audit_latch": self._journal.latched,
             "relay_delivered_total": relay_stats.delivered if relay_stats else 0,
             "relay_attempts_total": relay_stats.attempts if relay_stats else 0,
             "owner_sent_total": (owner_stats.sent_signal + owner_stats.sent_ntfy)
@@ -255,15 +283,15 @@ class Vitals(EventPipeline):
 
     # -- the dead-man's switch -----------------------------------------------------------------------
 
-    async def _dead_mans_switch(self, client: httpx.AsyncClient) -> None:
+    async def run_dead_mans_switch(self, client: httpx.AsyncClient) -> None:
         """Ping `health.ping_url` only while healthy: silence there means something is wrong here
         (or the Pi is gone), which no message from this process could ever report."""
         url = self.settings.health.ping_url
         assert url is not None
         interval = self.settings.health.ping_interval
         while True:
-            healthy, details = self._http_health()
-            wedged = time.monotonic() - self.heartbeat_at > max(2.0, 4 * TICK_SECONDS)
+            healthy, details = self.http_health()
+            wedged = time.monotonic() - self.heartbeat.at > max(2.0, 4 * TICK_SECONDS)
             if healthy and not wedged:
                 try:
                     response = await client.get(url, timeout=min(10.0, interval))

@@ -39,7 +39,6 @@ from ntfy_intake.store import db, migrations
 
 __all__ = [
     "DEFAULT_CHANNEL",
-    "FEED_MIGRATIONS",
     "MAX_PAGE",
     "Entry",
     "FeedStore",
@@ -53,11 +52,6 @@ __all__ = [
 DEFAULT_CHANNEL = "triage"
 MAX_PAGE = 1000
 JoinAt = Literal["head", "start"]
-
-# Kept for runtime/daemon.py's `migrations()`: the feed's step of the one list (migrations.py).
-FEED_MIGRATIONS: list[tuple[str, list[str]]] = [
-    (name, list(statements)) for name, statements in migrations.SQLITE[2:3]
-]
 
 # Handles are stable role names and channels are fixed names: keep both to a plain identifier set.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}")

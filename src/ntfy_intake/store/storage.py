@@ -150,3 +150,17 @@ def check_audit_files(audit_dir: Path, files: list[Path]) -> str | None:
         if not os.access(path, os.W_OK):
             return f"audit file {path} is read-only: permission denied"
     return None
+
+
+def waitable(exc: BaseException, where: str) -> StorageFault | None:
+    """The transient fault a failed database call names (locked, disk full, I/O), which waiting
+    out and running the same transaction again may cure; None for anything else."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return None
+    fault = classify(exc, where)
+    return fault if fault.transient else None
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A database or file-system error: what start-up turns into one named line."""
+    return isinstance(exc, sqlite3.Error | OSError)

@@ -1,0 +1,177 @@
+"""The audit side of every write: what the audit log is owed, written; the latch; notices.
+
+Outcomes reach the audit journal inside their own transactions; `flush` appends what the files
+lack to the JSONL log, flush + fsync (audit.flush), and never writes a line twice. A write that
+fails trips the latch: the cursor freezes for the life of the process and the owner gets exactly
+one notice. Notices (from intake, the relay, vitals, storage) and agents' replies reach the owner
+queue here, each in its own transaction; a flush follows each, and wakes the owner sender only
+when something was queued for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ntfy_intake.errors import AuditWriteError
+from ntfy_intake.flow.database import Database
+from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters
+from ntfy_intake.rules import notices
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit, db
+
+log = structlog.get_logger("ntfy_intake.pipeline")
+
+
+class Journal:
+    """The audit log's writer, the latch and the owner notices (module doc)."""
+
+    def __init__(
+        self,
+        database: Database,
+        audit_log: audit.AuditLog,
+        *,
+        owner_queue: CountedOwnerQueue,
+        counters: Counters,
+        clock: Callable[[], float],
+        boot_id: str,
+    ) -> None:
+        self._database = database
+        self._audit = audit_log
+        self._owner_queue = owner_queue
+        self._counters = counters
+        self._clock = clock
+        self._boot_id = boot_id
+        self.latched = False
+        self._replaced_pending: list[str] = []  # replaced audit files whose notice is not recorded
+        self._owner_wakeup: asyncio.Event | None = None
+        self._owner_woken_for = 0
+
+    def wake_owner_sender_with(self, wakeup: asyncio.Event) -> None:
+        """The owner sender runs now: wake it through `wakeup` when a row is queued for it."""
+        self._owner_wakeup = wakeup
+
+    @property
+    def last_written_seq(self) -> int:
+        """The last journal seq the audit files hold."""
+        return self._audit.last_seq
+
+    def close(self) -> None:
+        self._audit.close()
+
+    # -- notices -------------------------------------------------------------------------------------
+
+    def record_notice(self, notice: Notice) -> None:
+        """In the worker thread: queue `notice` for the owner, in its own transaction."""
+        with db.write_txn(self._database.conn) as txn:
+            self._owner_queue.notice(txn, notice, self._clock())
+
+    async def note(self, notice: Notice) -> None:
+        """Record `notice`, then write what the audit log is owed."""
+        await self._database.run(self.record_notice, notice)
+        await self.flush()
+
+    async def queue_agent_reply(
+        self, text: str, idempotency_key: str
+    ) -> tuple[int, dict[str, Any]]:
+        """`POST /v1/notify`: an agent's later reply, through the owner outbox (stable key)."""
+        key = f"agent:{idempotency_key}"
+        result = await self._database.run(self._queue_agent_message, key, text)
+        await self.flush()
+        return 202 if result != "duplicate" else 200, {"key": key, "result": result}
+
+    def _queue_agent_message(self, key: str, text: str) -> str:
+        with db.write_txn(self._database.conn) as txn:
+            result, _ = self._owner_queue.triage_message(txn, key, text, self._clock())
+        return result
+
+    # -- the audit log -------------------------------------------------------------------------------
+
+    async def flush(self) -> bool:
+        """Write what the audit log is owed (one trip to the worker thread); False if latched."""
+        if self.latched:
+            self.wake_owner()  # the latch notice, and what else was queued, still go out
+            return False
+        written = await self._database.run(self.flush_sync)
+        self.wake_owner()
+        return written
+
+    def flush_sync(self) -> bool:
+        """In the worker thread. Safe to run again: only lines the files lack are written."""
+        if self.latched:
+            return False
+        conn = self._database.conn
+        try:
+            # The flush's own commit (the mark of what the files hold) skips its fsync: losing
+            # it costs nothing (lines are found by seq in the files, never written twice), and
+            # the next commit makes it durable. One fsync fewer before the relay can claim.
+            with db.commits_without_fsync(conn):
+                audit.flush(conn, self._audit)
+            if self._note_replaced_audit_files():
+                with db.commits_without_fsync(conn):
+                    audit.flush(conn, self._audit)
+        except AuditWriteError as exc:
+            failure = str(exc)
+        else:
+            return True
+        # Outside the handler: a storage fault while tripping must be judged on its own, not
+        # through the audit error it would otherwise be chained to (see storage.classify).
+        self.latch(failure)
+        return False
+
+    def recover(self) -> None:
+        """At start-up: write the records that reached the database but not the log."""
+        try:
+            written = audit.recover(self._database.conn, self._audit)
+            if written:
+                log.warning("audit.recovered", lines=written)
+        except AuditWriteError as exc:
+            self.latch(str(exc))
+
+    async def flush_at_stop(self) -> None:
+        """The last flush; when latched, try once more: the space may be back, and what the log
+        is owed is better written now (never twice: the writer knows its last seq) than left
+        to the next start."""
+        await self.flush()
+        if self.latched:
+            with contextlib.suppress(AuditWriteError):
+                await self._database.run(audit.flush, self._database.conn, self._audit)
+
+    def latch(self, detail: str) -> None:
+        """In the worker thread: freeze the cursor for this process and queue exactly one owner
+        notice."""
+        if self.latched:
+            return
+        # The notice first: a storage fault here is waited out and this run again, which must
+        # still record it (its key makes a second attempt a no-op).
+        self.record_notice(notices.latch(detail, self._boot_id))
+        self.latched = True
+        log.error("audit.latched", detail=detail)
+
+    def wake_owner(self) -> None:
+        """Wake the owner sender when a row was queued for it since it was last woken (a flush
+        follows every write that may queue one); not on every flush, where it would take the
+        database lock twice per event for nothing."""
+        queued = self._owner_queue.queued
+        if self._owner_wakeup is None or queued == self._owner_woken_for:
+            return
+        self._owner_woken_for = queued
+        self._owner_wakeup.set()
+
+    def _note_replaced_audit_files(self) -> bool:
+        """An audit file deleted or replaced under us: one notice per time it happened. A notice
+        whose transaction fails stays pending, and the re-run of the trip records it."""
+        pending = self._replaced_pending
+        pending.extend(self._audit.take_replacements())
+        noted = bool(pending)
+        while pending:
+            count = self._counters.extra.get("audit_file_replaced", 0) + 1
+            self.record_notice(notices.audit_file_replaced(pending[0], self._boot_id, count))
+            detail = pending.pop(0)
+            self._counters.extra["audit_file_replaced"] = count
+            log.error("audit.file_replaced", detail=detail)
+        return noted

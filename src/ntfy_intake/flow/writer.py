@@ -1,0 +1,340 @@
+"""The writer: how a batch of frames becomes recorded outcomes, top to bottom in `record`:
+
+  frame -> inbox transaction -> audit line -> cursor
+
+The inbox transaction (inbox.record_batch: inbox row, incident merge, cadence decision, outbox
+row or "suppressed", audit journal rows) and the audit line (journal.py) share one trip to the
+worker thread; the resume point then learns which events are durable, and `settle_cursor`
+persists the cursor once their reorder window has passed (the ticker calls it, and the drain).
+A backfill poll's events take the same path, never move the cursor, and clear what was owed in
+the same transaction. The writer also answers intake's cursor questions (where to resume, the
+backfill a new connection owes, a cursor ntfy refused) and releases debounce windows that closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+
+from ntfy_intake.flow import intake
+from ntfy_intake.flow.database import Database
+from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.pipeline import (
+    CountedOwnerQueue,
+    Counters,
+    CrashPoints,
+    append_info_entry,
+    append_triage_entry,
+)
+from ntfy_intake.rules import notices
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit, db, inbox, outbox, replay
+from ntfy_intake.store.cursor import (
+    Cursor,
+    Owed,
+    Resume,
+    ResumePoint,
+    load_resume,
+    owe_backfill,
+    save_last_frame_time,
+)
+from ntfy_intake.store.cursor import backfill_done as clear_backfill
+from ntfy_intake.store.cursor import save as save_cursor
+from ntfy_intake.wire import refusals
+from ntfy_intake.wire.frames import Event, Junk
+
+log = structlog.get_logger("ntfy_intake.pipeline")
+
+MAX_BATCH = 500
+
+Frames = list[Event | Junk | Notice]
+
+
+@dataclass(slots=True)
+class _BatchWrite:
+    """One batch on its way to disk, and how far it got (see `Writer._write_batch`)."""
+
+    frames: Frames
+    now: float
+    also: inbox.InTransaction | None
+    result: inbox.BatchResult | None = None
+    next_release: float | None = None
+    release_known: bool = False
+    audit_written: bool = False
+
+
+class Writer:
+    """frame -> inbox transaction -> audit line -> cursor (see the module docstring)."""
+
+    def __init__(
+        self,
+        database: Database,
+        journal: Journal,
+        *,
+        queue: asyncio.Queue[intake.Item],
+        resume: ResumePoint,
+        counters: Counters,
+        owner_queue: CountedOwnerQueue,
+        clock: Callable[[], float],
+        crash: CrashPoints,
+        relay_enabled: bool,
+        boot_id: str,
+    ) -> None:
+        self._database = database
+        self._journal = journal
+        self.queue = queue
+        self.resume = resume
+        self._counters = counters
+        self._owner_queue = owner_queue
+        self._clock = clock
+        self._crash = crash
+        self._relay_enabled = relay_enabled
+        self._boot_id = boot_id
+        self._relay_wakeup: asyncio.Event | None = None
+        self.subscribed = asyncio.Event()  # set when a subscription first opens
+        self.cursor: Cursor | None = None  # the cursor last persisted
+        self.next_release: float | None = None  # when the next debounce window closes
+        self._saved_frame_time: int | None = None  # the last server time persisted
+        self._frame_time_saved_at = 0.0
+
+    def start_from(self, cursor: Cursor, next_release: float | None) -> None:
+        """After local recovery: the cursor persisted, when the next debounce window closes."""
+        self.cursor = cursor
+        self.next_release = next_release
+
+    def wake_relay_with(self, wakeup: asyncio.Event) -> None:
+        """The relay runs now: wake it through `wakeup` when a request is released."""
+        self._relay_wakeup = wakeup
+
+    # -- the loop: batches off the queue, in order ---------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            while len(batch) < MAX_BATCH and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            try:
+                live: list[intake.Received] = []
+                for item in batch:  # in order: a backfill or a refusal ends a run of frames
+                    if isinstance(item, intake.Received):
+                        live.append(item)
+                        continue
+                    if live:
+                        await self.record(live)
+                        live = []
+                    if isinstance(item, intake.Backfilled):
+                        await self.record_backfill(item)
+                    else:
+                        await self.record_refusal(item)
+                if live:
+                    await self.record(live)
+            finally:
+                for _ in batch:
+                    self.queue.task_done()
+
+    async def wait_idle(self) -> None:
+        """Until everything put on the queue so far is recorded."""
+        await self.queue.join()
+
+    # -- one batch, top to bottom --------------------------------------------------------------------
+
+    async def record(
+        self,
+        batch: list[intake.Received] | Frames,
+        also: inbox.InTransaction | None = None,
+    ) -> inbox.BatchResult:
+        """frame -> inbox transaction -> audit line -> cursor, for one batch."""
+        frames: Frames = [
+            item.frame if isinstance(item, intake.Received) else item for item in batch
+        ]
+        # The inbox transaction, then the audit line: one trip to the worker thread.
+        write = _BatchWrite(frames, self._clock(), also)
+        await self._database.run(self._write_batch, write, asyncio.get_running_loop())
+        result = write.result
+        assert result is not None
+        # Committed: add it up (a re-run after a storage fault counts nothing twice).
+        self._counters.batches += 1
+        self._counters.recorded += result.recorded
+        self._counters.duplicates += result.duplicates
+        self._counters.conflicts += result.conflicts
+        self._counters.quarantined += result.quarantined
+        if result.recorded:
+            self._counters.last_event_wall = self._clock()
+            self.next_release = write.next_release
+        self._journal.wake_owner()
+        if not write.audit_written:
+            return result  # latched: the cursor stays frozen for the life of the process
+        self._crash.hit("after_audit_write")
+        # The cursor: only over events whose audit line is durable, and only stream events
+        # (backfilled ones are off the stream). settle_cursor persists it after the window.
+        for candidate in result.candidates:
+            item = batch[candidate.index]
+            if not isinstance(item, intake.Received):
+                continue
+            self.resume.durable(
+                candidate.event_id,
+                candidate.message_time,
+                cached=candidate.cached,
+                read_at=item.read_at,
+                generation=item.generation,
+            )
+        return result
+
+    def _write_batch(self, write: _BatchWrite, loop: asyncio.AbstractEventLoop) -> None:
+        """In the worker thread: the batch's transaction, then the audit flush. The database
+        runs this again after a transient storage fault; the transaction is committed at most
+        once (`write` remembers it), and the flush writes only the lines the files lack, so a
+        fault after the commit repeats nothing."""
+        conn = self._database.conn
+        if write.result is None:
+            result = inbox.record_batch(
+                conn,
+                write.frames,
+                write.now,
+                queue=self._owner_queue,
+                relay_enabled=self._relay_enabled,
+                feed_append=append_triage_entry,
+                also=write.also,
+                note_append=append_info_entry,
+            )
+            # Committed: the owner queue has adopted the batch's cadence decisions already,
+            # before the flush (which may queue a notice) decides on them.
+            write.result = result
+            self._crash.hit("after_inbox_commit")
+            if result.released and self._relay_wakeup is not None:
+                # The rows are durable: the relay queues for the lock while the audit is written.
+                loop.call_soon_threadsafe(self._relay_wakeup.set)
+        if write.result.recorded and not write.release_known:
+            write.next_release = outbox.next_release_at(conn)
+            write.release_known = True
+        write.audit_written = self._journal.flush_sync()
+
+    async def settle_cursor(self) -> None:
+        """Persist the cursor over the events whose reorder window has passed (never latched)."""
+        cursor = self.resume.settle(time.monotonic())
+        if cursor is None or self._journal.latched:
+            return
+        await self._database.run(save_cursor, self._database.conn, cursor, self._clock())
+        self.cursor = cursor
+        self._counters.cursor_moves += 1
+
+    # -- a backfill poll, a refused subscription -----------------------------------------------------
+
+    async def record_backfill(self, backfill: intake.Backfilled) -> None:
+        """The poll's events, in batches; the last one also writes the `backfill` audit record,
+        the gap notice if any, and clears what was owed, so all of it commits together."""
+        events = backfill.events
+        totals = {"new": 0, "duplicate": 0}
+        chunks = [events[i : i + MAX_BATCH] for i in range(0, len(events), MAX_BATCH)] or [[]]
+        for number, chunk in enumerate(chunks):
+            frames: Frames = list(chunk)
+            last = number == len(chunks) - 1
+            if last and backfill.gap is not None:
+                frames.append(_gap_notice(backfill.gap))
+
+            def finish(conn: db.Connection, result: inbox.BatchResult) -> None:
+                # Nothing is added up in here: a commit that fails runs this again.
+                audit.stage(
+                    conn,
+                    "backfill",
+                    self._clock(),
+                    since=backfill.owed.since,
+                    polled=backfill.polled,
+                    new=totals["new"] + result.recorded,
+                    duplicate=totals["duplicate"] + result.duplicates,
+                    gap=backfill.gap is not None,
+                )
+                clear_backfill(conn, backfill.owed)
+
+            self._crash.hit("before_backfill_recorded" if last else "backfill_chunk")
+            result = await self.record(frames, also=finish if last else None)
+            totals["new"] += result.recorded
+            totals["duplicate"] += result.duplicates
+        log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
+        self._counters.add("backfills")
+        self._counters.add("backfill_new", totals["new"])
+        self._counters.add("backfill_polled", backfill.polled)
+
+    async def record_refusal(self, refused: refusals.Refused) -> None:
+        await self._journal.note(
+            notices.subscribe_refused(
+                refused.category,
+                refused.status,
+                refused.code,
+                refused.error,
+                refused.topics,
+                f"{self._boot_id}:{refused.episode}",
+            )
+        )
+
+    # -- intake's cursor questions -------------------------------------------------------------------
+
+    async def current_resume(self) -> Resume:
+        resume = await self._database.run(load_resume, self._database.conn)
+        assert resume is not None
+        self.cursor = resume.cursor
+        return resume
+
+    async def owe_backfill(self, since: int, gap_from: int | None) -> Owed:
+        """The connection opened: persist the backfill it owes before anything else happens."""
+        self.subscribed.set()
+        owed = await self._database.run(
+            owe_backfill, self._database.conn, since, gap_from, self._clock()
+        )
+        self._crash.hit("after_backfill_owed")
+        return owed
+
+    async def drop_cursor(self, cursor: Cursor, body: str) -> None:
+        """HTTP 400 to a request carrying a cursor: replay everything, loudly, and tell the owner."""
+        detail = refusals.describe_error_body(body)
+        notice = notices.fallback_400(cursor.value, cursor.since, detail)
+        await self._database.run(self._record_drop, notice)
+        self._counters.add("fallback_400")
+        await self._journal.flush()
+
+    def _record_drop(self, notice: Notice) -> None:
+        now = self._clock()
+        with db.write_txn(self._database.conn) as txn:
+            replay.from_the_start(txn.conn, now)
+            self._owner_queue.notice(txn, notice, now)
+
+    # -- what the ticker moves besides the cursor ----------------------------------------------------
+
+    async def save_frame_time(self, seen: int | None) -> None:
+        """Persist the server time of the last frame (at most once a second): where the window
+        of a possible gap starts after a disconnect, a crash included. Lagging only widens it."""
+        now = time.monotonic()
+        if seen is None or seen == self._saved_frame_time or now - self._frame_time_saved_at < 1:
+            return
+        await self._database.run(save_last_frame_time, self._database.conn, seen)
+        self._saved_frame_time, self._frame_time_saved_at = seen, now
+
+    async def release_due(self) -> None:
+        """Debounce windows that closed with no new event: freeze and release their requests."""
+        if self.next_release is None or self.next_release > self._clock():
+            return
+        await self._database.run(self._release_due)
+        if self._relay_wakeup is not None:
+            self._relay_wakeup.set()
+
+    def _release_due(self) -> None:
+        conn = self._database.conn
+        with db.write_txn(conn):
+            outbox.release_due(
+                conn,
+                self._clock(),
+                relay_enabled=self._relay_enabled,
+                feed_append=append_triage_entry,
+            )
+        self.next_release = outbox.next_release_at(conn)
+
+
+def _gap_notice(gap: intake.GapFound) -> Notice:
+    start = datetime.fromtimestamp(gap.window_start, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    end = datetime.fromtimestamp(gap.window_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return notices.gap(gap.cursor.value, start, end)

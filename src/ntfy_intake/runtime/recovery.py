@@ -1,0 +1,179 @@
+"""Local recovery, before READY: what a start does before it may subscribe.
+
+Check the state directory and the ntfy URL (config errors, found before anything is opened),
+take the state lock (one daemon per state directory), open and migrate the store, rebuild it
+from the audit log when it is missing, rehydrate the cadence state, write the audit records
+that reached the database but not the log, and find the cursor (a first start persists one at
+once). A storage failure here names itself; a permanent one is a StartupError (exit 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from ntfy_intake.errors import StartupError, StateLockedError
+from ntfy_intake.flow.database import Database
+from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.pipeline import CountedOwnerQueue, append_triage_entry
+from ntfy_intake.rules import cadence, notices
+from ntfy_intake.settings import Settings
+from ntfy_intake.store import audit, db, migrations, outbox, rebuild, rehydrate, replay, storage
+from ntfy_intake.store.cursor import Cursor
+from ntfy_intake.store.cursor import load as load_cursor
+from ntfy_intake.store.cursor import save as save_cursor
+from ntfy_intake.wire import http_stream
+
+log = structlog.get_logger("ntfy_intake.daemon")
+
+
+class StateLock:
+    """One daemon per state directory: a second one would race the cursor and the audit log."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateLockedError(
+                f"another ntfy-intake daemon is using {self.path.parent} (lock {self.path.name})"
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    cursor: Cursor
+    next_release: float | None  # when the next debounce window closes
+
+
+def recover(
+    settings: Settings,
+    *,
+    database: Database,
+    journal: Journal,
+    state_lock: StateLock,
+    owner_queue: CountedOwnerQueue,
+    clock: Callable[[], float],
+    boot_id: str,
+) -> Recovered:
+    """Local recovery (module doc); on a storage failure the store and the lock are let go."""
+    problem = storage.check_state_dir(settings.state.dir)
+    if problem is not None:
+        raise StartupError(problem)
+    unusable = http_stream.url_problem(settings.ntfy.url)
+    if unusable is not None:  # a config error, found before anything is opened
+        raise StartupError(f"ntfy.url cannot be requested: {unusable}")
+    try:
+        return _recover(settings, database, journal, state_lock, owner_queue, clock, boot_id)
+    except Exception as exc:
+        # Whatever stops start-up (a storage fault, a schema from a newer version), the store
+        # and the lock are let go: the caller may exit, or a test may start another daemon.
+        with contextlib.suppress(Exception):
+            database.close()
+        state_lock.release()
+        if not storage.is_storage_error(exc):
+            raise
+        raise storage.startup_error(exc, settings.state.database) from exc
+
+
+def _recover(
+    settings: Settings,
+    database: Database,
+    journal: Journal,
+    state_lock: StateLock,
+    owner_queue: CountedOwnerQueue,
+    clock: Callable[[], float],
+    boot_id: str,
+) -> Recovered:
+    problem = storage.check_audit_files(
+        settings.state.audit_dir, audit.log_files(settings.state.audit_dir)[-1:]
+    )
+    if problem is not None:
+        raise StartupError(problem)
+    state_lock.acquire()
+    rebuild.remove_orphan_wal(settings.state.database)
+    conn = database.open()
+    migrations.apply(conn)
+    rebuilt = _rebuild_from_audit(conn, settings, owner_queue.policy, clock)
+    owner_queue.state = _rehydrate_cadence(conn, settings, owner_queue.policy, clock)
+    if rebuilt is not None:
+        journal.record_notice(notices.rebuilt_from_audit(str(rebuilt), boot_id))
+    journal.recover()
+    cursor = load_cursor(conn)
+    if cursor is None:
+        cursor = _first_cursor(settings, clock)
+        save_cursor(conn, cursor, clock())
+        log.info("intake.first_start", since=cursor.since)
+    return Recovered(cursor, outbox.next_release_at(conn))
+
+
+def _rebuild_from_audit(
+    conn: db.Connection, settings: Settings, policy: cadence.Policy, clock: Callable[[], float]
+) -> rebuild.Summary | None:
+    """A missing or empty database beside an audit log is not a first start."""
+    if not rebuild.is_empty(conn):
+        return None
+    summary = rebuild.from_audit(
+        conn,
+        settings.state.audit_dir,
+        clock(),
+        debounce=policy.debounce,
+        relay_enabled=settings.relay.url is not None,
+        feed_append=append_triage_entry,
+    )
+    if summary is not None:
+        log.warning("database.rebuilt_from_audit", summary=str(summary))
+    return summary
+
+
+def _rehydrate_cadence(
+    conn: db.Connection, settings: Settings, policy: cadence.Policy, clock: Callable[[], float]
+) -> cadence.CadenceState:
+    """Cadence state from the audit log (only the files the longest window needs), plus the
+    records that reached SQLite but not yet the log: together, every recorded outcome."""
+    started = time.monotonic()
+    # Before ntfy answers, the newest server time recorded bounds a local clock that jumped
+    # ahead while we were down: pruning by it keeps cooldowns and the day's cap (clock.py).
+    now = clock()
+    newest = replay.newest_server_time(conn)
+    loaded = rehydrate.load(settings.state.audit_dir, policy, min(now, newest or now))
+    state = loaded.state
+    pending = 0
+    for record in replay.unflushed_records(conn, audit.flushed_seq(conn)):
+        state.apply(record)
+        pending += 1
+    log.info(
+        "cadence.rehydrated",
+        files=loaded.files,
+        records=loaded.records,
+        unflushed=pending,
+        ms=round((time.monotonic() - started) * 1000, 1),
+    )
+    return state
+
+
+def _first_cursor(settings: Settings, clock: Callable[[], float]) -> Cursor:
+    first = settings.ntfy.first_start
+    if first.mode == "all":
+        return Cursor.everything()
+    history = first.seconds if first.mode == "history" else 0.0
+    # Persisted at once: a crash before the first event resumes from this time, inclusive.
+    return Cursor.at_time(int(clock() - history))

@@ -1,0 +1,123 @@
+"""The daemon's tasks, watched, and the drain on SIGTERM.
+
+A task that dies with an exception stops the daemon with a failure (systemd restarts it; a
+restart is the cure for an unexpected bug); one that simply ends (the HTTP surface after failing
+to bind) does not. The drain keeps the stream open for one reorder window so the cursor can
+settle on an id, makes everything read durable, moves the cursor, then closes the stream; the
+senders then get a bounded time to finish what is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+
+from ntfy_intake.flow import intake
+from ntfy_intake.flow.writer import Writer
+
+log = structlog.get_logger("ntfy_intake.daemon")
+
+STARTUP_GRACE_S = 1.0
+STARTUP_CAP_S = 5.0
+CATCH_UP_POLL_S = 0.05
+
+SENDERS = ("relay", "owner")
+
+
+class Supervisor:
+    """The tasks, by name; `failed` once one died (the daemon then exits non-zero)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+        self.failed = False
+
+    def start(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        self.tasks.append(task)
+        return task
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Until a stop request, or a task that died (which sets `failed` and `stop`)."""
+        stop_wait = asyncio.create_task(stop.wait())
+        running = set(self.tasks)
+        try:
+            while not stop.is_set() and running:
+                done, _ = await asyncio.wait(
+                    [*running, stop_wait], return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task is stop_wait:
+                        continue
+                    running.discard(task)
+                    if not task.cancelled() and task.exception() is not None:
+                        log.error(
+                            "daemon.task_failed", task=task.get_name(), error=repr(task.exception())
+                        )
+                        self.failed = True
+                        stop.set()
+        finally:
+            stop_wait.cancel()
+
+    async def drain(
+        self,
+        writer: Writer,
+        intake_stop: asyncio.Event,
+        reader: asyncio.Task[None],
+        writing: asyncio.Task[None],
+        reorder_window: float,
+    ) -> None:
+        """Graceful stop (module doc). After a failure there is nothing to drain into: close
+        the stream and leave the rest to replay."""
+        if self.failed or writing.done():
+            intake_stop.set()
+            with contextlib.suppress(Exception):
+                await reader
+            return
+        # Frames already read but not yet durable count too: wait for the writer first, so a
+        # stop right after the audit line is written still waits out their window.
+        await writer.wait_idle()
+        if writer.resume.oldest_read_at is not None and not reader.done():
+            await asyncio.sleep(reorder_window)
+        await writer.wait_idle()
+        await writer.settle_cursor()
+        intake_stop.set()
+        with contextlib.suppress(Exception):
+            await reader
+        await writer.wait_idle()
+
+    async def let_senders_finish(self, within: float) -> None:
+        """In-flight deliveries finish (bounded by `within` seconds) or stay leased, which the next
+        start releases: never marked delivered without a 2xx."""
+        senders = [t for t in self.tasks if t.get_name() in SENDERS]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(asyncio.shield(t) for t in senders), return_exceptions=True),
+                timeout=within,
+            )
+
+    async def cancel_the_rest(self, *, spare: str) -> None:
+        """Cancel every task but intake (ended by the drain) and `spare` (which stops on its own
+        event), then await them all."""
+        for task in self.tasks[1:]:
+            if task.get_name() != spare:
+                task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def after_subscribing(subscribed: asyncio.Event, queue: asyncio.Queue[intake.Item]) -> None:
+    """What intake does not need (the HTTP surface, the scheduler) loads once the first
+    subscription is on its way and the writer has caught up with what it replays (its queue
+    found empty twice, CATCH_UP_POLL_S apart), or STARTUP_CAP_S after start at the latest: a
+    start never waits for starlette, and a backlog is not slowed by its imports."""
+    cap = time.monotonic() + STARTUP_CAP_S
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(subscribed.wait(), STARTUP_GRACE_S)
+    idle = 0
+    while idle < 2 and time.monotonic() < cap:
+        await asyncio.sleep(CATCH_UP_POLL_S)
+        idle = idle + 1 if queue.empty() else 0
