@@ -10,3 +10,5 @@ from __future__ import annotations
 from ntfy_intake.store.migrations import SQLITE, Migration
 
 CORE: list[Migration] = list(SQLITE[:2])
+# Every step after the owner sender's (0005_console_reads, ...): `migrations()` appends them.
+LATER: list[Migration] = list(SQLITE[4:])
