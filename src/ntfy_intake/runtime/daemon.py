@@ -100,6 +100,7 @@ def migrations() -> list[db.Migration]:
         *schema.CORE,
         *((name, list(sql)) for name, sql in feed.FEED_MIGRATIONS),
         *((name, list(sql)) for name, sql in owner.OWNER_MIGRATIONS),
+        *schema.LATER,
     ]
 
 
@@ -543,14 +544,30 @@ class Daemon(Vitals):
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
         await self._after_subscribing()
-        from ntfy_intake.surfaces import http_api  # noqa: PLC0415 - starlette and uvicorn: after intake
+        # starlette, uvicorn and jinja2: imported after intake is running
+        from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
 
+        actions = console.Actions(
+            run=self._db,
+            conn=lambda: self.conn,
+            queue=self.owner_queue,
+            flush=self._flush_audit,
+            wake_relay=lambda: self.relay.wakeup.set() if self.relay is not None else None,
+            clock=self.clock,
+        )
+        cadence_now = lambda: (self.policy, self.owner_queue.state)  # noqa: E731
         app = http_api.create_app(
             db_path=self.settings.state.database,
             token=self.settings.http.token,
             notify=self._notify,
             health=self._http_health,
             metrics_snapshot=self.metrics_snapshot,
+            extra_routes=[
+                *console.routes(
+                    console.Config(self.settings, self._http_health, cadence_now, actions)
+                ),
+                *console.api_routes(self.settings.http.token, actions, self.clock),
+            ],
         )
         try:
             await http_api.serve(
