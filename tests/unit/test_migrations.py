@@ -56,7 +56,8 @@ def test_every_earlier_schema_migrates_to_the_fresh_one(tmp_path: Path, k: int) 
     conn.close()
 
 
-@pytest.mark.parametrize("k", range(1, len(NAMES) + 1))
+# Only the steps that had a former name (those before issue 22); later ones simply run.
+@pytest.mark.parametrize("k", range(1, len(OLD_NAME) + 1))
 def test_a_ledger_of_former_names_is_recognised_and_nothing_runs_again(
     tmp_path: Path, k: int
 ) -> None:

@@ -26,6 +26,8 @@ from datetime import UTC, date, datetime
 from typing import Any, Literal, NamedTuple
 from zoneinfo import ZoneInfo
 
+from ntfy_intake.rules import silences as _silences
+
 Outcome = Literal["triage_requested", "joined", "suppressed"]
 Status = Literal["firing", "resolved"]
 MessageKind = Literal["triage", "notice"]
@@ -56,7 +58,9 @@ class Policy:
     @property
     def retention(self) -> float:
         """How far back any decision can look: the state keeps this much, startup reads it."""
-        return max(self.debounce, self.cooldown, self.notice_window, LOCAL_DAY_SPAN)
+        return max(
+            self.debounce, self.cooldown, self.notice_window, LOCAL_DAY_SPAN, _silences.MAX_SPAN
+        )
 
 
 # IncidentView and Decision are NamedTuples, not frozen dataclasses: one of each is built per
@@ -157,7 +161,7 @@ class CadenceState:
     `prune(now)`. No decision ever depends on a pruned entry.
     """
 
-    __slots__ = ("_clock", "_incidents", "_notices", "_retention", "_triage")
+    __slots__ = ("_clock", "_incidents", "_notices", "_retention", "_silences", "_triage")
 
     def __init__(
         self,
@@ -166,12 +170,14 @@ class CadenceState:
         incidents: OrderedDict[str, _Request],
         triage: OrderedDict[str, float],
         notices: dict[str, OrderedDict[str, float]],
+        silences: _silences.Silences | None = None,
     ) -> None:
         self._retention = retention
         self._clock = clock
         self._incidents = incidents  # by incident key, oldest request first
         self._triage = triage  # queued triage owner messages: key -> ts, oldest first
         self._notices = notices  # queued notices: kind -> (key -> ts), oldest first
+        self._silences = silences or _silences.Silences()  # the owner's silences (silences.py)
 
     @classmethod
     def empty(cls, policy: Policy | None = None) -> CadenceState:
@@ -186,6 +192,7 @@ class CadenceState:
             OrderedDict(self._incidents),
             OrderedDict(self._triage),
             {kind: OrderedDict(keys) for kind, keys in self._notices.items()},
+            self._silences.fork(),
         )
 
     @property
@@ -207,6 +214,10 @@ class CadenceState:
         """
         kind = record.get("kind")
         if kind not in ("event", "owner_message"):
+            if kind in ("silence", "silence_end"):
+                ts = parse_ts(record.get("ts"))
+                if ts is not None:
+                    self._silences.apply(record, ts)
             return
         ts = parse_ts(record.get("ts"))
         if ts is None:
@@ -349,6 +360,8 @@ class CadenceState:
                 _sweep_front(keys, self._alive)
         for kind in [kind for kind, keys in self._notices.items() if not keys]:
             del self._notices[kind]
+        if everything and self._clock is not None:
+            self._silences.prune(self._clock)
 
     # -- decisions (never mutate) ----------------------------------------------------------------
 
@@ -378,8 +391,18 @@ class CadenceState:
             reason = "repeat"
         return _new_request(policy, reason, event_id, moment)
 
-    def decide_owner_message(self, policy: Policy, now: float) -> OwnerDecision:
-        """A triage reply to the owner: allowed, or suppressed past the day's cap."""
+    def decide_owner_message(
+        self,
+        policy: Policy,
+        now: float,
+        *,
+        incident: str | None = None,
+        topics: tuple[str, ...] = (),
+    ) -> OwnerDecision:
+        """A triage reply to the owner: allowed, suppressed while a silence holds its incident
+        or one of its topics, or suppressed past the day's cap."""
+        if self._silences.match(quantize(now), incident, topics) is not None:
+            return OwnerDecision(False, "silenced")
         if self.triage_messages_today(policy, now) >= policy.daily_cap:
             return OwnerDecision(False, "daily_cap")
         return OwnerDecision(True)
@@ -395,6 +418,11 @@ class CadenceState:
         if recent >= policy.notice_limit:
             return OwnerDecision(False, "rate_limited")
         return OwnerDecision(True)
+
+    @property
+    def silences(self) -> _silences.Silences:
+        """The owner's silences, as folded (read-only by convention: change them by records)."""
+        return self._silences
 
     def triage_messages_today(self, policy: Policy, now: float) -> int:
         """Queued triage owner messages on `now`'s calendar day in `policy.timezone`."""

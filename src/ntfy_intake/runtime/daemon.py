@@ -459,14 +459,30 @@ class Daemon:
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
         await supervisor.after_subscribing(self.writer.subscribed, self.queue)
-        from ntfy_intake.surfaces import http_api  # noqa: PLC0415 - starlette and uvicorn: after intake
+        # starlette, uvicorn and jinja2: imported after intake is running
+        from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
 
+        actions = console.Actions(
+            run=self.database.run,
+            conn=lambda: self.conn,
+            queue=self.owner_queue,
+            flush=self.journal.flush,
+            wake_relay=lambda: self.relay.wakeup.set() if self.relay is not None else None,
+            clock=self.clock,
+        )
+        cadence_now = lambda: (self.policy, self.owner_queue.state)  # noqa: E731
         app = http_api.create_app(
             db_path=self.settings.state.database,
             token=self.settings.http.token,
             notify=self.journal.queue_agent_reply,
             health=self.vitals.http_health,
             metrics_snapshot=self.metrics_snapshot,
+            extra_routes=[
+                *console.routes(
+                    console.Config(self.settings, self.vitals.http_health, cadence_now, actions)
+                ),
+                *console.api_routes(self.settings.http.token, actions, self.clock),
+            ],
         )
         try:
             await http_api.serve(

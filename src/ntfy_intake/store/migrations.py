@@ -174,6 +174,15 @@ SQLITE: tuple[Migration, ...] = (
             "ALTER TABLE owner_outbox ADD COLUMN ntfy_attempts INTEGER NOT NULL DEFAULT 0",
         ],
     ),
+    # Issue 25: the owner console reads an incident's events and the recent incidents by index
+    # (store/console_reads.py), so a page stays fast with 100,000 events in the inbox.
+    (
+        "0005_console_reads",
+        [
+            "CREATE INDEX inbox_incident ON inbox(incident_key, time)",
+            "CREATE INDEX incidents_last_seen ON incidents(last_seen)",
+        ],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

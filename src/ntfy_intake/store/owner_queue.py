@@ -111,7 +111,10 @@ class OwnerQueue:
         conn = txn.conn
         if _exists(conn, key):
             return "duplicate", []
-        decision = (state or self.state).decide_owner_message(self.policy, now)
+        incident, topics = _subject(conn, key)
+        decision = (state or self.state).decide_owner_message(
+            self.policy, now, incident=incident, topics=topics
+        )
         _insert(conn, key, "triage", "triage", text, decision, now)
         record = cadence.owner_record(
             key,
@@ -124,6 +127,35 @@ class OwnerQueue:
         _stage(conn, record, now)
         self._decided(txn, [record], state)
         return decision.result, [record]
+
+    def silence(self, txn: db.Transaction, kind: str, now: float, **fields: Any) -> Record:
+        """Stage a `silence` or `silence_end` audit record; the live state folds it after COMMIT
+        (a silence is an audit record and nothing else: rules/silences.py)."""
+        record: Record = {"ts": cadence.rfc3339(now), "kind": kind, **fields}
+        _stage(txn.conn, record, now)
+        txn.after_commit(lambda: self.commit([record]))
+        return record
+
+
+# A triage reply to a relayed request is keyed `notify:<delivery key>`: its incident and the
+# topics of the request's events are what a silence matches. Other keys (an agent's later
+# /v1/notify) name no incident, so no silence holds them.
+_REPLY_PREFIX = "notify:"
+
+
+def _subject(conn: sqlite3.Connection, key: str) -> tuple[str | None, tuple[str, ...]]:
+    if not key.startswith(_REPLY_PREFIX):
+        return None, ()
+    delivery_key = key[len(_REPLY_PREFIX) :]
+    row = conn.execute(
+        "SELECT incident_key FROM outbox WHERE delivery_key = ?", (delivery_key,)
+    ).fetchone()
+    topics = conn.execute(
+        "SELECT DISTINCT i.topic FROM outbox_events e JOIN inbox i ON i.event_id = e.event_id"
+        " WHERE e.delivery_key = ?",
+        (delivery_key,),
+    ).fetchall()
+    return (None if row is None else str(row[0])), tuple(str(t[0]) for t in topics)
 
 
 def _exists(conn: sqlite3.Connection, key: str) -> bool:

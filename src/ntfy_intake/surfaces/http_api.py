@@ -31,7 +31,15 @@ import json
 import math
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
@@ -42,7 +50,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from ntfy_intake.errors import FeedError, StoreError
@@ -277,13 +285,15 @@ def create_app(
     health: HealthCallback,
     metrics_snapshot: metrics.Snapshot,
     max_long_polls: int = http_limits.Limits().max_long_polls,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The HTTP surface as an ASGI app (see the module docstring and docs/http-api.md).
 
     `health` and `metrics_snapshot` are called on the event loop, once per request: they must be
     cheap and non-blocking (read in-memory state). `notify` is awaited on the event loop. With
     `token` None (or empty) the feed and notify endpoints answer 404; with `notify` None the notify
-    endpoint answers 404.
+    endpoint answers 404. `extra_routes` (the owner console's, surfaces/console) are served
+    as they are: they do their own auth.
     """
     bearer = token or None
     feed = _Feed(Path(db_path))
@@ -461,6 +471,7 @@ def create_app(
             Route(
                 "/metrics", endpoint("metrics", metrics_endpoint, protected=False), methods=["GET"]
             ),
+            *extra_routes,
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,

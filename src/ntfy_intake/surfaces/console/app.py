@@ -1,0 +1,262 @@
+"""The owner console's routes (DESIGN.md section 10): login, the pages, the forms.
+
+Invariants owned here:
+- off unless `http.token` is set (the caller mounts no route at all then);
+- no page and no action without a session: a GET without one is redirected to the login page
+  (no alert data in the answer), a POST without one is 403; a wrong token at login is 403;
+- every POST carries the session's CSRF token (the login form a double-submit one), else 403;
+- every answer has `Content-Security-Policy: default-src 'self'` and `X-Frame-Options: DENY`,
+  and is never cached; templates autoescape and strip control characters (`text` filter), so
+  a string from ntfy is text, never markup;
+- pages read through their own read-only connection in the thread pool; actions go through
+  the daemon's writer (`Actions`). On a standby, forms post to the leader's console.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ntfy_intake.rules import cadence, silences
+from ntfy_intake.settings import Settings
+from ntfy_intake.surfaces.console import views
+from ntfy_intake.surfaces.console.actions import Actions
+from ntfy_intake.surfaces.console.sessions import COOKIE, Session, Sessions
+
+log = structlog.get_logger("ntfy_intake.console")
+
+HEADERS: Mapping[str, str] = {
+    "Content-Security-Policy": "default-src 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+LOGIN_COOKIE = "ntfy_intake_login"
+MAX_FORM = 16 * 1024
+STATIC = Path(__file__).parent / "static"
+_STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
+
+
+@dataclass
+class Config:
+    settings: Settings
+    health: Callable[[], tuple[bool, Mapping[str, Any]]]
+    cadence: Callable[[], tuple[cadence.Policy, cadence.CadenceState]]
+    actions: Actions | None = None
+    leader: Callable[[], str | None] = lambda: None  # the leader's console URL on a standby
+    clock: Callable[[], float] = time.time
+    sessions: Sessions | None = field(default=None, repr=False)
+
+
+def routes(config: Config) -> list[BaseRoute]:
+    """The console's routes under /console; none at all without `http.token`."""
+    token = config.settings.http.token
+    if not token:
+        return []
+    sessions = config.sessions or Sessions(token, config.clock)
+    reader = views.Reader(config.settings, config.clock)
+
+    def secure(request: Request) -> bool:
+        return (
+            request.url.scheme == "https"
+            or request.headers.get("x-forwarded-proto", "").lower() == "https"
+        )
+
+    def answer(response: Response) -> Response:
+        response.headers.update(HEADERS)
+        return response
+
+    def status_line() -> str:
+        try:
+            ok, details = config.health()
+            return str(details.get("status", "live" if ok else "unhealthy"))
+        except Exception:  # noqa: BLE001 - a failing check is shown as unknown
+            return "unknown"
+
+    def page(request: Request, template: str, code: int = 200, **context: Any) -> Response:
+        defaults = {"status": status_line(), "leader": None, "action_base": "", "nav": "login"}
+        return answer(views.render(template, code, {**defaults, **context}))
+
+    def session_of(request: Request) -> Session | None:
+        return sessions.get(request.cookies.get(COOKIE))
+
+    async def form(request: Request) -> dict[str, str]:
+        # Only urlencoded forms (what the templates send); parsed here, no multipart library.
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_FORM:
+                return {}
+        try:
+            pairs = urllib.parse.parse_qsl(
+                raw.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=20
+            )
+        except ValueError:
+            return {}
+        return dict(pairs)
+
+    def base(request: Request, session: Session, name: str) -> dict[str, Any]:
+        leader = config.leader()
+        return {
+            "csrf": session.csrf,
+            "nav": name,
+            "status": status_line(),
+            "action_base": (leader or "").rstrip("/"),
+            "leader": leader,
+        }
+
+    def viewer(
+        name: str, template: str, load: Callable[[Request], Awaitable[dict[str, Any]]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            session = session_of(request)
+            if session is None:
+                return answer(RedirectResponse("/console/login", 303))
+            context = {**base(request, session, name), **await load(request)}
+            return page(request, template, **context)
+
+        return handler
+
+    async def overview(request: Request) -> dict[str, Any]:
+        policy, state = config.cadence()
+        return await reader.overview(policy, state)
+
+    async def incidents(request: Request) -> dict[str, Any]:
+        return await reader.incidents()
+
+    async def deliveries(request: Request) -> dict[str, Any]:
+        return await reader.deliveries()
+
+    async def owner(request: Request) -> dict[str, Any]:
+        return await reader.owner()
+
+    async def quarantine(request: Request) -> dict[str, Any]:
+        return await reader.quarantine()
+
+    async def audit_page(request: Request) -> dict[str, Any]:
+        kind = request.query_params.get("kind", "")[:40]
+        needle = request.query_params.get("id", "")[:200]
+        return await reader.audit(kind, needle)
+
+    async def login_form(request: Request) -> Response:
+        nonce = secrets.token_urlsafe(24)
+        response = page(request, "login.html", csrf=nonce)
+        response.set_cookie(
+            LOGIN_COOKIE,
+            nonce,
+            max_age=600,
+            httponly=True,
+            samesite="strict",
+            secure=secure(request),
+        )
+        return response
+
+    async def login(request: Request) -> Response:
+        fields = await form(request)
+        nonce = request.cookies.get(LOGIN_COOKIE, "")
+        if not nonce or not secrets.compare_digest(fields.get("csrf", ""), nonce):
+            return page(
+                request, "refused.html", 403, why="the form expired: open the login page again"
+            )
+        if not sessions.token_matches(fields.get("token", "")):
+            log.warning("console.login_refused")
+            return page(request, "refused.html", 403, why="the token does not match")
+        session = sessions.open()
+        response = answer(RedirectResponse("/console/", 303))
+        response.set_cookie(
+            COOKIE,
+            session.sid,
+            max_age=int(sessions.ttl),
+            path="/console",
+            httponly=True,
+            samesite="strict",
+            secure=secure(request),
+        )
+        response.delete_cookie(LOGIN_COOKIE)
+        return response
+
+    async def logout(request: Request) -> Response:
+        sessions.close(request.cookies.get(COOKIE))
+        response = answer(RedirectResponse("/console/login", 303))
+        response.delete_cookie(COOKIE, path="/console")
+        return response
+
+    def action(
+        run: Callable[[dict[str, str]], Awaitable[str]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            session = session_of(request)
+            if session is None:
+                return page(request, "refused.html", 403, why="log in first")
+            fields = await form(request)
+            if not Sessions.csrf_ok(session, fields.get("csrf")):
+                return page(request, "refused.html", 403, why="the form's CSRF token is missing")
+            if config.actions is None:
+                return page(request, "refused.html", 409, why="this daemon takes no actions")
+            try:
+                where = await run(fields)
+            except silences.SilenceError as exc:
+                return page(request, "refused.html", 400, why=str(exc))
+            return answer(RedirectResponse(where, 303))
+
+        return handler
+
+    async def redrive(fields: dict[str, str]) -> str:
+        assert config.actions is not None
+        key = fields.get("key", "")
+        done = await config.actions.redrive(None if fields.get("all") else [key[:200]])
+        log.info("console.redriven", count=len(done))
+        return "/console/deliveries"
+
+    async def silence_add(fields: dict[str, str]) -> str:
+        assert config.actions is not None
+        span = silences.parse_span(fields.get("for", ""))
+        await config.actions.add_silence(
+            fields.get("scope", ""), fields.get("target", ""), span, fields.get("reason", "")
+        )
+        back = fields.get("back", "")
+        return back if back in ("/console/", "/console/incidents") else "/console/"
+
+    async def silence_end(fields: dict[str, str]) -> str:
+        assert config.actions is not None
+        await config.actions.end_silence(fields.get("id", "")[:60])
+        return "/console/"
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC_FILES:
+            return answer(Response("not found", 404, media_type="text/plain"))
+        return answer(FileResponse(STATIC / name, media_type=_STATIC_FILES[name]))
+
+    get, post = ["GET"], ["POST"]
+    return [
+        Route("/console/login", login_form, methods=get),
+        Route("/console/login", login, methods=post),
+        Route("/console/logout", logout, methods=["GET", "POST"]),
+        Route("/console/", viewer("overview", "overview.html", overview), methods=get),
+        Route("/console", lambda r: answer(RedirectResponse("/console/", 308)), methods=get),
+        Route("/console/incidents", viewer("incidents", "incidents.html", incidents), methods=get),
+        Route(
+            "/console/deliveries", viewer("deliveries", "deliveries.html", deliveries), methods=get
+        ),
+        Route("/console/owner", viewer("owner", "owner.html", owner), methods=get),
+        Route(
+            "/console/quarantine", viewer("quarantine", "quarantine.html", quarantine), methods=get
+        ),
+        Route("/console/audit", viewer("audit", "audit.html", audit_page), methods=get),
+        Route("/console/redrive", action(redrive), methods=post),
+        Route("/console/silences", action(silence_add), methods=post),
+        Route("/console/silences/end", action(silence_end), methods=post),
+        Route("/console/static/{name}", static, methods=get),
+    ]
