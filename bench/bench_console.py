@@ -1,6 +1,6 @@
 """The owner console's cost: page render time on a big store, and the writer's rate with it open.
 
-    uv run python bench/bench_console.py            # 10,000 incidents / 100,000 events; 30,000 replay
+    uv run python bench/bench_console.py            # 10,000 incidents / 100,000 events; 20,000 replay
     uv run python bench/bench_console.py --quick    # smaller, to check the bench itself
 
 1. Server render time of the overview (`/console/`) and incidents (`/console/incidents`) pages,
@@ -13,7 +13,7 @@
 2. The writer's replay rate (bench_replay's backlog, replayed from the emulator on a reconnect
    while the daemon runs: see `replay_rate`) with the console open (a browser-less client
    logged in, fetching the overview every 200 ms) against the same replay without it,
-   alternated, best of each. Target: within 5 %.
+   alternated, the median of each (every run's rate is printed). Target: within 5 %.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import contextlib
 import json
 import random
 import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -346,16 +347,22 @@ def replay_rate(workdir: Path, n: int, label: str, *, watch: bool) -> tuple[floa
 
 
 def replay_rows(results: dict[str, list[tuple[float, int]]], n: int) -> list[Row]:
-    bare = max(rate for rate, _ in results["bare"])
-    open_ = max(rate for rate, _ in results["console"])
+    # The median, not the best: on a small machine one replay's rate varies by +-15 % from run to
+    # run, so the best of three compares the two luckiest runs rather than the two conditions.
+    bare = statistics.median(rate for rate, _ in results["bare"])
+    open_ = statistics.median(rate for rate, _ in results["console"])
     fetches = sum(f for _, f in results["console"]) // max(1, len(results["console"]))
     loss = 1 - open_ / bare
+
+    def each(label: str) -> str:
+        return ", ".join(f"{rate:,.0f}" for rate, _ in results[label])
+
     return [
         Row(
             f"replay {n:,} on reconnect, daemon running, with the console open "
             f"(overview every {POLL_S * 1000:g} ms, ~{fetches} fetches/run)",
-            f"{open_:,.0f} events/s",
-            f"same replay, console closed: {bare:,.0f} events/s",
+            f"median {open_:,.0f} events/s (runs: {each('console')})",
+            f"same replay, console closed: median {bare:,.0f} events/s (runs: {each('bare')})",
             ratio(open_, bare),
             f"within {TARGET_REPLAY_LOSS:.0%}",
             met(loss <= TARGET_REPLAY_LOSS),
@@ -365,7 +372,7 @@ def replay_rows(results: dict[str, list[tuple[float, int]]], n: int) -> list[Row
 
 def counts(quick: bool) -> tuple[int, int, int, int]:
     """(incidents, events, replay events, requests per page)."""
-    return (1_000, 10_000, 10_000, 50) if quick else (10_000, 100_000, 30_000, 200)
+    return (1_000, 10_000, 10_000, 50) if quick else (10_000, 100_000, 20_000, 200)
 
 
 def rows(
