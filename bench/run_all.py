@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_console
 import bench_feed
 import bench_latency
 import bench_read
@@ -157,6 +158,8 @@ def main() -> int:
         rows += bench_feed.rows(bench_feed.ring_latency(work, rounds))
         # For comparison: the old 10 ms default.
         rows += bench_feed.rows(bench_feed.ring_latency(work, rounds, poll_interval=0.01))
+        step("console: page render on a big store, replay with the console open")
+        rows += bench_console.rows(work / "console", quick=args.quick)
         step("idle RSS")
         rows += rss_rows(replays, idle_rss(work))
         step("startup")

@@ -5,8 +5,12 @@ installs it). NTFY_INTAKE_SCREENSHOTS=docs/console saves each page light, dark a
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,7 @@ import pytest
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
-from ..harness import DaemonThread, query, settings_for, wait_until
+from ..harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "browser-test-token"
@@ -180,3 +184,105 @@ def test_stale_banner_appears_when_the_daemon_stops_answering(
         running.stop()
     page.wait_for_selector("#stale:not([hidden])", timeout=30_000)
     assert "the daemon is not answering" in page.inner_text("#stale")
+
+
+def health_port(state: Path, pid: int | None = None) -> int | None:
+    """The HTTP port in the daemon's health snapshot (of process `pid` when given)."""
+    try:
+        rows = query(state, "SELECT value FROM kv WHERE name = 'health'")
+    except sqlite3.OperationalError:  # no store yet
+        return None
+    for (value,) in rows:
+        snapshot = json.loads(value)
+        port = snapshot.get("http_port")
+        if isinstance(port, int) and (pid is None or snapshot.get("pid") == pid):
+            return port
+    return None
+
+
+def started(state: Path, proc: subprocess.Popen[bytes]) -> str:
+    wait_until(lambda: health_port(state, proc.pid), what=f"daemon {proc.pid} listening")
+    return f"http://127.0.0.1:{health_port(state, proc.pid)}"
+
+
+def test_redrive_from_the_page_puts_the_dead_row_back_and_the_receiver_gets_the_same_key(
+    browser: Any, emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    receipts_db = tmp_path / "receiver.sqlite3"
+    with receiver.running(receipts_db) as triage:
+        triage.faults.reject_next(400)  # one permanent refusal: the row goes dead at once
+        config = settings_for(
+            emu.url, state, http_token=TOKEN, relay_url=triage.url, cadence_debounce="0s"
+        )
+        with DaemonThread(config) as running:
+            wait_until(lambda: running.daemon is not None and running.daemon.http_port)
+            assert running.daemon is not None
+            base = f"http://127.0.0.1:{running.daemon.http_port}"
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            wait_until(lambda: query(state, "SELECT state FROM outbox") == [("dead",)])
+            ((dead_key,),) = query(state, "SELECT delivery_key FROM outbox")
+            assert receiver.receipts(receipts_db) == []  # the fault is used up: nothing refuses now
+            page = new_page(browser)
+            log_in(page, base)
+            page.goto(base + "/console/deliveries")
+            row = page.locator("li", has_text=dead_key)
+            with page.expect_navigation():
+                row.get_by_role("button", name="Redrive").click()
+            wait_until(
+                lambda: query(state, "SELECT state FROM outbox") == [("delivered",)],
+                what="the redriven row delivered",
+            )
+            assert [r.key for r in receiver.receipts(receipts_db)] == [dead_key]
+            page.goto(base + "/console/deliveries")
+            assert "No dead row." in page.inner_text("main")
+
+
+def test_silence_made_on_the_page_still_suppresses_after_kill_9_and_restart(
+    browser: Any, emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "receiver.sqlite3") as triage:
+        env = env_for(emu.url, state, http_token=TOKEN, relay_url=triage.url, cadence_debounce="0s")
+        with daemon_process(env) as first:
+            base = started(state, first)
+            page = new_page(browser)
+            log_in(page, base)
+            form = page.locator("form.silence-form").first
+            form.locator("input[name=target]").fill("alerts")
+            form.locator("input[name=reason]").fill("disk swap")
+            with page.expect_navigation():
+                form.get_by_role("button", name="Silence").click()
+            assert "alerts" in page.inner_text("main")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+            page.context.close()
+        with daemon_process(env) as second:
+            started(state, second)
+            emu.publish("alerts", "disk failing", title="Disk", priority=5)
+            wait_until(
+                lambda: (
+                    query(state, "SELECT state, last_error FROM owner_outbox WHERE kind = 'triage'")
+                    == [("suppressed", "silenced")]
+                ),
+                what="the owner message suppressed as silenced after the restart",
+            )
+
+
+def test_stale_banner_appears_within_30_s_of_kill_9_without_a_reload(
+    browser: Any, emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with daemon_process(env_for(emu.url, state, http_token=TOKEN)) as proc:
+        base = started(state, proc)
+        page = new_page(browser)
+        log_in(page, base)
+        navigations: list[str] = []
+        page.on("framenavigated", lambda frame: navigations.append(frame.url))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        page.get_by_text("not updated for").wait_for(state="visible", timeout=30_000)
+        assert "the daemon is not answering" in page.inner_text("#stale")
+        assert navigations == []  # the page told us by itself: no reload, no navigation
+        page.context.close()

@@ -24,6 +24,7 @@ COMMANDS = [
     "check",
     "redrive",
     "feed",
+    "silence",
     "emulator",
     "receiver",
     "signal-standin",

@@ -1,25 +1,33 @@
 """No input yields a 500: generated paths, methods, headers and bodies against every endpoint of the
-daemon's HTTP surface and of the reference receiver. Each answer below 500 carries a JSON body
+daemon's HTTP surface, of the owner console (every page and form, against the real daemon, with
+and without a session and CSRF token) and of the reference receiver. Each answer below 500 carries a JSON body
 (or none, for 204), so a client always learns what was wrong."""
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.surfaces import http_api
 from ntfy_intake.surfaces import serve as _serve
+from ntfy_intake.surfaces.console.sessions import COOKIE as CONSOLE_COOKIE
 from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire import signing
+
+from ..harness import DaemonThread, settings_for, wait_until
+from ..harness import query as harness_query
 
 TOKEN = "tok-for-property-tests"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))
@@ -256,3 +264,169 @@ def test_no_input_to_the_reference_receiver_yields_a_500(
     method, path, headers, body = request_parts
     response = receiver_client.request(method, path, headers=headers, content=body)
     assert response.status_code < 500, (response.status_code, response.text)
+
+
+# -- the owner console: every page and form, with and without a session and its CSRF token -------
+
+CONSOLE_TOKEN = "console-property-token"
+CONSOLE_GET = [
+    "/console/",
+    "/console",
+    "/console/login",
+    "/console/logout",
+    "/console/incidents",
+    "/console/deliveries",
+    "/console/owner",
+    "/console/quarantine",
+    "/console/audit",
+    "/console/static/console.js",
+    "/console/static/console.css",
+    "/console/static/..%2F..%2Fapp.py",
+    "/console/static/nope.js",
+    "/v1/silences",
+]
+CONSOLE_POST = [
+    "/console/login",
+    "/console/logout",
+    "/console/redrive",
+    "/console/silences",
+    "/console/silences/end",
+    "/v1/silences",
+    "/v1/silences/sil_0abc/end",
+    "/v1/silences/..%2Fx/end",
+]
+_form_value = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "topic",
+            "incident",
+            "alerts",
+            "2h",
+            "0s",
+            "25h",
+            "99999999999999999999m",
+            "1",
+            "sil_0abc",
+            "/console/",
+            "//evil.example/",
+            "https://evil.example/",
+            "javascript:alert(1)",
+            CONSOLE_TOKEN,
+        ]
+    ),
+    _text,
+)
+_console_form = st.dictionaries(
+    st.one_of(
+        st.sampled_from(
+            ["csrf", "token", "scope", "target", "for", "reason", "back", "key", "all", "id"]
+        ),
+        _text,
+    ),
+    _form_value,
+    max_size=6,
+)
+_console_query = st.dictionaries(
+    st.one_of(st.sampled_from(["kind", "id", "next", "page", "limit", "topic"]), _text),
+    st.one_of(st.sampled_from(["event", "silence", "", "-1", "1e309", "%00"]), _text),
+    max_size=3,
+)
+
+
+@dataclass(frozen=True)
+class ConsoleTarget:
+    client: httpx.Client
+    sid: str
+    csrf: str
+
+
+@pytest.fixture(scope="module")
+def console_target() -> Iterator[ConsoleTarget]:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        NtfyEmulator(EmulatorConfig(keepalive_interval=0.5)).running() as emu,
+        receiver.running(Path(tmp) / "receiver.sqlite3") as triage,
+    ):
+        triage.faults.reject_next(400)  # one dead row, so the deliveries page lists one
+        state = Path(tmp) / "state"
+        config = settings_for(
+            emu.url, state, http_token=CONSOLE_TOKEN, relay_url=triage.url, cadence_debounce="0s"
+        )
+        with DaemonThread(config) as running:
+            wait_until(lambda: running.daemon is not None and running.daemon.http_port)
+            assert running.daemon is not None
+            emu.wait_for_subscribers(1)
+            for n, title in enumerate(["<script>x</script>", "\x1b[31mred", "Disk \u202e"]):
+                emu.publish("alerts", f"body {n}", title=title, priority=3 + n)
+            wait_until(lambda: harness_query(state, "SELECT count(*) FROM inbox") == [(3,)])
+            base = f"http://127.0.0.1:{running.daemon.http_port}"
+            with httpx.Client(base_url=base, timeout=30.0, follow_redirects=False) as client:
+                form = client.get("/console/login").text
+                login_csrf = _csrf_in(form)
+                answer = client.post(
+                    "/console/login", data={"csrf": login_csrf, "token": CONSOLE_TOKEN}
+                )
+                assert answer.status_code == 303, answer.text
+                sid = client.cookies[CONSOLE_COOKIE]
+                csrf = _csrf_in(client.get("/console/").text)
+                client.cookies.clear()
+                yield ConsoleTarget(client, sid, csrf)
+
+
+def _csrf_in(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, page[:300]
+    return found.group(1)
+
+
+@st.composite
+def console_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], dict[str, str], bool]:
+    """(method, path with query, form, cookies, as_json): mostly a real session and CSRF token."""
+    post = draw(st.booleans())
+    path = draw(st.sampled_from(CONSOLE_POST if post else CONSOLE_GET))
+    method = "POST" if post else "GET"
+    if draw(st.integers(0, 5)) == 0:
+        method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD"]))
+    form = draw(_console_form) if method != "GET" else {}
+    session = draw(st.sampled_from(["real", "real", "none", "forged"]))
+    if session == "real" and method == "POST" and draw(st.integers(0, 2)):
+        form["csrf"] = "real"  # resolved against the target in the test
+    query = _encode(draw(_console_query))
+    return method, path + query, form, {"session": session}, draw(st.integers(0, 3)) == 0
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(console_requests())
+def test_no_input_to_any_console_route_yields_a_500(
+    console_target: ConsoleTarget,
+    request_parts: tuple[str, str, dict[str, str], dict[str, str], bool],
+) -> None:
+    method, path, form, how, as_json = request_parts
+    client = console_target.client
+    client.cookies.clear()
+    # A fresh connection each time: a pooled one the server closed while idle (uvicorn's 5 s
+    # keep-alive) would fail the request on the client's side, which is no answer at all.
+    headers: dict[str, str] = {"Connection": "close"}
+    if how["session"] == "real" and not path.startswith("/console/logout"):
+        headers["Cookie"] = f"{CONSOLE_COOKIE}={console_target.sid}"  # logout would end it
+    elif how["session"] == "forged":
+        headers["Cookie"] = f"{CONSOLE_COOKIE}=forged-{len(path)}"
+    if path.startswith("/v1/"):
+        headers["Authorization"] = f"Bearer {CONSOLE_TOKEN}"
+    if form.get("csrf") == "real":
+        form["csrf"] = console_target.csrf
+    if as_json or path.startswith("/v1/"):
+        body = json.dumps(form, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        headers["Content-Type"] = "application/json"
+    else:
+        body = _encode(form)[1:].encode("ascii")
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    response = client.request(method, path, headers=headers, content=body)
+    client.cookies.clear()
+    event(f"{how['session']} session, {method}: HTTP {response.status_code}")
+    assert response.status_code < 500, (method, path, form, response.status_code, response.text)
