@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ntfy_intake.rules import cadence
 from ntfy_intake.store import audit
-from ntfy_intake.store.inbox import _event_line
+from ntfy_intake.store.event_line import encode as _event_line
 from ntfy_intake.wire.frames import Message
 
 # Any text at all, lone surrogates and controls included: the incident key comes from a title.

@@ -34,7 +34,7 @@ from ntfy_intake.rules import cadence
 from ntfy_intake.store import audit, db
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
-from ntfy_intake.store.inbox import REBUILT_UNKNOWN_SHA256
+from ntfy_intake.store.inbox_batch import REBUILT_UNKNOWN_SHA256
 
 FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
 Record = Mapping[str, Any]
