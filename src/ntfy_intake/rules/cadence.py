@@ -4,29 +4,28 @@ Pure: no I/O, no clock reads; `now` is a unix time argument. The state is a fold
 records and nothing else, so the audit log is the only cadence store (DESIGN.md section 4):
 
     decision = state.decide_event(policy, incident, event_id, now)   # never mutates
-    record = event_record(decision, incident, event_id, now, topic=...)
+    record = cadence_records.event_record(decision, incident, event_id, now, topic=...)
     state.apply(record)                                             # fold the record it wrote
 
 Replaying the same records into `CadenceState.empty()` rebuilds the same state (`rehydrate.py`
 does that at startup). The rules, the record shapes and the time rounding are in docs/cadence.md.
 
-Time: the audit log stores `ts` with millisecond precision (`rfc3339` truncates), so the
-engine works on that grid. `decide_*` truncate `now` the same way before comparing, and every
-window end is `quantize(start + span)`: a window covers `start <= t < end`. A decision made live
-and the same question asked after a replay therefore see exactly the same numbers.
+Time: the engine works on the audit log's millisecond grid (rules/timestamps.py): `decide_*`
+truncate `now` the same way before comparing, and every window end is `window_end(start, span)`.
+The records it writes and folds are rules/cadence_records.py.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
 from typing import Any, Literal, NamedTuple
-from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules import silences as _silences
+
+# Names, not the module: the fold calls them once per record, as it did when they lived here.
+from ntfy_intake.rules.timestamps import local_day, parse_ts, quantize, rfc3339, window_end
 
 Outcome = Literal["triage_requested", "joined", "suppressed"]
 Status = Literal["firing", "resolved"]
@@ -42,8 +41,6 @@ _REJECTED = "rejected"  # malformed: nothing changed
 _IN_PLACE = "in_place"  # entries changed where they stand
 _REORDERED = "reordered"  # an entry was added or moved to the end
 # A `ts` outside these years is malformed (and could not be formatted back or given a local day).
-_EARLIEST = 0.0  # 1970-01-01
-_LATEST = 32_503_680_000.0  # 3000-01-01
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,54 +100,9 @@ class _Request(NamedTuple):
     last_seen: float
 
 
-# Every record of one batch shares its `now`, and a replay folds runs of equal `ts`: these pure
-# conversions are cached so the fold costs dictionary lookups, not datetime arithmetic.
-@functools.lru_cache(maxsize=1024)
-@functools.lru_cache(maxsize=256)  # a batch's records all share one timestamp
-def rfc3339(ts: float) -> str:
-    """`ts` as the audit log writes it: RFC 3339 UTC, milliseconds (`parse_ts` reads it back)."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def quantize(now: float) -> float:
-    """`now` as the audit log records it: `parse_ts(rfc3339(now)) == quantize(now)`."""
-    moment = datetime.fromtimestamp(now, UTC)
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
-
-
-def parse_ts(value: object) -> float | None:
-    """An RFC 3339 `ts` back to unix time; None when it is not one (no offset, garbage)."""
-    if not isinstance(value, str):
-        return None
-    return _parse_ts(value)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_ts(value: str) -> float | None:
-    try:
-        moment = datetime.fromisoformat(value)
-        if moment.tzinfo is None:
-            return None
-        ts = moment.timestamp()
-        if not _EARLIEST <= ts <= _LATEST:
-            return None
-        return quantize(ts)  # a no-op for what rfc3339 wrote
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-def window_end(start: float, span: float) -> float:
-    """The first instant outside the window [start, start + span), on the millisecond grid."""
-    return quantize(start + span)
-
-
 def delivery_key_for(event_id: str) -> str:
     """Stable and deterministic: the event that opened the request names it, forever."""
     return f"tri_{event_id}"
-
-
-def local_day(ts: float, timezone: str) -> date:
-    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).date()
 
 
 class CadenceState:
@@ -474,82 +426,3 @@ def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> D
         delivery_key_for(event_id),
         window_end(moment, policy.debounce),
     )
-
-
-# -- the records that audit decisions (the fold reads exactly these fields) ----------------------
-
-_EVENT_FIELDS = frozenset(
-    {
-        "ts",
-        "kind",
-        "event_id",
-        "incident",
-        "severity",
-        "status",
-        "outcome",
-        "reason",
-        "delivery_key",
-    }
-)
-_OWNER_FIELDS = frozenset({"ts", "kind", "key", "message_kind", "notice", "result", "reason"})
-
-
-def event_record(
-    decision: Decision, incident: IncidentView, event_id: str, now: float, **extra: Any
-) -> dict[str, Any]:
-    """The `event` audit record of a decision: `ts` and `kind` first, None values dropped.
-
-    Stage it with `audit.stage(conn, record["kind"], now, **fields)` where `fields` is the record
-    without `ts` and `kind`, and `apply` the same dict to the state.
-    """
-    record: dict[str, Any] = {
-        "ts": rfc3339(now),
-        "kind": "event",
-        "event_id": event_id,
-        "incident": incident.key,
-        "severity": incident.severity,
-        "status": incident.status,
-        "outcome": decision.outcome,
-        "reason": decision.reason,
-    }
-    if decision.delivery_key is not None:
-        record["delivery_key"] = decision.delivery_key
-    return _with_extra(record, extra, _EVENT_FIELDS)
-
-
-def owner_record(
-    key: str,
-    now: float,
-    *,
-    message_kind: MessageKind,
-    result: str,
-    notice: str | None = None,
-    reason: str | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The `owner_message` audit record; `result` is `OwnerDecision.result` when it audits one."""
-    record: dict[str, Any] = {
-        "ts": rfc3339(now),
-        "kind": "owner_message",
-        "key": key,
-        "message_kind": message_kind,
-        "notice": notice,
-        "result": result,
-        "reason": reason,
-    }
-    return _with_extra(record, extra, _OWNER_FIELDS)
-
-
-def _with_extra(
-    record: dict[str, Any], extra: Mapping[str, Any], reserved: frozenset[str]
-) -> dict[str, Any]:
-    if extra:
-        if not reserved.isdisjoint(extra):
-            clash = sorted(reserved.intersection(extra))
-            raise ValueError(f"extra fields would overwrite the record's own: {', '.join(clash)}")
-        for name, value in extra.items():
-            if value is not None:
-                record[name] = value
-    if None in record.values():
-        return {k: v for k, v in record.items() if v is not None}
-    return record

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ntfy_intake.rules import cadence, incidents
+from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
 from ntfy_intake.store import audit, event_line, incident_rows, outbox
 from ntfy_intake.store.owner_queue import Record
 from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
@@ -95,9 +95,9 @@ class Batch:
         self.sequences: dict[tuple[str, str], str] = {}
         self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
         self.note_append: NoteAppend | None = None
-        self.ts_text = cadence.rfc3339(now)  # every record of the batch shares it
+        self.ts_text = timestamps.rfc3339(now)  # every record of the batch shares it
         # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
-        self.fold_ts = cadence.parse_ts(self.ts_text)
+        self.fold_ts = timestamps.parse_ts(self.ts_text)
 
     def prefetch(self, ids: list[str]) -> None:
         for start in range(0, len(ids), 500):
@@ -202,7 +202,7 @@ class Batch:
             )
         )
         record = {
-            "ts": cadence.rfc3339(self.now),
+            "ts": timestamps.rfc3339(self.now),
             "kind": "event",
             "event_id": event.id,
             "event": event.kind,
@@ -309,7 +309,7 @@ class Batch:
                 sequence[1],
             )
         )
-        record = cadence.event_record(
+        record = cadence_records.event_record(
             decision,
             view,
             event_id,
