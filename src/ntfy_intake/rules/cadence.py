@@ -18,11 +18,12 @@ The records it writes and folds are rules/cadence_records.py.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from ntfy_intake.rules import silences as _silences
+from ntfy_intake.rules.owner_cap import OwnerCap
 
 # Names, not the module: the fold calls them once per record, as it did when they lived here.
 from ntfy_intake.rules.timestamps import local_day, parse_ts, quantize, rfc3339, window_end
@@ -113,28 +114,26 @@ class CadenceState:
     `prune(now)`. No decision ever depends on a pruned entry.
     """
 
-    __slots__ = ("_clock", "_incidents", "_notices", "_retention", "_silences", "_triage")
+    __slots__ = ("_clock", "_incidents", "_owner", "_retention", "_silences")
 
     def __init__(
         self,
         retention: float,
         clock: float | None,
         incidents: OrderedDict[str, _Request],
-        triage: OrderedDict[str, float],
-        notices: dict[str, OrderedDict[str, float]],
+        owner: OwnerCap,
         silences: _silences.Silences | None = None,
     ) -> None:
         self._retention = retention
         self._clock = clock
         self._incidents = incidents  # by incident key, oldest request first
-        self._triage = triage  # queued triage owner messages: key -> ts, oldest first
-        self._notices = notices  # queued notices: kind -> (key -> ts), oldest first
+        self._owner = owner  # the owner messages counted for the cap and the notice limits
         self._silences = silences or _silences.Silences()  # the owner's silences (silences.py)
 
     @classmethod
     def empty(cls, policy: Policy | None = None) -> CadenceState:
         """A state that keeps what `policy` can need (its `retention`; the default policy's if None)."""
-        return cls((policy or Policy()).retention, None, OrderedDict(), OrderedDict(), {})
+        return cls((policy or Policy()).retention, None, OrderedDict(), OwnerCap())
 
     def fork(self) -> CadenceState:
         """An independent copy (entries are immutable, so this copies only the indexes)."""
@@ -142,19 +141,14 @@ class CadenceState:
             self._retention,
             self._clock,
             OrderedDict(self._incidents),
-            OrderedDict(self._triage),
-            {kind: OrderedDict(keys) for kind, keys in self._notices.items()},
+            self._owner.fork(),
             self._silences.fork(),
         )
 
     @property
     def size(self) -> int:
         """Entries held in memory (incidents, counted owner messages, counted notices)."""
-        return (
-            len(self._incidents)
-            + len(self._triage)
-            + sum(len(keys) for keys in self._notices.values())
-        )
+        return len(self._incidents) + self._owner.size
 
     # -- the fold --------------------------------------------------------------------------------
 
@@ -184,7 +178,7 @@ class CadenceState:
                 ts,
             )
         else:
-            folded = _REORDERED if self._apply_owner_message(record, ts) else _REJECTED
+            folded = _REORDERED if self._owner.apply(record, ts) else _REJECTED
         self._advance(folded, ts)
 
     def apply_event(
@@ -259,27 +253,6 @@ class CadenceState:
             )
         return _IN_PLACE
 
-    def _apply_owner_message(self, record: Mapping[str, Any], ts: float) -> bool:
-        key = record.get("key")
-        result = record.get("result")
-        # Records written before message_kind existed are triage replies: counting them is the
-        # safe direction for the cap.
-        message_kind = record.get("message_kind", "triage")
-        notice = record.get("notice")
-        if (
-            not isinstance(key, str)
-            or not isinstance(result, str)
-            or message_kind not in ("triage", "notice")
-            or (message_kind == "notice" and not isinstance(notice, str))
-        ):
-            return False
-        if result == "queued":
-            if message_kind == "triage":
-                self._triage.setdefault(key, ts)
-            elif isinstance(notice, str):
-                self._notices.setdefault(notice, OrderedDict()).setdefault(key, ts)
-        return True
-
     def prune(self, now: float) -> None:
         """Advance the clock to `now` and drop every entry outside its retention window."""
         moment = quantize(now)
@@ -297,21 +270,13 @@ class CadenceState:
             self._incidents = OrderedDict(
                 (k, v) for k, v in self._incidents.items() if self._alive(v.opened_at)
             )
-            self._triage = OrderedDict((k, v) for k, v in self._triage.items() if self._alive(v))
-            for kind in list(self._notices):
-                kept = OrderedDict((k, v) for k, v in self._notices[kind].items() if self._alive(v))
-                self._notices[kind] = kept
         else:
             while self._incidents:
                 key, entry = next(iter(self._incidents.items()))
                 if self._alive(entry.opened_at):
                     break
                 del self._incidents[key]
-            _sweep_front(self._triage, self._alive)
-            for keys in self._notices.values():
-                _sweep_front(keys, self._alive)
-        for kind in [kind for kind, keys in self._notices.items() if not keys]:
-            del self._notices[kind]
+        self._owner.sweep(self._alive, everything=everything)
         if everything and self._clock is not None:
             self._silences.prune(self._clock)
 
@@ -362,11 +327,7 @@ class CadenceState:
     def decide_notice(self, policy: Policy, notice: str, now: float) -> OwnerDecision:
         """An operational notice: a per-kind rate limit, never the daily cap."""
         moment = quantize(now)
-        recent = sum(
-            1
-            for ts in self._notices.get(notice, {}).values()
-            if moment < window_end(ts, policy.notice_window)
-        )
+        recent = self._owner.notices_within(notice, moment, policy.notice_window)
         if recent >= policy.notice_limit:
             return OwnerDecision(False, "rate_limited")
         return OwnerDecision(True)
@@ -379,7 +340,7 @@ class CadenceState:
     def triage_messages_today(self, policy: Policy, now: float) -> int:
         """Queued triage owner messages on `now`'s calendar day in `policy.timezone`."""
         today = local_day(quantize(now), policy.timezone)
-        return sum(1 for ts in self._triage.values() if local_day(ts, policy.timezone) == today)
+        return self._owner.triage_on_day(today, policy.timezone)
 
     def snapshot(self) -> dict[str, Any]:
         """A canonical JSON-able view of what is alive at the record clock."""
@@ -396,27 +357,8 @@ class CadenceState:
                 for key, entry in sorted(self._incidents.items())
                 if self._alive(entry.opened_at)
             },
-            "triage_messages": sorted(
-                [rfc3339(ts), key] for key, ts in self._triage.items() if self._alive(ts)
-            ),
-            "notices": {
-                kind: alive
-                for kind, keys in sorted(self._notices.items())
-                if (
-                    alive := sorted(
-                        [rfc3339(ts), key] for key, ts in keys.items() if self._alive(ts)
-                    )
-                )
-            },
+            **self._owner.snapshot(self._alive),
         }
-
-
-def _sweep_front(index: OrderedDict[str, float], alive: Callable[[float], bool]) -> None:
-    while index:
-        key, ts = next(iter(index.items()))
-        if alive(ts):
-            break
-        del index[key]
 
 
 def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> Decision:
