@@ -26,7 +26,7 @@ from dataclasses import replace
 import structlog
 
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import db, outbox, quarantine
+from ntfy_intake.store import db, device_actions, outbox, quarantine
 from ntfy_intake.store.inbox_batch import Batch, BatchResult, Candidate, NoteAppend
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
@@ -103,7 +103,7 @@ def _record_batch(
             if isinstance(frame, Message):
                 batch.message(index, frame)
             elif isinstance(frame, DeviceAction | Ignored):
-                batch.other_event(index, frame)
+                device_actions.record(batch, index, frame)
             elif isinstance(frame, Junk):
                 batch.quarantine(frame, frame.reason)
             else:

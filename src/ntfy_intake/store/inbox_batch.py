@@ -3,7 +3,7 @@ it gathers, written together at the end (`Batch.write`).
 
 A backlog repeats a few incidents many times, so each incident is read once and written once per
 batch (`store/incident_rows.py`), and known ids are fetched in one query. The transaction itself,
-and the one-by-one fallback, are `store/inbox.py`.
+and the one-by-one fallback, are `store/inbox.py`; ntfy's delete/clear, `store/device_actions.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
 from ntfy_intake.store import audit, event_line, incident_rows, outbox
 from ntfy_intake.store.owner_queue import Record
-from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
+from ntfy_intake.wire.frames import Event, Ignored, Junk, Message
 
 # An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
 # it counts as a duplicate (the safe direction: it already has its one outcome).
@@ -48,7 +48,6 @@ class BatchResult:
 # Appends an information entry for agents (a delete/clear whose request already went out):
 # (conn, idempotency key, payload, summary, now), inside the batch's transaction.
 NoteAppend = Callable[[sqlite3.Connection, str, dict[str, object], str, float], None]
-DEVICE_ACTION_SCHEMA = "ntfy-intake.device-action/1"
 
 # Any delete/clear still waiting for its message? `+sequence_id` keeps the planner on the partial
 # index `inbox_unlinked` (a few rows at most): on `inbox_sequence` it walks every message ever
@@ -60,10 +59,6 @@ _INSERT_INBOX = (
     " outcome, reason, delivery_key, received_at, event, sequence_id)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-DEVICE_ACTION_WORDS = {
-    "message_delete": "removed from devices",
-    "message_clear": "read and dismissed on a device",
-}
 
 
 class Batch:
@@ -130,7 +125,7 @@ class Batch:
     def prefetch_incidents(self, events: Sequence[Event]) -> None:
         """The signal of each message this batch will record, and every incident they name, in
         one query (a backlog repeats a few incidents: one lookup each per batch, not per event).
-        Duplicates and conflicts are skipped as `_seen` will skip them."""
+        Duplicates and conflicts are skipped as `seen` will skip them."""
         ids = set(self.known)
         keys: set[str] = set()
         for event in events:
@@ -152,7 +147,7 @@ class Batch:
             for row in self.conn.execute(f"{incident_rows.SELECT} WHERE key IN ({marks})", chunk):
                 self.stored[row[0]] = incident_rows.from_row(row)
 
-    def _seen(self, index: int, event: Event) -> bool:
+    def seen(self, index: int, event: Event) -> bool:
         """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""
         known = self.known.get(event.id)
         if known is None:
@@ -169,91 +164,10 @@ class Batch:
             self.quarantine(Junk(event.raw, reason, event.id), reason)
         return True
 
-    def other_event(self, index: int, event: DeviceAction | Ignored) -> None:
-        """A delete/clear (outcome `noted`, linked to its message's incident) or an unknown kind
-        (outcome `ignored`). Neither decides anything: no incident change, no triage request."""
-        if self._seen(index, event):
-            return
-        sequence: str | None
-        if isinstance(event, DeviceAction):
-            sequence = event.sequence_id
-            incident = self.sequences.get((event.topic, sequence), "")
-            outcome = "noted"
-            reason = f"{event.kind}: message {sequence} {DEVICE_ACTION_WORDS[event.kind]}"
-        else:
-            sequence, incident, outcome = None, "", "ignored"
-            reason = f"unknown event kind {event.kind!r}"
-        self.inbox_rows.append(
-            (
-                event.id,
-                event.topic,
-                event.time or 0,
-                event.expires,
-                event.raw,
-                event.raw_sha256,
-                incident,
-                0,
-                outcome,
-                reason,
-                None,
-                self.now,
-                event.kind,
-                sequence,
-            )
-        )
-        record = {
-            "ts": timestamps.rfc3339(self.now),
-            "kind": "event",
-            "event_id": event.id,
-            "event": event.kind,
-            "incident": incident or None,
-            "sequence_id": sequence,
-            "outcome": outcome,
-            "reason": reason,
-            "topic": event.topic or None,
-            "time": event.time,
-            "expires": event.expires,
-        }
-        self.journal.append(audit.encode(record))
-        self.result.records.append({k: v for k, v in record.items() if v is not None})
-        self.result.recorded += 1
-        if isinstance(event, DeviceAction) and incident:
-            self._note_late(event, incident)
-        if event.time is not None:
-            self.result.candidates.append(Candidate(index, event.id, event.time, event.cached))
-
-    def _note_late(self, event: DeviceAction, incident: str) -> None:
-        """A delete/clear of a message whose triage request already went out (or that joined
-        none): the agent hears of it as information, on its own feed channel. One still
-        collecting lists it in its payload instead (outbox.build_payload)."""
-        if self.note_append is None:
-            return
-        row = self.conn.execute(
-            "SELECT n.delivery_key, o.state FROM inbox n"
-            " LEFT JOIN outbox o ON o.delivery_key = n.delivery_key"
-            " WHERE n.topic = ? AND n.sequence_id = ? AND n.event = 'message'"
-            " ORDER BY n.seq DESC LIMIT 1",
-            (event.topic, event.sequence_id),
-        ).fetchone()
-        if row is None or row[1] == "collecting":
-            return
-        payload: dict[str, object] = {
-            "schema": DEVICE_ACTION_SCHEMA,
-            "incident": incident,
-            "event": event.kind,
-            "id": event.id,
-            "sequence_id": event.sequence_id,
-            "topic": event.topic,
-            "time": event.time,
-            "delivery_key": row[0],
-        }
-        summary = f"{incident}: {event.kind} of {event.sequence_id}"
-        self.note_append(self.conn, event.id, payload, summary, self.now)
-
     def message(self, index: int, message: Message) -> None:
         # Runs once per event of every replay: values are read once into locals.
         event_id = message.id
-        if event_id in self.known and self._seen(index, message):
+        if event_id in self.known and self.seen(index, message):
             return
         self.known[event_id] = message.raw_sha256
         now = self.now
