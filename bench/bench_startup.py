@@ -20,7 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ntfy_intake.rules.cadence import CadenceState, Policy, rfc3339
+from ntfy_intake.rules.cadence import CadenceState, Policy
+from ntfy_intake.rules.timestamps import rfc3339
 from ntfy_intake.store import audit, rehydrate
 
 END = datetime.fromisoformat("2025-11-30T12:00:00Z").timestamp()

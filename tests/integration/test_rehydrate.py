@@ -9,15 +9,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake.rules.cadence import (
-    CadenceState,
-    IncidentView,
-    Policy,
-    event_record,
-    local_day,
-    owner_record,
-    parse_ts,
-)
+from ntfy_intake.rules.cadence import CadenceState, IncidentView, Policy
+from ntfy_intake.rules.cadence_records import event_record, owner_record
+from ntfy_intake.rules.timestamps import local_day, parse_ts
 from ntfy_intake.store import audit, db, rehydrate
 
 NOW = datetime.fromisoformat("2025-11-30T12:00:00Z").timestamp()

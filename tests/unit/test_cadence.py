@@ -12,20 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake.rules.cadence import (
-    CadenceState,
-    Decision,
-    IncidentView,
-    OwnerDecision,
-    Policy,
-    event_record,
-    local_day,
-    owner_record,
-    parse_ts,
-    quantize,
-    rfc3339,
-    window_end,
-)
+from ntfy_intake.rules.cadence import CadenceState, Decision, IncidentView, OwnerDecision, Policy
+from ntfy_intake.rules.cadence_records import event_record, owner_record
+from ntfy_intake.rules.timestamps import local_day, parse_ts, quantize, rfc3339, window_end
 
 BASE = 1_764_470_000.0  # 2025-11-30T02:33:20Z, on the millisecond grid
 POLICY = Policy(debounce=120, cooldown=3600, daily_cap=2, notice_limit=2, notice_window=60)

@@ -1,14 +1,14 @@
 """The inbox writes each event's audit line field by field (it runs once per event): the text
-must be exactly what `audit.encode` writes for the record `cadence.event_record` builds."""
+must be exactly what `audit.encode` writes for the record `cadence_records.event_record` builds."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ntfy_intake.rules import cadence
+from ntfy_intake.rules import cadence, cadence_records, timestamps
 from ntfy_intake.store import audit
-from ntfy_intake.store.inbox import _event_line
+from ntfy_intake.store.event_line import encode as _event_line
 from ntfy_intake.wire.frames import Message
 
 # Any text at all, lone surrogates and controls included: the incident key comes from a title.
@@ -54,7 +54,7 @@ def test_the_written_out_event_line_is_what_audit_encode_writes(
     message = Message(event_id, time, expires, topic, None, "", None, (), "{}", sha256, sequence_id)
     view = cadence.IncidentView(key, severity, status, False)
     decision = cadence.Decision(outcome, reason, delivery_key)
-    record = cadence.event_record(
+    record = cadence_records.event_record(
         decision,
         view,
         event_id,
@@ -65,4 +65,4 @@ def test_the_written_out_event_line_is_what_audit_encode_writes(
         sequence_id=sequence_id,
         sha256=sha256,
     )
-    assert _event_line(cadence.rfc3339(now), message, view, decision) == audit.encode(record)
+    assert _event_line(timestamps.rfc3339(now), message, view, decision) == audit.encode(record)

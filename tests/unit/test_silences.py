@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ntfy_intake.rules import cadence, silences
+from ntfy_intake.rules import cadence, silences, timestamps
 
 T0 = 1_780_000_000.0
 POLICY = cadence.Policy(daily_cap=100)
@@ -14,7 +14,7 @@ def silence_record(
     now: float, span: float, *, scope: str = "topic", target: str = "nas", sid: str = "sil_a"
 ) -> dict[str, object]:
     return {
-        "ts": cadence.rfc3339(now),
+        "ts": timestamps.rfc3339(now),
         "kind": "silence",
         **silences.silence_fields(sid, scope, target, now + span, "maintenance"),  # type: ignore[arg-type]
     }
@@ -39,7 +39,7 @@ def test_silence_expiring_by_itself_lets_messages_through_again() -> None:
 def test_ended_silence_no_longer_holds_after_a_replay_of_the_same_records() -> None:
     records = [
         silence_record(T0, 3600),
-        {"ts": cadence.rfc3339(T0 + 60), "kind": "silence_end", "silence_id": "sil_a"},
+        {"ts": timestamps.rfc3339(T0 + 60), "kind": "silence_end", "silence_id": "sil_a"},
     ]
     state = cadence.CadenceState.empty(POLICY)
     for record in records:
@@ -70,7 +70,7 @@ def test_silence_survives_a_fork_and_rehydrate_from_the_same_records() -> None:
 )
 def test_malformed_silence_record_is_ignored_never_raises(record: dict[str, object]) -> None:
     state = cadence.CadenceState.empty(POLICY)
-    state.apply({"ts": cadence.rfc3339(T0), **record})
+    state.apply({"ts": timestamps.rfc3339(T0), **record})
     assert len(state.silences) == 0
 
 

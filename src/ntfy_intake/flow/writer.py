@@ -33,7 +33,7 @@ from ntfy_intake.flow.pipeline import (
 )
 from ntfy_intake.rules import notices
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import audit, db, inbox, outbox, replay
+from ntfy_intake.store import audit, db, inbox, inbox_batch, outbox, replay
 from ntfy_intake.store.cursor import (
     Cursor,
     Owed,
@@ -62,7 +62,7 @@ class _BatchWrite:
     frames: Frames
     now: float
     also: inbox.InTransaction | None
-    result: inbox.BatchResult | None = None
+    result: inbox_batch.BatchResult | None = None
     next_release: float | None = None
     release_known: bool = False
     audit_written: bool = False
@@ -147,7 +147,7 @@ class Writer:
         self,
         batch: list[intake.Received] | Frames,
         also: inbox.InTransaction | None = None,
-    ) -> inbox.BatchResult:
+    ) -> inbox_batch.BatchResult:
         """frame -> inbox transaction -> audit line -> cursor, for one batch."""
         frames: Frames = [
             item.frame if isinstance(item, intake.Received) else item for item in batch
@@ -237,7 +237,7 @@ class Writer:
             if last and backfill.gap is not None:
                 frames.append(_gap_notice(backfill.gap))
 
-            def finish(conn: db.Connection, result: inbox.BatchResult) -> None:
+            def finish(conn: db.Connection, result: inbox_batch.BatchResult) -> None:
                 # Nothing is added up in here: a commit that fails runs this again.
                 audit.stage(
                     conn,

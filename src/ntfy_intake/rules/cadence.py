@@ -4,29 +4,29 @@ Pure: no I/O, no clock reads; `now` is a unix time argument. The state is a fold
 records and nothing else, so the audit log is the only cadence store (DESIGN.md section 4):
 
     decision = state.decide_event(policy, incident, event_id, now)   # never mutates
-    record = event_record(decision, incident, event_id, now, topic=...)
+    record = cadence_records.event_record(decision, incident, event_id, now, topic=...)
     state.apply(record)                                             # fold the record it wrote
 
 Replaying the same records into `CadenceState.empty()` rebuilds the same state (`rehydrate.py`
 does that at startup). The rules, the record shapes and the time rounding are in docs/cadence.md.
 
-Time: the audit log stores `ts` with millisecond precision (`rfc3339` truncates), so the
-engine works on that grid. `decide_*` truncate `now` the same way before comparing, and every
-window end is `quantize(start + span)`: a window covers `start <= t < end`. A decision made live
-and the same question asked after a replay therefore see exactly the same numbers.
+Time: the engine works on the audit log's millisecond grid (rules/timestamps.py): `decide_*`
+truncate `now` the same way before comparing, and every window end is `window_end(start, span)`.
+The records it writes and folds are rules/cadence_records.py.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
 from typing import Any, Literal, NamedTuple
-from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules import silences as _silences
+from ntfy_intake.rules.owner_cap import OwnerCap
+
+# Names, not the module: the fold calls them once per record, as it did when they lived here.
+from ntfy_intake.rules.timestamps import local_day, parse_ts, quantize, rfc3339, window_end
 
 Outcome = Literal["triage_requested", "joined", "suppressed"]
 Status = Literal["firing", "resolved"]
@@ -42,8 +42,6 @@ _REJECTED = "rejected"  # malformed: nothing changed
 _IN_PLACE = "in_place"  # entries changed where they stand
 _REORDERED = "reordered"  # an entry was added or moved to the end
 # A `ts` outside these years is malformed (and could not be formatted back or given a local day).
-_EARLIEST = 0.0  # 1970-01-01
-_LATEST = 32_503_680_000.0  # 3000-01-01
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,54 +101,9 @@ class _Request(NamedTuple):
     last_seen: float
 
 
-# Every record of one batch shares its `now`, and a replay folds runs of equal `ts`: these pure
-# conversions are cached so the fold costs dictionary lookups, not datetime arithmetic.
-@functools.lru_cache(maxsize=1024)
-@functools.lru_cache(maxsize=256)  # a batch's records all share one timestamp
-def rfc3339(ts: float) -> str:
-    """`ts` as the audit log writes it: RFC 3339 UTC, milliseconds (`parse_ts` reads it back)."""
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def quantize(now: float) -> float:
-    """`now` as the audit log records it: `parse_ts(rfc3339(now)) == quantize(now)`."""
-    moment = datetime.fromtimestamp(now, UTC)
-    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
-
-
-def parse_ts(value: object) -> float | None:
-    """An RFC 3339 `ts` back to unix time; None when it is not one (no offset, garbage)."""
-    if not isinstance(value, str):
-        return None
-    return _parse_ts(value)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_ts(value: str) -> float | None:
-    try:
-        moment = datetime.fromisoformat(value)
-        if moment.tzinfo is None:
-            return None
-        ts = moment.timestamp()
-        if not _EARLIEST <= ts <= _LATEST:
-            return None
-        return quantize(ts)  # a no-op for what rfc3339 wrote
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-def window_end(start: float, span: float) -> float:
-    """The first instant outside the window [start, start + span), on the millisecond grid."""
-    return quantize(start + span)
-
-
 def delivery_key_for(event_id: str) -> str:
     """Stable and deterministic: the event that opened the request names it, forever."""
     return f"tri_{event_id}"
-
-
-def local_day(ts: float, timezone: str) -> date:
-    return datetime.fromtimestamp(ts, ZoneInfo(timezone)).date()
 
 
 class CadenceState:
@@ -161,28 +114,26 @@ class CadenceState:
     `prune(now)`. No decision ever depends on a pruned entry.
     """
 
-    __slots__ = ("_clock", "_incidents", "_notices", "_retention", "_silences", "_triage")
+    __slots__ = ("_clock", "_incidents", "_owner", "_retention", "_silences")
 
     def __init__(
         self,
         retention: float,
         clock: float | None,
         incidents: OrderedDict[str, _Request],
-        triage: OrderedDict[str, float],
-        notices: dict[str, OrderedDict[str, float]],
+        owner: OwnerCap,
         silences: _silences.Silences | None = None,
     ) -> None:
         self._retention = retention
         self._clock = clock
         self._incidents = incidents  # by incident key, oldest request first
-        self._triage = triage  # queued triage owner messages: key -> ts, oldest first
-        self._notices = notices  # queued notices: kind -> (key -> ts), oldest first
+        self._owner = owner  # the owner messages counted for the cap and the notice limits
         self._silences = silences or _silences.Silences()  # the owner's silences (silences.py)
 
     @classmethod
     def empty(cls, policy: Policy | None = None) -> CadenceState:
         """A state that keeps what `policy` can need (its `retention`; the default policy's if None)."""
-        return cls((policy or Policy()).retention, None, OrderedDict(), OrderedDict(), {})
+        return cls((policy or Policy()).retention, None, OrderedDict(), OwnerCap())
 
     def fork(self) -> CadenceState:
         """An independent copy (entries are immutable, so this copies only the indexes)."""
@@ -190,19 +141,14 @@ class CadenceState:
             self._retention,
             self._clock,
             OrderedDict(self._incidents),
-            OrderedDict(self._triage),
-            {kind: OrderedDict(keys) for kind, keys in self._notices.items()},
+            self._owner.fork(),
             self._silences.fork(),
         )
 
     @property
     def size(self) -> int:
         """Entries held in memory (incidents, counted owner messages, counted notices)."""
-        return (
-            len(self._incidents)
-            + len(self._triage)
-            + sum(len(keys) for keys in self._notices.values())
-        )
+        return len(self._incidents) + self._owner.size
 
     # -- the fold --------------------------------------------------------------------------------
 
@@ -232,7 +178,7 @@ class CadenceState:
                 ts,
             )
         else:
-            folded = _REORDERED if self._apply_owner_message(record, ts) else _REJECTED
+            folded = _REORDERED if self._owner.apply(record, ts) else _REJECTED
         self._advance(folded, ts)
 
     def apply_event(
@@ -307,27 +253,6 @@ class CadenceState:
             )
         return _IN_PLACE
 
-    def _apply_owner_message(self, record: Mapping[str, Any], ts: float) -> bool:
-        key = record.get("key")
-        result = record.get("result")
-        # Records written before message_kind existed are triage replies: counting them is the
-        # safe direction for the cap.
-        message_kind = record.get("message_kind", "triage")
-        notice = record.get("notice")
-        if (
-            not isinstance(key, str)
-            or not isinstance(result, str)
-            or message_kind not in ("triage", "notice")
-            or (message_kind == "notice" and not isinstance(notice, str))
-        ):
-            return False
-        if result == "queued":
-            if message_kind == "triage":
-                self._triage.setdefault(key, ts)
-            elif isinstance(notice, str):
-                self._notices.setdefault(notice, OrderedDict()).setdefault(key, ts)
-        return True
-
     def prune(self, now: float) -> None:
         """Advance the clock to `now` and drop every entry outside its retention window."""
         moment = quantize(now)
@@ -345,21 +270,13 @@ class CadenceState:
             self._incidents = OrderedDict(
                 (k, v) for k, v in self._incidents.items() if self._alive(v.opened_at)
             )
-            self._triage = OrderedDict((k, v) for k, v in self._triage.items() if self._alive(v))
-            for kind in list(self._notices):
-                kept = OrderedDict((k, v) for k, v in self._notices[kind].items() if self._alive(v))
-                self._notices[kind] = kept
         else:
             while self._incidents:
                 key, entry = next(iter(self._incidents.items()))
                 if self._alive(entry.opened_at):
                     break
                 del self._incidents[key]
-            _sweep_front(self._triage, self._alive)
-            for keys in self._notices.values():
-                _sweep_front(keys, self._alive)
-        for kind in [kind for kind, keys in self._notices.items() if not keys]:
-            del self._notices[kind]
+        self._owner.sweep(self._alive, everything=everything)
         if everything and self._clock is not None:
             self._silences.prune(self._clock)
 
@@ -410,11 +327,7 @@ class CadenceState:
     def decide_notice(self, policy: Policy, notice: str, now: float) -> OwnerDecision:
         """An operational notice: a per-kind rate limit, never the daily cap."""
         moment = quantize(now)
-        recent = sum(
-            1
-            for ts in self._notices.get(notice, {}).values()
-            if moment < window_end(ts, policy.notice_window)
-        )
+        recent = self._owner.notices_within(notice, moment, policy.notice_window)
         if recent >= policy.notice_limit:
             return OwnerDecision(False, "rate_limited")
         return OwnerDecision(True)
@@ -427,7 +340,7 @@ class CadenceState:
     def triage_messages_today(self, policy: Policy, now: float) -> int:
         """Queued triage owner messages on `now`'s calendar day in `policy.timezone`."""
         today = local_day(quantize(now), policy.timezone)
-        return sum(1 for ts in self._triage.values() if local_day(ts, policy.timezone) == today)
+        return self._owner.triage_on_day(today, policy.timezone)
 
     def snapshot(self) -> dict[str, Any]:
         """A canonical JSON-able view of what is alive at the record clock."""
@@ -444,27 +357,8 @@ class CadenceState:
                 for key, entry in sorted(self._incidents.items())
                 if self._alive(entry.opened_at)
             },
-            "triage_messages": sorted(
-                [rfc3339(ts), key] for key, ts in self._triage.items() if self._alive(ts)
-            ),
-            "notices": {
-                kind: alive
-                for kind, keys in sorted(self._notices.items())
-                if (
-                    alive := sorted(
-                        [rfc3339(ts), key] for key, ts in keys.items() if self._alive(ts)
-                    )
-                )
-            },
+            **self._owner.snapshot(self._alive),
         }
-
-
-def _sweep_front(index: OrderedDict[str, float], alive: Callable[[float], bool]) -> None:
-    while index:
-        key, ts = next(iter(index.items()))
-        if alive(ts):
-            break
-        del index[key]
 
 
 def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> Decision:
@@ -474,82 +368,3 @@ def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> D
         delivery_key_for(event_id),
         window_end(moment, policy.debounce),
     )
-
-
-# -- the records that audit decisions (the fold reads exactly these fields) ----------------------
-
-_EVENT_FIELDS = frozenset(
-    {
-        "ts",
-        "kind",
-        "event_id",
-        "incident",
-        "severity",
-        "status",
-        "outcome",
-        "reason",
-        "delivery_key",
-    }
-)
-_OWNER_FIELDS = frozenset({"ts", "kind", "key", "message_kind", "notice", "result", "reason"})
-
-
-def event_record(
-    decision: Decision, incident: IncidentView, event_id: str, now: float, **extra: Any
-) -> dict[str, Any]:
-    """The `event` audit record of a decision: `ts` and `kind` first, None values dropped.
-
-    Stage it with `audit.stage(conn, record["kind"], now, **fields)` where `fields` is the record
-    without `ts` and `kind`, and `apply` the same dict to the state.
-    """
-    record: dict[str, Any] = {
-        "ts": rfc3339(now),
-        "kind": "event",
-        "event_id": event_id,
-        "incident": incident.key,
-        "severity": incident.severity,
-        "status": incident.status,
-        "outcome": decision.outcome,
-        "reason": decision.reason,
-    }
-    if decision.delivery_key is not None:
-        record["delivery_key"] = decision.delivery_key
-    return _with_extra(record, extra, _EVENT_FIELDS)
-
-
-def owner_record(
-    key: str,
-    now: float,
-    *,
-    message_kind: MessageKind,
-    result: str,
-    notice: str | None = None,
-    reason: str | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The `owner_message` audit record; `result` is `OwnerDecision.result` when it audits one."""
-    record: dict[str, Any] = {
-        "ts": rfc3339(now),
-        "kind": "owner_message",
-        "key": key,
-        "message_kind": message_kind,
-        "notice": notice,
-        "result": result,
-        "reason": reason,
-    }
-    return _with_extra(record, extra, _OWNER_FIELDS)
-
-
-def _with_extra(
-    record: dict[str, Any], extra: Mapping[str, Any], reserved: frozenset[str]
-) -> dict[str, Any]:
-    if extra:
-        if not reserved.isdisjoint(extra):
-            clash = sorted(reserved.intersection(extra))
-            raise ValueError(f"extra fields would overwrite the record's own: {', '.join(clash)}")
-        for name, value in extra.items():
-            if value is not None:
-                record[name] = value
-    if None in record.values():
-        return {k: v for k, v in record.items() if v is not None}
-    return record

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ntfy_intake.errors import AuditWriteError
-from ntfy_intake.rules.cadence import rfc3339
+from ntfy_intake.rules.timestamps import rfc3339
 from ntfy_intake.store import db
 from ntfy_intake.wire import jsonsafe
 

@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ntfy_intake.rules import cadence, sanitize
+from ntfy_intake.rules import cadence, cadence_records, sanitize, timestamps
 from ntfy_intake.rules.notices import Notice
 from ntfy_intake.store import audit, db
 
@@ -85,7 +85,7 @@ class OwnerQueue:
             text=notice.text,
             **notice.fields,
         )
-        record = cadence.owner_record(
+        record = cadence_records.owner_record(
             notice.key,
             now,
             message_kind="notice",
@@ -116,7 +116,7 @@ class OwnerQueue:
             self.policy, now, incident=incident, topics=topics
         )
         _insert(conn, key, "triage", "triage", text, decision, now)
-        record = cadence.owner_record(
+        record = cadence_records.owner_record(
             key,
             now,
             message_kind="triage",
@@ -131,7 +131,7 @@ class OwnerQueue:
     def silence(self, txn: db.Transaction, kind: str, now: float, **fields: Any) -> Record:
         """Stage a `silence` or `silence_end` audit record; the live state folds it after COMMIT
         (a silence is an audit record and nothing else: rules/silences.py)."""
-        record: Record = {"ts": cadence.rfc3339(now), "kind": kind, **fields}
+        record: Record = {"ts": timestamps.rfc3339(now), "kind": kind, **fields}
         _stage(txn.conn, record, now)
         txn.after_commit(lambda: self.commit([record]))
         return record

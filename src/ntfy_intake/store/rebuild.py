@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake.rules import cadence
+from ntfy_intake.rules import timestamps
 from ntfy_intake.store import audit, db
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
-from ntfy_intake.store.inbox import REBUILT_UNKNOWN_SHA256
+from ntfy_intake.store.inbox_batch import REBUILT_UNKNOWN_SHA256
 
 FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
 Record = Mapping[str, Any]
@@ -112,7 +112,7 @@ class _Fold:
         seq = record.get("seq")
         if isinstance(seq, int):
             self.top_seq = max(self.top_seq, seq)
-        ts = cadence.parse_ts(record.get("ts")) or 0.0
+        ts = timestamps.parse_ts(record.get("ts")) or 0.0
         kind = record.get("kind")
         if kind == "event":
             self._event(record, ts)
@@ -263,7 +263,7 @@ def _inbox(conn: sqlite3.Connection, events: Iterable[Record], now: float) -> No
                 str(record.get("outcome") or "recorded"),
                 str(record.get("reason") or "rebuilt"),
                 record.get("delivery_key") if isinstance(record.get("delivery_key"), str) else None,
-                cadence.parse_ts(record.get("ts")) or now,
+                timestamps.parse_ts(record.get("ts")) or now,
             )
         )
     conn.executemany(
