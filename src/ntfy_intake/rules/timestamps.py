@@ -18,13 +18,13 @@ _LATEST = 32_503_680_000.0  # 3000-01-01
 
 # Every record of one batch shares its `now`, and a replay folds runs of equal `ts`: these pure
 # conversions are cached so the fold costs dictionary lookups, not datetime arithmetic.
-@functools.lru_cache(maxsize=1024)
 @functools.lru_cache(maxsize=256)  # a batch's records all share one timestamp
 def rfc3339(ts: float) -> str:
     """`ts` as the audit log writes it: RFC 3339 UTC, milliseconds (`parse_ts` reads it back)."""
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+@functools.lru_cache(maxsize=1024)
 def quantize(now: float) -> float:
     """`now` as the audit log records it: `parse_ts(rfc3339(now)) == quantize(now)`."""
     moment = datetime.fromtimestamp(now, UTC)

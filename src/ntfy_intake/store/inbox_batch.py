@@ -49,10 +49,14 @@ class BatchResult:
 # (conn, idempotency key, payload, summary, now), inside the batch's transaction.
 NoteAppend = Callable[[sqlite3.Connection, str, dict[str, object], str, float], None]
 
-# Any delete/clear still waiting for its message? `+sequence_id` keeps the planner on the partial
-# index `inbox_unlinked` (a few rows at most): on `inbox_sequence` it walks every message ever
-# recorded, once per batch, which made a long replay quadratic.
-UNLINKED_PROBE = "SELECT 1 FROM inbox WHERE incident_key = '' AND +sequence_id IS NOT NULL LIMIT 1"
+# Any delete/clear still waiting for its message? Read from the partial index `inbox_unlinked`
+# (a few rows at most), named outright: left to the planner it picked `inbox_sequence` (every
+# message ever recorded, once per batch: a long replay went quadratic) and, once the console's
+# `inbox_incident` index came, that one, depending on SQLite's version and statistics.
+UNLINKED_PROBE = (
+    "SELECT 1 FROM inbox INDEXED BY inbox_unlinked"
+    " WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
+)
 
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
