@@ -105,18 +105,17 @@ def _parser() -> argparse.ArgumentParser:
     p = add("silence", _cmd_silence, "silence a topic or an incident through the running daemon")
     silence_sub = p.add_subparsers(dest="silence_command", required=True, metavar="ACTION")
     action = silence_sub.add_parser("add", help="hold back triage owner messages for a while")
-    config_arg(action)
     what = action.add_mutually_exclusive_group(required=True)
     what.add_argument("--topic", help="an ntfy topic")
     what.add_argument("--incident", help="an incident key")
     action.add_argument("--for", dest="span", required=True, help="30m, 2h, 1d (1 min to 24 h)")
     action.add_argument("--reason", default="", help="why, shown on the console")
     action = silence_sub.add_parser("list", help="the silences that hold now")
-    config_arg(action)
     action.add_argument("--json", action="store_true", help="one JSON array, for machines")
     action = silence_sub.add_parser("end", help="end a silence before its time")
-    config_arg(action)
     action.add_argument("silence_id", metavar="ID", help="the silence's id (sil_...)")
+    for action in silence_sub.choices.values():
+        config_arg(action)
 
     p = add("feed", _cmd_feed, "agent feed: catch up, ack and wait (JSON on stdout)")
     feed_sub = p.add_subparsers(dest="feed_command", required=True, metavar="ACTION")
@@ -300,9 +299,7 @@ def _open_readonly(args: argparse.Namespace) -> tuple[Connection | None, Setting
 
     settings = _load_settings(args, need_ntfy=False)
     path = settings.state.database
-    if not path.exists():
-        return None, settings
-    return db.connect(path, readonly=True), settings
+    return (db.connect(path, readonly=True) if path.exists() else None), settings
 
 
 def _no_state(settings: Settings) -> str:
@@ -375,15 +372,7 @@ def _cmd_feed(args: argparse.Namespace) -> int:
 def _cmd_silence(args: argparse.Namespace) -> int:
     from ntfy_intake.surfaces import silence_cli  # noqa: PLC0415
 
-    settings = _load_settings(args, need_ntfy=False)
-    if args.silence_command == "add":
-        scope, target = (
-            ("topic", args.topic) if args.topic is not None else ("incident", args.incident)
-        )
-        return silence_cli.add(settings, scope, target, args.span, args.reason)
-    if args.silence_command == "list":
-        return silence_cli.listed(settings, as_json=args.json)
-    return silence_cli.end(settings, args.silence_id)
+    return silence_cli.run(_load_settings(args, need_ntfy=False), args)
 
 
 def _duration_arg(name: str, text: str) -> float:

@@ -223,3 +223,17 @@ def test_the_room_check_sees_an_upward_import() -> None:
     found = list(imports(PACKAGE / "rules" / "cadence.py", source))
     assert ("ntfy_intake.runtime.daemon", False) in found
     assert ROOMS.index(room_of("ntfy_intake.runtime.daemon")) > ROOMS.index("rules")
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_product_module_is_over_500_lines() -> None:
+    """Modules are nouns a newcomer can read whole (issue 22): past 500 lines, split on a seam."""
+    long = {
+        name: lines
+        for name, path in modules().items()
+        if room_of(name) != "testbed"
+        and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}

@@ -15,6 +15,7 @@ the daemon refuses, or no daemon running. Errors are one line on stderr, never a
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -174,3 +175,15 @@ def end(settings: Settings, silence_id: str) -> int:
         return _fail(f"no such silence holds: {silence_id}", EXIT_REFUSED)
     print(f"ended {silence_id}")
     return EXIT_OK
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    """`silence add|list|end`, as the command line parsed it."""
+    if args.silence_command == "add":
+        scope, target = (
+            ("topic", args.topic) if args.topic is not None else ("incident", args.incident)
+        )
+        return add(settings, scope, target, args.span, args.reason)
+    if args.silence_command == "list":
+        return listed(settings, as_json=args.json)
+    return end(settings, args.silence_id)
