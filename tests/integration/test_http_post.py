@@ -10,6 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ntfy_intake.wire.http_post import KeepAlivePoster
 
@@ -314,3 +316,63 @@ async def test_idle_connection_past_the_keepalive_expiry_is_not_reused() -> None
         await poster.post(b"{}", {})
         await poster.aclose()
     assert poster.connections_opened == receiver.connections == 2
+
+
+REPLY_HEADS = [
+    b"HTTP/1.1 200 OK",
+    b"HTTP/1.1 503 Busy",
+    b"HTTP/1.0 200 OK",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK",
+    b"HTTP/2 200",
+    b"garbage",
+]
+REPLY_FIELDS = [
+    b"Content-Length: 2",
+    b"Content-Length: 99",
+    b"Content-Length: 2, 3",
+    b"Transfer-Encoding: chunked",
+    b"Transfer-Encoding: gzip",
+    b"Connection: close",
+    b"X-Latin: caf\xe9",
+    b"Bad Field: x",
+    b"X-Nul: a\x00b",
+]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    head=st.sampled_from(REPLY_HEADS) | st.binary(max_size=16),
+    fields=st.lists(st.sampled_from(REPLY_FIELDS) | st.binary(max_size=12), max_size=4),
+    body=st.sampled_from([b"{}", b"2\r\n{}\r\n0\r\n\r\n", b"5 ;x\r\n", b""])
+    | st.binary(max_size=40),
+    times=st.integers(1, 3),
+)
+def test_any_reply_is_an_answer_or_an_httpx_error_never_another_exception(
+    head: bytes, fields: list[bytes], body: bytes, times: int
+) -> None:
+    """Whatever a receiver writes back, however often: a (status, headers, body) or an httpx
+    error, which the relay retries; any other exception would stop the relay's lane."""
+    wire = b"\r\n".join([head, *fields, b"", body])
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head_in = await reader.readuntil(b"\r\n\r\n")
+                length = int(head_in.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(wire)
+                await writer.drain()
+
+    async def run() -> None:
+        async with serve(handler) as port:
+            poster = KeepAlivePoster(
+                f"http://127.0.0.1:{port}/t", timeouts=httpx.Timeout(0.5), max_reply=64
+            )
+            for _ in range(times):
+                with contextlib.suppress(httpx.HTTPError):
+                    status, _, reply = await poster.post(b"{}", {"Idempotency-Key": "k"})
+                    assert 100 <= status <= 999
+                    assert len(reply) <= 64
+            await poster.aclose()
+
+    asyncio.run(run())

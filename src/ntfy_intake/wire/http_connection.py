@@ -9,8 +9,8 @@ connection may carry another request; those rules are httpcore's:
 - an idle connection expires after `KEEPALIVE_EXPIRY`, httpcore's default under httpx;
 - a reply followed by more bytes than it declared ends its connection.
 
-Why not httpcore's own pool: it costs about 300 us of CPU per request on a small machine, the
-relay's lean path about 50 (bench/bench_latency.py, relay throughput; docs/performance.md). The
+Why not httpcore's own pool: it costs 300-400 us of CPU per request on a small machine, this
+connection about 120 (h11 is half of it; docs/performance.md, measured alone). The
 connection here is `_Wire`, an asyncio Protocol, rather than a StreamReader, because a
 StreamReader does not say whether bytes arrived while idle: the protocol sees every byte.
 Failures are httpx's exception types, so intake's handling and diagnose's wording stay one.

@@ -7,7 +7,7 @@ finished the exchange and may go on, and is taken out again only by httpcore's r
 no longer than `KEEPALIVE_EXPIRY`, and nothing (not a byte, not EOF) arrived while it waited.
 
 Why not httpx or httpcore here: a POST through httpx costs about 600 us of CPU on a small
-machine, through httpcore's pool about 300 us, through this client about 100 us (h11's share is
+machine, through httpcore's pool about 300 us, through this client about 120 us (h11's share is
 about half); the relay's ceiling follows (docs/performance.md). The daemon keeps httpx when the
 environment names a proxy for the relay URL, or when a test injects a transport.
 
