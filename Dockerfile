@@ -14,10 +14,10 @@ RUN pip install --no-cache-dir uv==0.13.9
 WORKDIR /src
 # Dependencies first, so a source change does not re-resolve them.
 COPY pyproject.toml uv.lock ./
-RUN uv sync --locked --no-dev --no-install-project
+RUN uv sync --locked --no-dev --extra postgres --no-install-project
 COPY README.md ./
 COPY src ./src
-RUN uv sync --locked --no-dev --no-editable
+RUN uv sync --locked --no-dev --extra postgres --no-editable
 
 # ---- runtime ----------------------------------------------------------------------------------
 FROM python:3.11-slim AS runtime

@@ -17,6 +17,7 @@ from ntfy_intake.store import db, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire.frames import Message, decode_line
 
+from . import engines, harness
 from .harness import Child
 from .real_ntfy import RealNtfy
 
@@ -30,9 +31,40 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Storage-touching tests run on both engines (tests/engines.py)."""
+    if "engine" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("sqlite_only"):
+        return
+    if metafunc.definition.get_closest_marker("engines") or "store" in metafunc.fixturenames:
+        metafunc.parametrize("engine", engines.ENGINES, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def engine(request: pytest.FixtureRequest, _clean_environment: None) -> Iterator[str]:
+    """The engine this test runs on; on PostgreSQL, a schema of its own (tests/engines.py)."""
+    name: str = getattr(request, "param", "sqlite")
+    if name == "sqlite":
+        yield name
+        return
+    server = engines.server_dsn()
+    if server is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(engines.unavailable())
+        pytest.skip(engines.unavailable())
+    schema, dsn = engines.create_schema(server)
+    harness.DATABASE = dsn
+    try:
+        yield name
+    finally:
+        harness.DATABASE = None
+        engines.drop_schema(server, schema)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    conn = db.connect(tmp_path / "intake.sqlite3")
+def store(tmp_path: Path, engine: str) -> Iterator[db.Connection]:
+    conn = db.connect(engines.target(tmp_path, harness.DATABASE))
     migrations.apply(conn)
     yield conn
     conn.close()

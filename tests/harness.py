@@ -24,6 +24,8 @@ from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db
 
 TOPICS = "alerts,backups"
+# The PostgreSQL DSN of the running test's own schema, or None on SQLite (conftest's `engine`).
+DATABASE: str | None = None
 
 
 def wait_until(
@@ -45,6 +47,8 @@ def env_for(ntfy_url: str, state_dir: Path, **overrides: str) -> dict[str, str]:
         "NTFY_INTAKE_NTFY_REORDER_WINDOW": "300ms",
         "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
     }
+    if DATABASE is not None:
+        env["NTFY_INTAKE_STATE_DATABASE"] = DATABASE
     env.update({f"NTFY_INTAKE_{k.upper()}": v for k, v in overrides.items()})
     return env
 
@@ -149,7 +153,18 @@ def notices(state_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+def store_of(state_dir: Path) -> db.Target:
+    """The store a test's daemon with this state dir uses, on the test's engine."""
+    return db.Dsn(DATABASE) if DATABASE else state_dir / "intake.sqlite3"
+
+
 def query(state_dir: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    if DATABASE is not None:
+        pg = db.connect(DATABASE, readonly=True)
+        try:
+            return [tuple(row) for row in pg.execute(sql, params)]
+        finally:
+            pg.close()
     conn = sqlite3.connect(f"file:{state_dir / 'intake.sqlite3'}?mode=ro", uri=True, timeout=10)
     try:
         return [tuple(row) for row in conn.execute(sql, params)]

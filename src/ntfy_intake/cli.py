@@ -299,7 +299,7 @@ def _open_readonly(args: argparse.Namespace) -> tuple[Connection | None, Setting
 
     settings = _load_settings(args, need_ntfy=False)
     path = settings.state.database
-    return (db.connect(path, readonly=True) if path.exists() else None), settings
+    return (db.connect(path, readonly=True) if db.exists(path) else None), settings
 
 
 def _no_state(settings: Settings) -> str:
@@ -340,7 +340,7 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
     from ntfy_intake.store import db, outbox  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)
-    if not settings.state.database.exists():
+    if not db.exists(settings.state.database):
         print(_no_state(settings), file=sys.stderr)
         return 1
     conn = db.connect(settings.state.database)

@@ -219,6 +219,7 @@ def test_triage_payload_keeps_what_publishers_send_and_never_a_null_title(
     assert None not in rich_event.values() and None not in plain_event.values()
 
 
+@pytest.mark.sqlite_only(reason="SQLite's planner, named by INDEXED BY; PostgreSQL plans by cost")
 def test_unlinked_probe_reads_the_partial_index_not_every_recorded_message(
     store: sqlite3.Connection,
 ) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import structlog
@@ -47,7 +46,7 @@ class Database:
 
     def __init__(
         self,
-        path: Path,
+        path: db.Target,
         *,
         boot_id: str,
         waits: StorageWaits,

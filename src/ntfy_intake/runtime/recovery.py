@@ -25,6 +25,7 @@ from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, append_triage_entry
 from ntfy_intake.rules import cadence, notices
 from ntfy_intake.settings import Settings
+from ntfy_intake.settings.schema import is_dsn
 from ntfy_intake.store import audit, db, migrations, outbox, rebuild, rehydrate, replay, storage
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import load as load_cursor
@@ -109,7 +110,8 @@ def _recover(
     if problem is not None:
         raise StartupError(problem)
     state_lock.acquire()
-    rebuild.remove_orphan_wal(settings.state.database)
+    if not is_dsn(settings.state.database):
+        rebuild.remove_orphan_wal(settings.state.database_file)
     conn = database.open()
     migrations.apply(conn)
     rebuilt = _rebuild_from_audit(conn, settings, owner_queue.policy, clock)

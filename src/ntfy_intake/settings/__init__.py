@@ -31,7 +31,7 @@ from ntfy_intake.settings.rules import (
     _owner,
     _Reader,
     _relay,
-    _state_dir,
+    _state,
 )
 from ntfy_intake.settings.schema import (
     _KINDS,
@@ -134,7 +134,7 @@ def load(
             resolved[name] = done
     build = _Builder(resolved, problems)
     ntfy = build.section("ntfy", lambda r: _ntfy(r, required=need_ntfy))
-    state = build.section("state", lambda r: StateSettings(dir=_state_dir(r, environ)))
+    state = build.section("state", lambda r: _state(r, environ))
     relay = build.section("relay", _relay)
     cadence = build.section("cadence", _cadence)
     # The owner rules compare with ntfy.topics; with broken ntfy settings, check them alone.

@@ -26,14 +26,17 @@ from ntfy_intake.settings.schema import (
     SECRET_KEYS,
     TOPIC_RE,
     CadenceSettings,
+    Dsn,
     FirstStart,
     HealthSettings,
     HttpSettings,
     NtfySettings,
     OwnerSettings,
     RelaySettings,
+    StateSettings,
     _mask_url,
     env_name,
+    is_dsn,
     split_listen,
 )
 from ntfy_intake.settings.sources import _type_name, _Value
@@ -277,6 +280,30 @@ def _first_start(r: _Reader) -> FirstStart:
     if seconds <= 0:
         r.fail("ntfy", "first_start", 'a history duration must be longer than 0s (or use "now")')
     return FirstStart("history", seconds)
+
+
+def _state(r: _Reader, environ: Mapping[str, str]) -> StateSettings:
+    return StateSettings(dir=_state_dir(r, environ), dsn=_database(r))
+
+
+def _database(r: _Reader) -> Dsn | None:
+    """`[state] database`: a PostgreSQL URI, or unset for SQLite in the state dir."""
+    text = r.text("state", "database")
+    if text is None:
+        return None
+    if not is_dsn(text):
+        r.fail(
+            "state",
+            "database",
+            "expected a PostgreSQL URI like postgresql://user@host/db (value not shown);"
+            " unset for SQLite in the state dir",
+        )
+    dsn = Dsn(text)
+    try:
+        dsn.where  # noqa: B018 - parses host, port and database
+    except ValueError:
+        r.fail("state", "database", "not a valid PostgreSQL URI (value not shown)")
+    return dsn
 
 
 def _state_dir(r: _Reader, environ: Mapping[str, str]) -> Path:

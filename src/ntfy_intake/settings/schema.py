@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules.durations import format_duration
@@ -46,6 +47,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "cache_settle"): "duration",
     ("ntfy", "overlap"): "duration",
     ("state", "dir"): "str",
+    ("state", "database"): "str",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
     ("relay", "max_attempts"): "int",
@@ -74,6 +76,8 @@ SECRET_KEYS = frozenset(
         ("health", "ping_url"),
         ("relay", "secret"),
         ("relay", "token"),
+        # A DSN may carry a password: shown as host and database only.
+        ("state", "database"),
     }
 )
 _URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
@@ -117,12 +121,61 @@ class NtfySettings:
     overlap: float = 30.0
 
 
+DSN_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_dsn(value: object) -> bool:
+    """A PostgreSQL connection URI (`[state] database`), not a file path."""
+    text = value.conninfo if isinstance(value, Dsn) else str(value)
+    return text.startswith(DSN_SCHEMES)
+
+
+@dataclass(frozen=True, slots=True)
+class Dsn:
+    """A PostgreSQL connection string. Its `str` names host, port and database and never the
+    password (a DSN with a password is a secret: DESIGN.md section 8)."""
+
+    conninfo: str
+
+    def __str__(self) -> str:
+        return self.where
+
+    def __repr__(self) -> str:
+        return f"Dsn({self.where!r})"
+
+    @property
+    def where(self) -> str:
+        parts = urlsplit(self.conninfo)
+        query = dict(parse_qsl(parts.query))
+        host = parts.hostname or query.get("host") or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+        database = parts.path.lstrip("/") or query.get("dbname") or parts.username or "postgres"
+        user = f"{parts.username}@" if parts.username else ""
+        return f"postgresql://{user}{host}{port}/{database}"
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.conninfo).hostname or "localhost"
+
+    @property
+    def database(self) -> str:
+        parts = urlsplit(self.conninfo)
+        return parts.path.lstrip("/") or parts.username or "postgres"
+
+
 @dataclass(frozen=True, slots=True)
 class StateSettings:
     dir: Path
+    # `[state] database`: PostgreSQL (DESIGN.md section 9); None = SQLite in `dir`.
+    dsn: Dsn | None = dataclasses.field(default=None, repr=False)
 
     @property
-    def database(self) -> Path:
+    def database(self) -> Path | Dsn:
+        return self.dsn if self.dsn is not None else self.dir / "intake.sqlite3"
+
+    @property
+    def database_file(self) -> Path:
+        """Where the SQLite engine keeps the store (the default, and `store copy`'s source)."""
         return self.dir / "intake.sqlite3"
 
     @property

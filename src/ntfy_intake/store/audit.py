@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +26,8 @@ from typing import Any
 
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.rules.timestamps import rfc3339
-from ntfy_intake.store import db
+from ntfy_intake.store import db, dialect
+from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire import jsonsafe
 
 SCHEMA_VERSION = 1
@@ -47,12 +47,12 @@ def encode(record: Mapping[str, Any]) -> str:
     return _COMPACT(record)
 
 
-def stage(conn: sqlite3.Connection, kind: str, now: float, **fields: Any) -> None:
+def stage(conn: Connection, kind: str, now: float, **fields: Any) -> None:
     """Queue one record inside the caller's write transaction."""
     stage_encoded(conn, [encode({"ts": rfc3339(now), "kind": kind, **fields})])
 
 
-def stage_encoded(conn: sqlite3.Connection, lines: list[str]) -> None:
+def stage_encoded(conn: Connection, lines: list[str]) -> None:
     """Queue already-encoded records (a batch's, in order) inside the caller's transaction."""
     conn.executemany("INSERT INTO audit_journal(line) VALUES (?)", [(line,) for line in lines])
 
@@ -205,12 +205,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def flushed_seq(conn: sqlite3.Connection) -> int:
+def flushed_seq(conn: Connection) -> int:
     row = conn.execute("SELECT value FROM kv WHERE name = ?", (FLUSHED_KEY,)).fetchone()
     return int(row[0]) if row else 0
 
 
-def _mark_flushed(conn: sqlite3.Connection, seq: int) -> None:
+def _mark_flushed(conn: Connection, seq: int) -> None:
     with db.write_txn(conn):
         conn.execute(
             "INSERT INTO kv(name, value) VALUES (?, ?)"
@@ -220,7 +220,7 @@ def _mark_flushed(conn: sqlite3.Connection, seq: int) -> None:
         conn.execute("DELETE FROM audit_journal WHERE seq <= ?", (seq,))
 
 
-def flush(conn: sqlite3.Connection, log: AuditLog) -> int:
+def flush(conn: Connection, log: AuditLog) -> int:
     """Write every journal row not yet in the files; return how many lines were written.
 
     Rows at or below `log.last_seq` are in the files already (a mark that failed to move after
@@ -241,7 +241,7 @@ def flush(conn: sqlite3.Connection, log: AuditLog) -> int:
     return len(rows)
 
 
-def recover(conn: sqlite3.Connection, log: AuditLog) -> int:
+def recover(conn: Connection, log: AuditLog) -> int:
     """At startup: repair torn tails in every file, then write outcomes that reached SQLite but
     not the log. What is "already written" is found by seq across all files, never by names."""
     log.last_seq  # noqa: B018 - repairs every torn tail before anything is read or appended
@@ -259,21 +259,33 @@ def recover(conn: sqlite3.Connection, log: AuditLog) -> int:
     return len(missing)
 
 
-def _seq_at_least(conn: sqlite3.Connection, seq: int) -> None:
+def _seq_at_least(conn: Connection, seq: int) -> None:
     """New journal rows must number above every line in the files (a rebuilt or restored
     database would otherwise reuse seqs, and a reused seq counts as already written)."""
     if seq <= 0:
         return
     with db.write_txn(conn):
-        row = conn.execute(
-            "SELECT seq FROM sqlite_sequence WHERE name = 'audit_journal'"
-        ).fetchone()
-        if row is None:
-            conn.execute(
-                "INSERT INTO sqlite_sequence(name, seq) VALUES ('audit_journal', ?)", (seq,)
-            )
-        elif row[0] < seq:
-            conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'audit_journal'", (seq,))
+        journal_seq_at_least(conn, seq)
+
+
+def journal_seq_at_least(conn: Connection, seq: int) -> None:
+    """Inside a write transaction: the next journal row numbers above `seq` (SQLite: the
+    AUTOINCREMENT counter; PostgreSQL: the identity's sequence, which never moves back)."""
+    if dialect.is_postgres(conn):
+        conn.execute(_PG_SEQ_AT_LEAST, (seq, seq))
+        return
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'audit_journal'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('audit_journal', ?)", (seq,))
+    elif row[0] < seq:
+        conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'audit_journal'", (seq,))
+
+
+_PG_SEQ_AT_LEAST = (
+    "SELECT setval(pg_get_serial_sequence('audit_journal', 'seq'), ?)"
+    " FROM pg_sequences WHERE schemaname = current_schema()"
+    " AND sequencename = 'audit_journal_seq_seq' AND coalesce(last_value, 0) < ?"
+)
 
 
 def repair_tails(directory: Path) -> int:

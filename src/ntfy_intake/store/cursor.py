@@ -18,12 +18,12 @@ Rules (DESIGN.md section 3):
 
 from __future__ import annotations
 
-import sqlite3
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
 from ntfy_intake.store import db
+from ntfy_intake.store.transaction import Connection
 
 Kind = Literal["id", "time", "all"]
 
@@ -107,7 +107,7 @@ def gap_window(
     return (gap_from, end) if end > gap_from else None
 
 
-def load_resume(conn: sqlite3.Connection) -> Resume | None:
+def load_resume(conn: Connection) -> Resume | None:
     row = conn.execute(
         "SELECT kind, value, message_time, backfill_from, backfill_epoch, last_frame_time,"
         " gap_from FROM cursor WHERE id = 1"
@@ -117,20 +117,20 @@ def load_resume(conn: sqlite3.Connection) -> Resume | None:
     return Resume(Cursor(row[0], row[1], row[2]), row[3], row[4], row[5], row[6])
 
 
-def owe_backfill(conn: sqlite3.Connection, since: int, gap_from: int | None, now: float) -> Owed:
+def owe_backfill(conn: Connection, since: int, gap_from: int | None, now: float) -> Owed:
     """Persist the backfill this connection owes; an older one still owed is kept (min)."""
     with db.write_txn(conn):
         row = conn.execute(
-            "UPDATE cursor SET backfill_from = min(coalesce(backfill_from, ?), ?),"
+            "UPDATE cursor SET backfill_from = CASE WHEN backfill_from < ? THEN backfill_from ELSE ? END,"
             " backfill_epoch = backfill_epoch + 1,"
             " gap_from = coalesce(gap_from, ?), updated_at = ? WHERE id = 1"
             " RETURNING backfill_from, backfill_epoch, gap_from",
-            (since, since, gap_from, now),
+            (since, since, gap_from, now),  # NULL < x is not true: NULL takes `since`
         ).fetchone()
     return Owed(row[0], row[1], row[2])
 
 
-def backfill_done(conn: sqlite3.Connection, owed: Owed) -> bool:
+def backfill_done(conn: Connection, owed: Owed) -> bool:
     """Inside the transaction that recorded the poll's events: nothing owed any more, unless a
     newer connection has opened since (it owes its own poll)."""
     return (
@@ -143,20 +143,21 @@ def backfill_done(conn: sqlite3.Connection, owed: Owed) -> bool:
     )
 
 
-def save_last_frame_time(conn: sqlite3.Connection, server_time: int) -> None:
+def save_last_frame_time(conn: Connection, server_time: int) -> None:
     with db.write_txn(conn):
         conn.execute(
-            "UPDATE cursor SET last_frame_time = max(coalesce(last_frame_time, 0), ?) WHERE id = 1",
-            (server_time,),
+            "UPDATE cursor SET last_frame_time = ? WHERE id = 1"
+            " AND (last_frame_time IS NULL OR last_frame_time < ?)",
+            (server_time, server_time),
         )
 
 
-def load(conn: sqlite3.Connection) -> Cursor | None:
+def load(conn: Connection) -> Cursor | None:
     row = conn.execute("SELECT kind, value, message_time FROM cursor WHERE id = 1").fetchone()
     return None if row is None else Cursor(row[0], row[1], row[2])
 
 
-def save(conn: sqlite3.Connection, cursor: Cursor, now: float) -> None:
+def save(conn: Connection, cursor: Cursor, now: float) -> None:
     with db.write_txn(conn):
         conn.execute(
             "INSERT INTO cursor(id, kind, value, message_time, updated_at) VALUES (1, ?, ?, ?, ?)"

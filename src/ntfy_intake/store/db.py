@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import ParamSpec, Protocol, TypeVar
 
-from ntfy_intake.store import migrations
+from ntfy_intake.settings.schema import Dsn, is_dsn
+from ntfy_intake.store import migrations, postgres
 from ntfy_intake.store.migrations import Migration
 from ntfy_intake.store.transaction import (
     ERRORS,
@@ -39,14 +40,18 @@ __all__ = [
     "ERRORS",
     "BeforeCommit",
     "Connection",
+    "Dsn",
     "Effect",
     "Migration",
     "Runner",
+    "Target",
     "Transaction",
     "commit_counter",
     "commits_without_fsync",
     "connect",
+    "exists",
     "fail_before_commit",
+    "is_postgres",
     "migrate",
     "read_only",
     "run_inline",
@@ -55,10 +60,35 @@ __all__ = [
 
 BUSY_TIMEOUT_MS = 10_000
 
+# Where a store lives: a SQLite file, or a PostgreSQL database (`[state] database`).
+Target = Path | Dsn
 
-def connect(path: Path | str, *, readonly: bool = False) -> Connection:
-    """Open the database file with the settings every module relies on."""
-    path = Path(path)
+
+def target_of(value: Path | Dsn | str) -> Target:
+    """A path or a DSN string as the store's `Target`."""
+    if isinstance(value, Dsn | Path):
+        return value
+    return Dsn(value) if is_dsn(value) else Path(value)
+
+
+def is_postgres(conn: Connection) -> bool:
+    return isinstance(conn, postgres.PgConnection)
+
+
+def exists(target: Target | str) -> bool:
+    """Whether there is a store to open read-only: a file on SQLite; always on PostgreSQL (the
+    database is the operator's, and opening it says whether it answers)."""
+    target = target_of(target)
+    return True if isinstance(target, Dsn) else target.exists()
+
+
+def connect(target: Target | str, *, readonly: bool = False) -> Connection:
+    """Open the store with the settings every module relies on: a SQLite file, or a
+    PostgreSQL database when `target` is a DSN (postgres.connect)."""
+    target = target_of(target)
+    if isinstance(target, Dsn):
+        return postgres.connect(target, readonly=readonly, timeout=BUSY_TIMEOUT_MS / 1000)
+    path = target
     if not readonly:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not path.exists():
@@ -119,11 +149,20 @@ def migrate(conn: Connection, steps: Sequence[Migration]) -> list[str]:
 def commit_counter(conn: Connection) -> int:
     """A number that changes whenever another connection commits (SQLite: PRAGMA data_version),
     read through a connection of one's own. Watchers of new rows poll it and query only when it
-    moved: the store's notification of new rows. It says that something changed, not what."""
+    moved: the store's notification of new rows. It says that something changed, not what.
+    PostgreSQL: the NOTIFYs of committed write transactions this connection has received (it
+    LISTENs from the first call; a round trip collects what arrived)."""
+    if isinstance(conn, postgres.PgConnection):
+        conn.listen()
+        conn.execute("SELECT 1")
+        return conn.notifications
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def read_only(conn: Connection) -> Connection:
     """Refuse every write on `conn` from now on (a watcher's connection: the doorbell)."""
+    if isinstance(conn, postgres.PgConnection):
+        conn.execute("SET default_transaction_read_only = on")
+        return conn
     conn.execute("PRAGMA query_only=ON")
     return conn

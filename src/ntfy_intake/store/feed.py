@@ -31,11 +31,11 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from ntfy_intake.errors import FeedError, StoreError
 from ntfy_intake.store import db, migrations
+from ntfy_intake.store.transaction import Connection
 
 __all__ = [
     "DEFAULT_CHANNEL",
@@ -84,7 +84,7 @@ class Entry:
         }
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Entry:
+    def from_row(cls, row: Any) -> Entry:
         payload = json.loads(row["payload"])
         return cls(
             channel=row["channel"],
@@ -127,7 +127,7 @@ def _check_limit(limit: int) -> int:
 # -- connection-level functions (the caller owns the connection and, for writes, the txn) ------
 
 
-def head_of(conn: sqlite3.Connection, channel: str) -> int:
+def head_of(conn: Connection, channel: str) -> int:
     """The highest seq of `channel`, 0 when it is empty."""
     row = conn.execute(
         "SELECT COALESCE(MAX(seq), 0) FROM feed_entries WHERE channel = ?", (channel,)
@@ -135,7 +135,7 @@ def head_of(conn: sqlite3.Connection, channel: str) -> int:
     return int(row[0])
 
 
-def cursors_of(conn: sqlite3.Connection, handle: str) -> dict[str, int]:
+def cursors_of(conn: Connection, handle: str) -> dict[str, int]:
     """The handle's cursor per channel (empty when it never joined)."""
     rows = conn.execute(
         "SELECT channel, acked_seq FROM feed_cursors WHERE handle = ? ORDER BY channel", (handle,)
@@ -144,7 +144,7 @@ def cursors_of(conn: sqlite3.Connection, handle: str) -> dict[str, int]:
 
 
 def next_ring(
-    conn: sqlite3.Connection, channel: str, after: int, *, not_from: str
+    conn: Connection, channel: str, after: int, *, not_from: str
 ) -> tuple[int, str, str] | None:
     """(seq, sender, summary) of the first entry after `after` not sent by `not_from`.
 
@@ -167,7 +167,7 @@ def _encode(payload: Mapping[str, object]) -> str:
         raise FeedError(f"payload is not JSON-serialisable: {exc}") from exc
 
 
-def _select_entry(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> Entry | None:
+def _select_entry(conn: Connection, where: str, params: tuple[object, ...]) -> Entry | None:
     row = conn.execute(
         f"SELECT {_ENTRY_COLUMNS} FROM feed_entries WHERE {where}", params
     ).fetchone()
@@ -175,7 +175,7 @@ def _select_entry(conn: sqlite3.Connection, where: str, params: tuple[object, ..
 
 
 def append(
-    conn: sqlite3.Connection,
+    conn: Connection,
     channel: str,
     payload: Mapping[str, object],
     *,
@@ -222,7 +222,7 @@ def append(
     )
 
 
-def _join(conn: sqlite3.Connection, handle: str, channel: str, at: JoinAt, now: float) -> int:
+def _join(conn: Connection, handle: str, channel: str, at: JoinAt, now: float) -> int:
     """Create the cursor if missing (inside the caller's write txn) and return it."""
     start = 0 if at == "start" else head_of(conn, channel)
     conn.execute(
@@ -243,11 +243,11 @@ def _join(conn: sqlite3.Connection, handle: str, channel: str, at: JoinAt, now: 
 def _store_errors() -> Iterator[None]:
     try:
         yield
-    except sqlite3.Error as exc:
+    except db.ERRORS as exc:
         raise StoreError(f"feed store: {exc}") from exc
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: db.Target) -> Connection:
     """`db.connect`, retrying the one step SQLite does not retry by itself.
 
     Switching a fresh file to WAL needs an exclusive lock and fails at once with SQLITE_BUSY
@@ -267,7 +267,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 class FeedStore:
     """The agent feed over the daemon's SQLite file; safe whether or not the daemon runs."""
 
-    def __init__(self, conn: sqlite3.Connection, db_path: Path) -> None:
+    def __init__(self, conn: Connection, db_path: db.Target) -> None:
         self._conn = conn
         self.db_path = db_path
         self._lock = threading.RLock()
@@ -277,11 +277,11 @@ class FeedStore:
         self._generation = 0
 
     @classmethod
-    def open(cls, db_path: Path | str) -> FeedStore:
+    def open(cls, db_path: db.Target | str) -> FeedStore:
         """Open (creating if needed) the database and migrate it (the whole list: a fresh file
         opened here first has the daemon's tables too; the migration lock keeps agents and the
         daemon starting together from racing)."""
-        path = Path(db_path)
+        path = db.target_of(db_path)
         with _store_errors():
             conn = _connect(path)
             try:
@@ -421,9 +421,9 @@ class FeedStore:
             if seq > head:
                 raise FeedError(f"ack {seq} is beyond head {head} of channel {channel!r}")
             updated = conn.execute(
-                "UPDATE feed_cursors SET acked_seq = MAX(acked_seq, ?)"
+                "UPDATE feed_cursors SET acked_seq = CASE WHEN acked_seq > ? THEN acked_seq ELSE ? END"
                 " WHERE handle = ? AND channel = ?",
-                (seq, handle, channel),
+                (seq, seq, handle, channel),
             ).rowcount
             if updated == 0:
                 raise FeedError(

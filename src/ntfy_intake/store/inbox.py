@@ -19,7 +19,6 @@ changes nothing and a batch run again decides as the first run did.
 from __future__ import annotations
 
 import functools
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -29,6 +28,7 @@ from ntfy_intake.rules.notices import Notice
 from ntfy_intake.store import db, device_actions, outbox, quarantine
 from ntfy_intake.store.inbox_batch import Batch, BatchResult, Candidate, NoteAppend
 from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
 
 log = structlog.get_logger("ntfy_intake.inbox")
@@ -37,11 +37,11 @@ log = structlog.get_logger("ntfy_intake.inbox")
 # this test runs once per frame.
 _EVENT_TYPES = (Message, DeviceAction, Ignored)
 # Runs inside the batch's transaction after its rows are written (the backfill's own record).
-InTransaction = Callable[[sqlite3.Connection, "BatchResult"], None]
+InTransaction = Callable[[Connection, "BatchResult"], None]
 
 
 def record_batch(
-    conn: sqlite3.Connection,
+    conn: Connection,
     frames: Sequence[Event | Junk | Notice],
     now: float,
     *,
@@ -81,7 +81,7 @@ def record_batch(
 
 
 def _record_batch(
-    conn: sqlite3.Connection,
+    conn: Connection,
     frames: Sequence[Event | Junk | Notice],
     *,
     now: float,
@@ -119,7 +119,7 @@ def _record_batch(
 
 
 def _one_by_one(
-    conn: sqlite3.Connection,
+    conn: Connection,
     frames: Sequence[Event | Junk | Notice],
     now: float,
     queue: OwnerQueue,
@@ -148,7 +148,7 @@ def _one_by_one(
 
 
 def _quarantine_failed(
-    conn: sqlite3.Connection,
+    conn: Connection,
     frame: Event | Junk | Notice,
     exc: Exception,
     now: float,

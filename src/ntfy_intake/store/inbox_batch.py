@@ -8,13 +8,13 @@ and the one-by-one fallback, are `store/inbox.py`; ntfy's delete/clear, `store/d
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
-from ntfy_intake.store import audit, event_line, incident_rows, outbox
+from ntfy_intake.store import audit, dialect, event_line, incident_rows, outbox
 from ntfy_intake.store.owner_queue import Record
+from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire.frames import Event, Ignored, Junk, Message
 
 # An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
@@ -47,16 +47,18 @@ class BatchResult:
 
 # Appends an information entry for agents (a delete/clear whose request already went out):
 # (conn, idempotency key, payload, summary, now), inside the batch's transaction.
-NoteAppend = Callable[[sqlite3.Connection, str, dict[str, object], str, float], None]
+NoteAppend = Callable[[Connection, str, dict[str, object], str, float], None]
 
 # Any delete/clear still waiting for its message? Read from the partial index `inbox_unlinked`
 # (a few rows at most), named outright: left to the planner it picked `inbox_sequence` (every
 # message ever recorded, once per batch: a long replay went quadratic) and, once the console's
 # `inbox_incident` index came, that one, depending on SQLite's version and statistics.
+# PostgreSQL has no INDEXED BY; its planner finds the partial index from the same WHERE.
 UNLINKED_PROBE = (
     "SELECT 1 FROM inbox INDEXED BY inbox_unlinked"
     " WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
 )
+UNLINKED_PROBE_PG = UNLINKED_PROBE.replace(" INDEXED BY inbox_unlinked", "")
 
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
@@ -70,7 +72,7 @@ class Batch:
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         now: float,
         policy: cadence.Policy,
         work: cadence.CadenceState,
@@ -269,7 +271,12 @@ class Batch:
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
         self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
-        if self.new_sequences and self.conn.execute(UNLINKED_PROBE).fetchone():
+        if (
+            self.new_sequences
+            and self.conn.execute(
+                dialect.pick(self.conn, sqlite=UNLINKED_PROBE, postgresql=UNLINKED_PROBE_PG)
+            ).fetchone()
+        ):
             # Deletes/clears that arrived before the message they name: link them now.
             self.conn.executemany(
                 "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
@@ -277,7 +284,7 @@ class Batch:
                 [(key, topic, seq) for (topic, seq), key in self.new_sequences.items()],
             )
         self.conn.executemany(
-            "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
+            "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
             self.attach_rows,
         )
         self.conn.executemany(
@@ -291,7 +298,7 @@ class Batch:
             "INSERT INTO quarantine(raw_sha256, raw, reason, event_id, first_seen, last_seen, count)"
             " VALUES (?, ?, ?, ?, ?, ?, 1)"
             " ON CONFLICT(raw_sha256) DO UPDATE SET last_seen = excluded.last_seen,"
-            " count = count + 1 RETURNING count",
+            " count = quarantine.count + 1 RETURNING count",
             (junk.raw_sha256, junk.raw, reason, junk.event_id, self.now, self.now),
         )
         first_time = cursor.fetchone()[0] == 1

@@ -4,11 +4,11 @@ The state itself (what a merge does) is the pure `rules/incidents.py`; this is i
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from ntfy_intake.rules import incidents
+from ntfy_intake.store.transaction import Connection
 
 SELECT = (
     "SELECT key, severity, status, status_time, status_event, first_seen, last_seen, events,"
@@ -24,7 +24,7 @@ SAVE = (
 )
 
 
-def load(conn: sqlite3.Connection, key: str) -> incidents.IncidentState | None:
+def load(conn: Connection, key: str) -> incidents.IncidentState | None:
     row = conn.execute(f"{SELECT} WHERE key = ?", (key,)).fetchone()
     return None if row is None else from_row(row)
 

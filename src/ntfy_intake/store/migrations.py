@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ntfy_intake.errors import SchemaTooNew
-from ntfy_intake.store import transaction
+from ntfy_intake.store import postgres, transaction
+from ntfy_intake.store.migrations_pg import POSTGRES
 from ntfy_intake.store.transaction import Connection
 
-__all__ = ["FORMERLY", "SQLITE", "Migration", "apply", "ledger"]
+__all__ = ["FORMERLY", "SQLITE", "Migration", "apply", "for_engine", "ledger"]
 
 # (name, statements): one step of a list.
 Migration = tuple[str, Sequence[str]]
@@ -199,20 +200,36 @@ _LEDGER = (
     " name TEXT PRIMARY KEY,"
     " applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"
 )
+# PostgreSQL has no rowid: the ledger's order is an identity column.
+_LEDGER_PG = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    " name TEXT PRIMARY KEY,"
+    " applied_at DOUBLE PRECISION NOT NULL DEFAULT extract(epoch FROM now()),"
+    " ordinal BIGINT GENERATED ALWAYS AS IDENTITY)"
+)
 
 
-def apply(conn: Connection, steps: Iterable[Migration] = SQLITE) -> list[str]:
+def for_engine(conn: Connection) -> tuple[Migration, ...]:
+    """The product's list for `conn`'s engine."""
+    if isinstance(conn, postgres.PgConnection):
+        return POSTGRES
+    return SQLITE
+
+
+def apply(conn: Connection, steps: Iterable[Migration] | None = None) -> list[str]:
     """Apply the steps the ledger lacks, in order, under the write lock; return their names.
 
-    `steps` is the product's list unless a caller keeps a database of its own (the test bed's
-    receiver). Raises SchemaTooNew, with nothing changed, when the ledger names a step `steps`
-    does not have."""
-    steps = list(steps)
+    `steps` is the product's list for the engine unless a caller keeps a database of its own
+    (the test bed's receiver). Raises SchemaTooNew, with nothing changed, when the ledger names
+    a step `steps` does not have."""
+    steps = list(for_engine(conn) if steps is None else steps)
     known = {name for name, _ in steps}
-    # The lock: BEGIN IMMEDIATE before the ledger is read. Not `db.write_txn`, which tests patch
-    # to fail the COMMITs of the daemon's writers.
+    pg = isinstance(conn, postgres.PgConnection)
+    # The lock: the engine's write lock (BEGIN IMMEDIATE; PostgreSQL: the store's advisory
+    # lock) before the ledger is read. Not `db.write_txn`, which tests patch to fail the COMMITs
+    # of the daemon's writers.
     with transaction.write_txn(conn):
-        conn.execute(_LEDGER)
+        conn.execute(_LEDGER_PG if pg else _LEDGER)
         _rename_former(conn, known)
         done = set(ledger(conn))
         unknown = sorted(done - known)
@@ -235,6 +252,12 @@ def apply(conn: Connection, steps: Iterable[Migration] = SQLITE) -> list[str]:
 
 def ledger(conn: Connection) -> list[str]:
     """The names recorded as applied, in the order they were recorded."""
+    if isinstance(conn, postgres.PgConnection):
+        if conn.execute("SELECT to_regclass('schema_migrations')").fetchone()[0] is None:
+            return []
+        return [
+            row[0] for row in conn.execute("SELECT name FROM schema_migrations ORDER BY ordinal")
+        ]
     exists = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
     ).fetchone()
@@ -257,6 +280,8 @@ def _rename_former(conn: Connection, known: set[str]) -> None:
 
 
 def _file_of(conn: Connection) -> str:
+    if isinstance(conn, postgres.PgConnection):
+        return str(conn.dsn)
     for row in conn.execute("PRAGMA database_list"):
         if row[1] == "main":
             return str(row[2]) or "(in memory)"

@@ -10,13 +10,13 @@ A payload is built once, at release, and never changes: a receiver sees one body
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ntfy_intake.rules import sanitize
-from ntfy_intake.store import audit, db
+from ntfy_intake.store import audit, db, dialect
+from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire import frames
 
 SCHEMA = "ntfy-intake.triage/1"
@@ -33,11 +33,11 @@ UNTRUSTED_FIELDS = [
 PUBLISHER_FIELDS = ("click", "icon", "actions", "attachment", "content_type")
 
 # Called inside the release transaction with (conn, delivery_key, payload, summary, now).
-FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
+FeedAppend = Callable[[Connection, str, dict[str, Any], str, float], None]
 
 
 def create(
-    conn: sqlite3.Connection, key: str, incident_key: str, reason: str, due_at: float, now: float
+    conn: Connection, key: str, incident_key: str, reason: str, due_at: float, now: float
 ) -> None:
     conn.execute(
         "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
@@ -46,13 +46,13 @@ def create(
     )
 
 
-def next_release_at(conn: sqlite3.Connection) -> float | None:
+def next_release_at(conn: Connection) -> float | None:
     row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
     return None if row[0] is None else float(row[0])
 
 
 def release_due(
-    conn: sqlite3.Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
+    conn: Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
 ) -> list[str]:
     """Freeze the payload of every request whose window closed; call inside a write txn."""
     keys = [
@@ -98,7 +98,7 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], str, int]:
+def build_payload(conn: Connection, key: str) -> tuple[dict[str, Any], str, int]:
     """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
     row = conn.execute(
         "SELECT o.reason, i.key, i.severity, i.status, i.version"
@@ -150,7 +150,7 @@ def build_payload(conn: sqlite3.Connection, key: str) -> tuple[dict[str, Any], s
 
 
 def claim_due(
-    conn: sqlite3.Connection,
+    conn: Connection,
     now: float,
     *,
     limit: int,
@@ -164,7 +164,9 @@ def claim_due(
 
 # Pending rows are taken only up to the due time of the `limit`-th one (ties included): found on
 # the (state, due_at) index, so a claim sorts about `limit` rows, not the whole backlog.
-_LEASE_DUE = (
+# A JSON array of keys as rows of `value`: SQLite's json_each, PostgreSQL's function of it.
+_PG_KEYS = "json_array_elements_text(CAST({} AS json))"
+_LEASE_DUE_SQLITE = (
     "UPDATE outbox SET state = 'leased', lease_until = :until, attempts = attempts + 1"
     " WHERE delivery_key IN (SELECT delivery_key FROM outbox"
     "   WHERE (state = 'pending' AND due_at <= coalesce((SELECT due_at FROM outbox"
@@ -175,10 +177,11 @@ _LEASE_DUE = (
     "   ORDER BY due_at, created_at LIMIT :limit)"
     " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at"
 )
+_LEASE_DUE_PG = _LEASE_DUE_SQLITE.replace("json_each(:holding)", _PG_KEYS.format(":holding"))
 
 
 def lease_due(
-    conn: sqlite3.Connection,
+    conn: Connection,
     now: float,
     *,
     limit: int,
@@ -189,7 +192,7 @@ def lease_due(
     holds (claimed, not yet settled); their lease may run out while they wait their turn, and
     they must not be claimed twice."""
     rows = conn.execute(
-        _LEASE_DUE,
+        dialect.pick(conn, sqlite=_LEASE_DUE_SQLITE, postgresql=_LEASE_DUE_PG),
         {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
     ).fetchall()
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
@@ -198,12 +201,14 @@ def lease_due(
     return [Claim(row[0], row[1], row[2], row[3]) for row in rows]
 
 
-def unclaim(conn: sqlite3.Connection, keys: Collection[str]) -> int:
+def unclaim(conn: Connection, keys: Collection[str]) -> int:
     """Claimed rows whose attempt never started (the relay is stopping) go back to pending, the
     attempt they were counted for taken back."""
     return conn.execute(
         "UPDATE outbox SET state = 'pending', lease_until = NULL, attempts = attempts - 1"
-        " WHERE state = 'leased' AND delivery_key IN (SELECT value FROM json_each(?))",
+        " WHERE state = 'leased' AND delivery_key IN (SELECT value FROM "
+        + dialect.pick(conn, sqlite="json_each(?)", postgresql=_PG_KEYS.format("?"))
+        + ")",
         (json.dumps(list(keys)),),
     ).rowcount
 
@@ -220,7 +225,7 @@ class Claim:
 Table = Literal["outbox", "owner_outbox"]
 
 
-def release_leases(conn: sqlite3.Connection, table: Table = "outbox") -> int:
+def release_leases(conn: Connection, table: Table = "outbox") -> int:
     """At startup: the previous process is gone, so its in-flight attempts are retried now
     (an attempt that had gone out goes out again: at-least-once, absorbed by keys)."""
     with db.write_txn(conn):
@@ -229,7 +234,7 @@ def release_leases(conn: sqlite3.Connection, table: Table = "outbox") -> int:
         ).rowcount
 
 
-def next_due_at(conn: sqlite3.Connection, table: Table = "outbox") -> float | None:
+def next_due_at(conn: Connection, table: Table = "outbox") -> float | None:
     """When the next row falls due: a pending row's due time, or a lease running out."""
     row = conn.execute(
         "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
@@ -238,7 +243,7 @@ def next_due_at(conn: sqlite3.Connection, table: Table = "outbox") -> float | No
     return None if row[0] is None else float(row[0])
 
 
-def mark_delivered(conn: sqlite3.Connection, key: str, response: str, now: float) -> bool:
+def mark_delivered(conn: Connection, key: str, response: str, now: float) -> bool:
     """Only a leased row settles: a row redriven or already settled meanwhile is left alone."""
     return (
         conn.execute(
@@ -250,7 +255,7 @@ def mark_delivered(conn: sqlite3.Connection, key: str, response: str, now: float
     )
 
 
-def mark_retry(conn: sqlite3.Connection, key: str, due_at: float, error: str) -> bool:
+def mark_retry(conn: Connection, key: str, due_at: float, error: str) -> bool:
     return (
         conn.execute(
             "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
@@ -261,7 +266,7 @@ def mark_retry(conn: sqlite3.Connection, key: str, due_at: float, error: str) ->
     )
 
 
-def mark_dead(conn: sqlite3.Connection, key: str, error: str, now: float) -> bool:
+def mark_dead(conn: Connection, key: str, error: str, now: float) -> bool:
     return (
         conn.execute(
             "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
@@ -272,7 +277,7 @@ def mark_dead(conn: sqlite3.Connection, key: str, error: str, now: float) -> boo
     )
 
 
-def redrive(conn: sqlite3.Connection, keys: Sequence[str] | None, now: float) -> list[str]:
+def redrive(conn: Connection, keys: Sequence[str] | None, now: float) -> list[str]:
     """Put dead rows back in the queue (all of them when `keys` is None), attempts reset."""
     with db.write_txn(conn):
         if keys is None:

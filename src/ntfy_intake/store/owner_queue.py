@@ -14,13 +14,13 @@ rolled-back transaction leaves the live state untouched, so running it again dec
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ntfy_intake.rules import cadence, cadence_records, sanitize, timestamps
 from ntfy_intake.rules.notices import Notice
 from ntfy_intake.store import audit, db
+from ntfy_intake.store.transaction import Connection
 
 Record = dict[str, Any]
 
@@ -143,7 +143,7 @@ class OwnerQueue:
 _REPLY_PREFIX = "notify:"
 
 
-def _subject(conn: sqlite3.Connection, key: str) -> tuple[str | None, tuple[str, ...]]:
+def _subject(conn: Connection, key: str) -> tuple[str | None, tuple[str, ...]]:
     if not key.startswith(_REPLY_PREFIX):
         return None, ()
     delivery_key = key[len(_REPLY_PREFIX) :]
@@ -158,12 +158,12 @@ def _subject(conn: sqlite3.Connection, key: str) -> tuple[str | None, tuple[str,
     return (None if row is None else str(row[0])), tuple(str(t[0]) for t in topics)
 
 
-def _exists(conn: sqlite3.Connection, key: str) -> bool:
+def _exists(conn: Connection, key: str) -> bool:
     return conn.execute("SELECT 1 FROM owner_outbox WHERE key = ?", (key,)).fetchone() is not None
 
 
 def _insert(
-    conn: sqlite3.Connection,
+    conn: Connection,
     key: str,
     kind: str,
     topic: str,
@@ -191,7 +191,7 @@ def _insert(
     )
 
 
-def _stage(conn: sqlite3.Connection, record: Record, now: float) -> None:
+def _stage(conn: Connection, record: Record, now: float) -> None:
     audit.stage(
         conn, record["kind"], now, **{k: v for k, v in record.items() if k not in ("ts", "kind")}
     )

@@ -17,6 +17,7 @@ import sqlite3
 from ntfy_intake.errors import IntakeError
 from ntfy_intake.rules import sanitize
 from ntfy_intake.store import audit
+from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire.frames import Event, Junk, Message
 
 OUTCOME = "quarantined"
@@ -39,7 +40,7 @@ def describe(exc: BaseException) -> str:
     return sanitize.one_line(f"{type(exc).__name__}: {exc}", _ERROR_LIMIT)
 
 
-def record_failed_event(conn: sqlite3.Connection, message: Event, error: str, now: float) -> None:
+def record_failed_event(conn: Connection, message: Event, error: str, now: float) -> None:
     """Inside the caller's write transaction: the inbox row, a quarantine row, one `event` record
     (for a message, a delete/clear or an event kind we do not know alike)."""
     reason = f"processing failed: {error}"
@@ -74,7 +75,7 @@ def record_failed_event(conn: sqlite3.Connection, message: Event, error: str, no
     )
 
 
-def record_failed_junk(conn: sqlite3.Connection, junk: Junk, error: str, now: float) -> None:
+def record_failed_junk(conn: Connection, junk: Junk, error: str, now: float) -> None:
     """A junk frame whose quarantine itself failed: store it again, made safe to store."""
     raw = sanitize.valid_utf8(junk.raw)
     reason = sanitize.one_line(f"{junk.reason}; {error}", _ERROR_LIMIT)
@@ -84,7 +85,7 @@ def record_failed_junk(conn: sqlite3.Connection, junk: Junk, error: str, now: fl
 
 
 def _quarantine_row(
-    conn: sqlite3.Connection,
+    conn: Connection,
     raw: str,
     digest: str,
     reason: str,
@@ -96,7 +97,7 @@ def _quarantine_row(
         "INSERT INTO quarantine(raw_sha256, raw, reason, event_id, first_seen, last_seen, count)"
         " VALUES (?, ?, ?, ?, ?, ?, 1)"
         " ON CONFLICT(raw_sha256) DO UPDATE SET last_seen = excluded.last_seen,"
-        " count = count + 1 RETURNING count",
+        " count = quarantine.count + 1 RETURNING count",
         (digest, raw, reason, event_id, now, now),
     ).fetchone()
     return bool(row[0] == 1)

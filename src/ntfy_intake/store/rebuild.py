@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +34,9 @@ from ntfy_intake.store import audit, db
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
 from ntfy_intake.store.inbox_batch import REBUILT_UNKNOWN_SHA256
+from ntfy_intake.store.transaction import Connection
 
-FeedAppend = Callable[[sqlite3.Connection, str, dict[str, Any], str, float], None]
+FeedAppend = Callable[[Connection, str, dict[str, Any], str, float], None]
 Record = Mapping[str, Any]
 
 
@@ -51,7 +51,7 @@ def remove_orphan_wal(database: Path) -> None:
             orphan.unlink()
 
 
-def is_empty(conn: sqlite3.Connection) -> bool:
+def is_empty(conn: Connection) -> bool:
     """Nothing was ever recorded in this (migrated) database."""
     for table in ("cursor", "inbox", "audit_journal", "owner_outbox"):
         if conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
@@ -176,7 +176,7 @@ class _Fold:
 
 
 def from_audit(
-    conn: sqlite3.Connection,
+    conn: Connection,
     audit_dir: Path,
     now: float,
     *,
@@ -239,7 +239,7 @@ def _cursor(fold: _Fold) -> Cursor:
     return Cursor.everything()
 
 
-def _inbox(conn: sqlite3.Connection, events: Iterable[Record], now: float) -> None:
+def _inbox(conn: Connection, events: Iterable[Record], now: float) -> None:
     rows = []
     for record in events:
         event_id = str(record["event_id"])
@@ -267,14 +267,14 @@ def _inbox(conn: sqlite3.Connection, events: Iterable[Record], now: float) -> No
             )
         )
     conn.executemany(
-        "INSERT OR IGNORE INTO inbox(event_id, topic, time, expires, raw, raw_sha256,"
+        "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256,"
         " incident_key, severity, outcome, reason, delivery_key, received_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         rows,
     )
 
 
-def _incidents(conn: sqlite3.Connection, incidents: Mapping[str, list[Record]]) -> None:
+def _incidents(conn: Connection, incidents: Mapping[str, list[Record]]) -> None:
     for key, records in incidents.items():
         last = records[-1]
         times = [r["time"] for r in records if isinstance(r.get("time"), int)] or [0]
@@ -287,8 +287,13 @@ def _incidents(conn: sqlite3.Connection, incidents: Mapping[str, list[Record]]) 
         status = last.get("status") if last.get("status") in ("firing", "resolved") else "firing"
         severity = last.get("severity") if isinstance(last.get("severity"), int) else 3
         conn.execute(
-            "INSERT OR REPLACE INTO incidents(key, severity, status, status_time, status_event,"
-            " first_seen, last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO incidents(key, severity, status, status_time, status_event,"
+            " first_seen, last_seen, events, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET severity = excluded.severity,"
+            " status = excluded.status, status_time = excluded.status_time,"
+            " status_event = excluded.status_event, first_seen = excluded.first_seen,"
+            " last_seen = excluded.last_seen, events = excluded.events,"
+            " version = excluded.version",
             (
                 key,
                 severity,
@@ -304,7 +309,7 @@ def _incidents(conn: sqlite3.Connection, incidents: Mapping[str, list[Record]]) 
 
 
 def _requests(
-    conn: sqlite3.Connection,
+    conn: Connection,
     requests: Mapping[str, _Request],
     now: float,
     debounce: float,
@@ -337,7 +342,7 @@ def _requests(
             ),
         )
         conn.executemany(
-            "INSERT OR IGNORE INTO outbox_events(delivery_key, event_id) VALUES (?, ?)",
+            "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
             [(key, event_id) for event_id in request.events],
         )
     released = sorted(
@@ -351,12 +356,12 @@ def _requests(
     return pending_again, feed_entries
 
 
-def _owner(conn: sqlite3.Connection, messages: Mapping[str, _OwnerMessage], now: float) -> None:
+def _owner(conn: Connection, messages: Mapping[str, _OwnerMessage], now: float) -> None:
     for key, message in messages.items():
         settled = None if message.state == "pending" else now
         conn.execute(
-            "INSERT OR IGNORE INTO owner_outbox(key, kind, topic, text, state, due_at,"
-            " created_at, settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at,"
+            " created_at, settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 key,
                 message.kind,
@@ -370,12 +375,11 @@ def _owner(conn: sqlite3.Connection, messages: Mapping[str, _OwnerMessage], now:
         )
 
 
-def _seq(conn: sqlite3.Connection, top: int) -> None:
+def _seq(conn: Connection, top: int) -> None:
     """Everything in the files is flushed, and new journal rows number above it."""
     conn.execute(
         "INSERT INTO kv(name, value) VALUES (?, ?)"
         " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
         (audit.FLUSHED_KEY, str(top)),
     )
-    conn.execute("DELETE FROM sqlite_sequence WHERE name = 'audit_journal'")
-    conn.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('audit_journal', ?)", (top,))
+    audit.journal_seq_at_least(conn, top)

@@ -11,10 +11,10 @@ a dead row waiting for redrive) are never pruned.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 
 from ntfy_intake.store import db
+from ntfy_intake.store.transaction import Connection
 
 HISTORY_SECONDS = 30 * 86400.0
 MIN_INBOX_SECONDS = 7 * 86400.0
@@ -36,7 +36,7 @@ class Pruned:
     quarantine: int
 
 
-def prune(conn: sqlite3.Connection, now: float, *, cache_duration: float) -> Pruned:
+def prune(conn: Connection, now: float, *, cache_duration: float) -> Pruned:
     inbox_before = now - inbox_retention(cache_duration)
     history_before = now - HISTORY_SECONDS
     with db.write_txn(conn):
@@ -58,11 +58,12 @@ def prune(conn: sqlite3.Connection, now: float, *, cache_duration: float) -> Pru
         conn.executemany("DELETE FROM outbox WHERE delivery_key = ?", [(k,) for k in outbox_keys])
         inbox = conn.execute(
             "DELETE FROM inbox WHERE received_at < ?"
-            " AND max(coalesce(expires, 0), time + ?) + ? < ?"
+            " AND CASE WHEN coalesce(expires, 0) > time + ? THEN coalesce(expires, 0) ELSE time + ? END"
+            " + ? < ?"
             " AND event_id NOT IN ("
             " SELECT e.event_id FROM outbox_events e JOIN outbox o USING (delivery_key)"
             " WHERE o.state = 'collecting')",
-            (inbox_before, int(cache_duration), SERVER_MARGIN, server_now),
+            (inbox_before, int(cache_duration), int(cache_duration), SERVER_MARGIN, server_now),
         ).rowcount
         owner = conn.execute(
             "DELETE FROM owner_outbox WHERE state IN ('sent', 'suppressed') AND created_at < ?",

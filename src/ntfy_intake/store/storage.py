@@ -22,9 +22,24 @@ from pathlib import Path
 from typing import Literal
 
 from ntfy_intake.errors import IntakeError, StartupError
+from ntfy_intake.settings.schema import Dsn
+from ntfy_intake.store import postgres
 
-Kind = Literal["disk_full", "file_too_large", "locked", "corrupt", "permission", "io", "other"]
-TRANSIENT: frozenset[Kind] = frozenset({"disk_full", "file_too_large", "locked", "io"})
+Kind = Literal[
+    "disk_full",
+    "file_too_large",
+    "locked",
+    "corrupt",
+    "permission",
+    "io",
+    "unreachable",
+    "refused",
+    "no_database",
+    "other",
+]
+TRANSIENT: frozenset[Kind] = frozenset(
+    {"disk_full", "file_too_large", "locked", "io", "unreachable"}
+)
 
 _WORDS: dict[Kind, str] = {
     "disk_full": "disk full",
@@ -33,6 +48,9 @@ _WORDS: dict[Kind, str] = {
     "corrupt": "database file is corrupt",
     "permission": "permission denied",
     "io": "I/O error",
+    "unreachable": "database unreachable",
+    "refused": "database refused the login",
+    "no_database": "no such database",
     "other": "storage error",
 }
 
@@ -76,7 +94,46 @@ _ERRNO_KINDS: dict[int, Kind] = {
 }
 
 
+# PostgreSQL's SQLSTATEs by what they mean here (appendix A of its manual).
+_SQLSTATE_KINDS: dict[str, Kind] = {
+    "53100": "disk_full",  # disk_full
+    "53200": "io",  # out_of_memory
+    "53300": "unreachable",  # too_many_connections: waiting helps
+    "55P03": "locked",  # lock_not_available
+    "40P01": "locked",  # deadlock_detected
+    "40001": "locked",  # serialization_failure
+    "57P01": "unreachable",  # admin_shutdown (pg_terminate_backend, a restart)
+    "57P02": "unreachable",  # crash_shutdown
+    "57P03": "unreachable",  # cannot_connect_now (starting up, shutting down)
+    "58030": "io",  # io_error
+    "28P01": "refused",  # invalid_password
+    "28000": "refused",  # invalid_authorization_specification
+    "3D000": "no_database",  # invalid_catalog_name
+    "42501": "permission",  # insufficient_privilege
+    "25006": "permission",  # read_only_sql_transaction
+    "XX001": "corrupt",  # data_corrupted
+    "XX002": "corrupt",  # index_corrupted
+}
+
+
+def _pg_kind(exc: BaseException) -> Kind:
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate in _SQLSTATE_KINDS:
+        return _SQLSTATE_KINDS[sqlstate]
+    text = str(exc).lower()
+    if "password authentication failed" in text or "no pg_hba.conf entry" in text:
+        return "refused"
+    if "database" in text and "does not exist" in text:
+        return "no_database"
+    if isinstance(exc, postgres.DRIVER_OPERATIONAL) or sqlstate in (None, "08000", "08006"):
+        # A connection that failed, broke or was closed: the server may come back.
+        return "unreachable"
+    return "other"
+
+
 def _kind_of(exc: BaseException) -> Kind:
+    if postgres.DRIVER_ERRORS and isinstance(exc, postgres.DRIVER_ERRORS):
+        return _pg_kind(exc)
     if isinstance(exc, OSError):
         return _ERRNO_KINDS.get(exc.errno or 0, "other")
     if isinstance(exc, sqlite3.Error):
@@ -105,9 +162,11 @@ def _text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def startup_error(exc: BaseException, database: Path) -> IntakeError:
+def startup_error(exc: BaseException, database: Path | Dsn) -> IntakeError:
     """The one line a storage failure at start-up becomes: StartupError (exit 2) when only a
     person can fix it, a plain IntakeError (exit 1: a restart may help) when it is transient."""
+    if isinstance(database, Dsn):
+        return _postgres_startup_error(exc, database)
     where = (
         str(database)
         if isinstance(exc, sqlite3.Error)
@@ -123,6 +182,20 @@ def startup_error(exc: BaseException, database: Path) -> IntakeError:
     if fault.kind == "permission":
         return StartupError(str(fault))
     return IntakeError(str(fault))
+
+
+def _postgres_startup_error(exc: BaseException, dsn: Dsn) -> IntakeError:
+    """Host, database and cause, never the password (the DSN's `str` leaves it out)."""
+    fault = classify(exc, f"{dsn.host}, database {dsn.database}")
+    detail = _first_line(fault.detail).replace(dsn.conninfo, str(dsn))
+    line = f"PostgreSQL {dsn}: {_WORDS[fault.kind]} ({detail})"
+    if fault.transient:
+        return IntakeError(line)
+    return StartupError(line)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 def check_state_dir(directory: Path) -> str | None:
@@ -155,7 +228,7 @@ def check_audit_files(audit_dir: Path, files: list[Path]) -> str | None:
 def waitable(exc: BaseException, where: str) -> StorageFault | None:
     """The transient fault a failed database call names (locked, disk full, I/O), which waiting
     out and running the same transaction again may cure; None for anything else."""
-    if not isinstance(exc, sqlite3.OperationalError):
+    if not isinstance(exc, sqlite3.OperationalError | postgres.DRIVER_OPERATIONAL):
         return None
     fault = classify(exc, where)
     return fault if fault.transient else None
@@ -163,4 +236,4 @@ def waitable(exc: BaseException, where: str) -> StorageFault | None:
 
 def is_storage_error(exc: BaseException) -> bool:
     """A database or file-system error: what start-up turns into one named line."""
-    return isinstance(exc, sqlite3.Error | OSError)
+    return isinstance(exc, sqlite3.Error | OSError | postgres.DRIVER_ERROR)

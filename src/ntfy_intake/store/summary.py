@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake.store import audit
+from ntfy_intake.store import audit, db
 from ntfy_intake.store.db import Connection
 
 __all__ = ["Cursor", "Outbox", "OwnerOutbox", "Summary", "collecting", "collecting_in", "read"]
@@ -126,14 +126,18 @@ def collecting(conn: Connection) -> tuple[int, float | None]:
     return int(count), None if due is None else float(due)
 
 
-def collecting_in(path: Path | str) -> tuple[int, float | None] | None:
-    """`collecting` of the database file at `path`, opened read-only for this one read (waiting
-    at most a second for a lock); None when it cannot be read: no such file, no outbox yet."""
+def collecting_in(path: db.Target | str) -> tuple[int, float | None] | None:
+    """`collecting` of the store at `path`, opened read-only for this one read (waiting at most
+    a second for a lock); None when it cannot be read: no such file, no outbox yet."""
+    target = db.target_of(path)
     try:
-        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=1.0)
+        if isinstance(target, Path):
+            conn: Connection = sqlite3.connect(f"file:{target}?mode=ro", uri=True, timeout=1.0)
+        else:
+            conn = db.connect(target, readonly=True)
         try:
             return collecting(conn)
         finally:
             conn.close()
-    except sqlite3.Error:
+    except db.ERRORS:
         return None

@@ -19,15 +19,36 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from ntfy_intake.errors import InjectedFault
+from ntfy_intake.store import postgres
 
-# The engine's connection. Flow and surface code type their connections with this alias (as
-# `db.Connection`) and never import the driver.
-Connection = sqlite3.Connection
-# Every exception the engine's driver raises: what code outside the store catches instead of
-# naming the driver (`except db.ERRORS`). A second engine adds its driver's base class here.
-ERRORS: tuple[type[Exception], ...] = (sqlite3.Error,)
+
+class Cursor(Protocol):
+    """What a statement returns on either engine: rows by position and by name."""
+
+    @property
+    def rowcount(self) -> int: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """The engine's connection (sqlite3.Connection, or postgres.PgConnection). Flow and surface
+    code type their connections with this (as `db.Connection`) and never import a driver."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
+    def executemany(self, sql: str, parameters: Any, /) -> Cursor: ...
+    @property
+    def in_transaction(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+# Every exception the engines' drivers raise: what code outside the store catches instead of
+# naming a driver (`except db.ERRORS`).
+ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *postgres.DRIVER_ERRORS)
 
 # A hook that tests set to raise between the last statement of a transaction and its COMMIT.
 # It is None in production; `write_txn` calls it only when set.
@@ -71,7 +92,20 @@ def write_txn(
     before COMMIT, so a fault raised there must leave every table, and all memory, untouched.
     """
     txn = Transaction(conn)
-    conn.execute("BEGIN IMMEDIATE")
+    if isinstance(conn, postgres.PgConnection):
+        # The store's write lock, and the wake-up its watchers get once this commits (a
+        # rollback drops the NOTIFY with everything else).
+        conn.execute("BEGIN")
+        try:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(?)), pg_notify(?, '')",
+                (conn.lock_key, conn.channel),
+            )
+        except BaseException:
+            _rollback(conn)
+            raise
+    else:
+        conn.execute("BEGIN IMMEDIATE")
     try:
         yield txn
         if before_commit is not None:
@@ -80,24 +114,31 @@ def write_txn(
     except BaseException:
         # On a full disk, an I/O error or a busy deadlock SQLite may already have rolled the
         # transaction back; a failing ROLLBACK must not replace the cause with its own message.
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
     # Outside the handler: the rows are durable, and no effect's failure may roll them back.
     txn._committed()
 
 
+def _rollback(conn: Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(*ERRORS):
+            conn.execute("ROLLBACK")
+
+
 @contextlib.contextmanager
 def commits_without_fsync(conn: Connection) -> Iterator[Connection]:
-    """Commits inside do not fsync (WAL, synchronous=NORMAL); the next FULL commit or
-    checkpoint makes them durable with its own fsync, and a power cut may lose them. Only for
-    writes whose loss is harmless (a mark that recovery derives again). Outside a transaction."""
-    conn.execute("PRAGMA synchronous=NORMAL")
+    """Commits inside do not wait for the disk (SQLite: WAL, synchronous=NORMAL; PostgreSQL:
+    synchronous_commit off); the next durable commit makes them durable too, and a power cut
+    may lose them. Only for writes whose loss is harmless (a mark that recovery derives again).
+    Outside a transaction."""
+    pg = isinstance(conn, postgres.PgConnection)
+    conn.execute("SET synchronous_commit = off" if pg else "PRAGMA synchronous=NORMAL")
     try:
         yield conn
     finally:
-        conn.execute("PRAGMA synchronous=FULL")
+        with contextlib.suppress(*ERRORS) if pg else contextlib.nullcontext():
+            conn.execute("SET synchronous_commit = on" if pg else "PRAGMA synchronous=FULL")
 
 
 def fail_before_commit() -> None:

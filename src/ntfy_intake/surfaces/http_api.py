@@ -32,7 +32,6 @@ import contextlib
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 import structlog
@@ -46,6 +45,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from ntfy_intake.errors import StoreError
+from ntfy_intake.store import db
 from ntfy_intake.surfaces import http_limits, metrics
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.surfaces.http_feed import DEFAULT_PAGE, DEFAULT_WAIT_S, MAX_WAIT_S, FeedRoutes
@@ -94,7 +94,7 @@ def begin_shutdown(app: Starlette) -> None:
 
 def create_app(
     *,
-    db_path: Path,
+    db_path: db.Target,
     token: str | None,
     notify: NotifyCallback | None,
     health: HealthCallback,
@@ -112,7 +112,7 @@ def create_app(
     """
     bearer = token or None
     stopping = threading.Event()
-    feed = FeedRoutes(Path(db_path), stopping, max_long_polls)
+    feed = FeedRoutes(db_path, stopping, max_long_polls)
     registry = metrics.registry_for(metrics_snapshot)
 
     def endpoint(

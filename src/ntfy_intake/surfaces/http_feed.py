@@ -13,7 +13,6 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any, Final, TypeVar, cast
 
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ntfy_intake.errors import FeedError
+from ntfy_intake.store import db
 from ntfy_intake.store.doorbell import Doorbell, WakeEvent
 from ntfy_intake.store.feed import DEFAULT_CHANNEL, MAX_PAGE, Entry, FeedStore, JoinAt, check_name
 from ntfy_intake.surfaces.http_requests import Reject, error, json_object, json_response
@@ -39,7 +39,7 @@ class FeedRoutes:
     """The three feed endpoints of one app. `stopping` set: open long polls answer 503; at most
     `max_long_polls` are open at once (on the event loop only)."""
 
-    def __init__(self, db_path: Path, stopping: threading.Event, max_long_polls: int) -> None:
+    def __init__(self, db_path: db.Target, stopping: threading.Event, max_long_polls: int) -> None:
         self._store = _LazyStore(db_path)
         self._stopping = stopping
         self._max_long_polls = max_long_polls
@@ -123,7 +123,7 @@ class FeedRoutes:
 class _LazyStore:
     """One `FeedStore` per app (its own lock serializes statements), used from the thread pool."""
 
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: db.Target) -> None:
         self._db_path = db_path
         self._store: FeedStore | None = None
         self._lock = threading.Lock()

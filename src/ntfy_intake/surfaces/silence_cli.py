@@ -65,7 +65,7 @@ def _locate(settings: Settings, now: float) -> _Daemon:
     if not token:
         raise _Refused("http.token is not set: the daemon serves /v1/silences only with a token")
     path = settings.state.database
-    if not path.exists():
+    if not db.exists(path):
         raise _Refused(NOT_RUNNING)
     try:
         conn = db.connect(path, readonly=True)

@@ -214,7 +214,7 @@ def _error(status: int, code: str, detail: str, headers: dict[str, str] | None =
     return Response(content, status, headers=headers, media_type="application/json")
 
 
-def _settle(conn: sqlite3.Connection, key: str, body: dict[str, object], decide: Decide) -> _Answer:
+def _settle(conn: db.Connection, key: str, body: dict[str, object], decide: Decide) -> _Answer:
     """One request's receipt, inside the caller's write transaction."""
     digest = body_sha256(body)
     row = conn.execute(
@@ -337,7 +337,7 @@ class ReceiptWriter:
             if job is not None:
                 _answer(job, exc)
 
-    def _commit(self, conn: sqlite3.Connection, group: list[_Job]) -> list[_Answer | Exception]:
+    def _commit(self, conn: db.Connection, group: list[_Job]) -> list[_Answer | Exception]:
         results: list[_Answer | Exception] = []
         try:
             with db.write_txn(conn):
