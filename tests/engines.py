@@ -38,6 +38,14 @@ def with_schema(dsn: str, schema: str) -> str:
     return f"{dsn}{joiner}options={quote(f'-csearch_path={schema}')}"
 
 
+def with_password(dsn: str, password: str) -> str:
+    """The same DSN with a password (the test cluster trusts 127.0.0.1, so it is not checked):
+    for tests that the password never reaches a message."""
+    scheme, rest = dsn.split("://", 1)
+    user, host = rest.split("@", 1) if "@" in rest else ("postgres", rest)
+    return f"{scheme}://{user}:{quote(password)}@{host}"
+
+
 def create_schema(dsn: str) -> tuple[str, str]:
     """A fresh, empty schema on the test server: (its name, a DSN whose search path is it)."""
     schema = f"t_{secrets.token_hex(6)}"

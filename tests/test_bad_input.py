@@ -31,6 +31,8 @@ from ntfy_intake.wire.frames import DeviceAction, Ignored, Junk, Message, decode
 from .conftest import TOPICS, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 

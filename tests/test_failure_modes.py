@@ -428,6 +428,8 @@ import json, sys
 from ntfy_intake.store.doorbell import Doorbell
 from ntfy_intake.store.feed import FeedStore
 
+pytestmark = pytest.mark.engines
+
 store = FeedStore.open(sys.argv[1])
 bell = Doorbell(store, sys.argv[2])
 print("armed", flush=True)

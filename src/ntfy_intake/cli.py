@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ntfy_intake import __version__
 from ntfy_intake.errors import ConfigError, IntakeError, StartupError
+from ntfy_intake.surfaces import silence_cli, store_cli
 
 if TYPE_CHECKING:
     from ntfy_intake.runtime.daemon import Daemon
@@ -103,18 +104,11 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("keys", nargs="*", default=[], metavar="KEY", help="delivery keys")
 
     p = add("silence", _cmd_silence, "silence a topic or an incident through the running daemon")
-    silence_sub = p.add_subparsers(dest="silence_command", required=True, metavar="ACTION")
-    action = silence_sub.add_parser("add", help="hold back triage owner messages for a while")
-    what = action.add_mutually_exclusive_group(required=True)
-    what.add_argument("--topic", help="an ntfy topic")
-    what.add_argument("--incident", help="an incident key")
-    action.add_argument("--for", dest="span", required=True, help="30m, 2h, 1d (1 min to 24 h)")
-    action.add_argument("--reason", default="", help="why, shown on the console")
-    action = silence_sub.add_parser("list", help="the silences that hold now")
-    action.add_argument("--json", action="store_true", help="one JSON array, for machines")
-    action = silence_sub.add_parser("end", help="end a silence before its time")
-    action.add_argument("silence_id", metavar="ID", help="the silence's id (sil_...)")
-    for action in silence_sub.choices.values():
+    for action in silence_cli.add_arguments(p):
+        config_arg(action)
+
+    p = add("store", _cmd_store, "move the state into PostgreSQL (store copy --to DSN)")
+    for action in store_cli.add_arguments(p):
         config_arg(action)
 
     p = add("feed", _cmd_feed, "agent feed: catch up, ack and wait (JSON on stdout)")
@@ -369,9 +363,15 @@ def _cmd_feed(args: argparse.Namespace) -> int:
     return feed_cli.wait(db_path, args.handle, args.timeout, channel=args.channel, at=args.at)
 
 
-def _cmd_silence(args: argparse.Namespace) -> int:
-    from ntfy_intake.surfaces import silence_cli  # noqa: PLC0415
+def _cmd_store(args: argparse.Namespace) -> int:
+    from ntfy_intake.runtime.recovery import StateLock  # noqa: PLC0415
 
+    settings = _load_settings(args, need_ntfy=False)
+    lock = StateLock(settings.state.dir / "daemon.lock")
+    return store_cli.run(settings, store_cli.target_dsn(args), lock)
+
+
+def _cmd_silence(args: argparse.Namespace) -> int:
     return silence_cli.run(_load_settings(args, need_ntfy=False), args)
 
 

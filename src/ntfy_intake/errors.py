@@ -39,6 +39,10 @@ class SchemaTooNew(StartupError):
     """The database was migrated by a newer ntfy-intake; this version cannot run on it."""
 
 
+class DatabaseUnreachable(IntakeError):
+    """The PostgreSQL server does not answer at start-up: waited out, never an exit."""
+
+
 class StoreError(IntakeError):
     """The SQLite store refused an operation."""
 

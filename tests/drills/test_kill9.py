@@ -19,7 +19,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import daemon_process, env_for, event_ids, query, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
 
 KILLS = 6
 CATCH_UP = 30.0

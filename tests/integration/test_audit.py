@@ -14,6 +14,8 @@ from ntfy_intake.store import audit, inbox
 
 from ..conftest import make_message, owner_queue
 
+pytestmark = pytest.mark.engines
+
 NOW = 1_764_470_100.0
 
 

@@ -25,6 +25,8 @@ from ..harness import (
     wait_until,
 )
 
+pytestmark = pytest.mark.engines
+
 START = 1_764_000_000.0
 
 

@@ -28,7 +28,7 @@ from ..harness import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
 
 
 @pytest.fixture

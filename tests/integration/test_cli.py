@@ -17,6 +17,8 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
     "run",

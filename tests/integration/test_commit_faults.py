@@ -30,6 +30,8 @@ from ntfy_intake.wire import refusals
 from ..conftest import make_message
 from ..harness import CommitFaults, audit_records, event_ids, query, settings_for
 
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:

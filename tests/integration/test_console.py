@@ -14,6 +14,8 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, query, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 TOKEN = "console-test-token"
 OPEN: list[httpx.Client] = []
 

@@ -37,6 +37,8 @@ from ..harness import (
     wait_until,
 )
 
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
 def emu() -> Iterator[NtfyEmulator]:

@@ -166,6 +166,8 @@ def test_a_first_wait_joins_so_the_entry_that_rang_is_caught_up(
 _SCRIPT = """
 import sys
 from ntfy_intake.surfaces import feed_cli
+
+pytestmark = pytest.mark.engines
 db, op, arg = sys.argv[1], sys.argv[2], (sys.argv[3:] or [""])[0]
 if op == "catch_up":
     sys.exit(feed_cli.catch_up(db, "triager"))

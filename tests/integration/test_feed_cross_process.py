@@ -20,7 +20,7 @@ from ntfy_intake.store.feed import FeedStore
 
 from ..harness import Child
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engines]
 
 WAIT = 60.0
 

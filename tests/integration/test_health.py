@@ -25,6 +25,8 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
 def emu() -> Iterator[NtfyEmulator]:

@@ -21,6 +21,8 @@ from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.surfaces import http_api, metrics
 from ntfy_intake.surfaces import serve as _serve
 
+pytestmark = pytest.mark.engines
+
 TOKEN = "s3cret-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 WAIT_BOUND = 10.0  # generous bound for "promptly"; the real figures are milliseconds

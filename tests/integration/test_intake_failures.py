@@ -29,6 +29,8 @@ from ..harness import (
     wait_until,
 )
 
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
 def emu():  # type: ignore[no-untyped-def]

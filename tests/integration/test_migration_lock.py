@@ -21,6 +21,8 @@ MIGRATOR = """
 import json, sys
 from ntfy_intake.store import db, migrations
 
+pytestmark = pytest.mark.engines
+
 conn = db.connect(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()

@@ -29,6 +29,8 @@ from ntfy_intake.wire import signing
 from ..harness import DaemonThread, settings_for, wait_until
 from ..harness import query as harness_query
 
+pytestmark = pytest.mark.engines
+
 TOKEN = "tok-for-property-tests"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))
 

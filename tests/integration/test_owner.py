@@ -27,6 +27,8 @@ from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
+pytestmark = pytest.mark.engines
+
 SENDER = "+31600000000"
 OWNER = "+31600000001"
 PARTNER = "+31600000002"

@@ -9,10 +9,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ntfy_intake.rules.cadence import CadenceState, IncidentView, Policy
 from ntfy_intake.rules.cadence_records import event_record, owner_record
 from ntfy_intake.rules.timestamps import local_day, parse_ts
 from ntfy_intake.store import audit, db, rehydrate
+
+pytestmark = pytest.mark.engines
 
 NOW = datetime.fromisoformat("2025-11-30T12:00:00Z").timestamp()
 DAY = 86400.0

@@ -14,6 +14,8 @@ from ntfy_intake.store import db, migrations, outbox
 
 from ..conftest import owner_queue
 
+pytestmark = pytest.mark.engines
+
 INCIDENTS = ("alerts:disk", "alerts:cpu", "backups:nas", "alerts:ups", "alerts:dns", "x:y")
 PER_INCIDENT = 4
 

@@ -20,6 +20,8 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 UNSOLICITED_408 = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\n\r\ntimeout"
 UNSOLICITED_408_CLOSE = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 7\r\n\r\ntimeout"

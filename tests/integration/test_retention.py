@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from ntfy_intake.store import feed, inbox, retention
 
 from ..conftest import make_message, owner_queue
+
+pytestmark = pytest.mark.engines
 
 DAY = 86400.0
 NOW = 1_764_470_000.0

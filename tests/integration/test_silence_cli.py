@@ -25,6 +25,8 @@ from ..harness import (
     wait_until,
 )
 
+pytestmark = pytest.mark.engines
+
 TOKEN = "silence-cli-token"
 
 

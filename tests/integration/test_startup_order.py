@@ -11,6 +11,8 @@ import pytest
 from ntfy_intake.flow import intake
 from ntfy_intake.runtime import supervisor
 
+pytestmark = pytest.mark.engines
+
 
 def waited(*, subscribed: bool, backlog: int, drain_after: float | None) -> float:
     async def scenario() -> float:

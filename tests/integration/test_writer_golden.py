@@ -21,12 +21,16 @@ import string
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules.notices import Notice
 from ntfy_intake.store import audit, db, inbox, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire import frames
+
+pytestmark = pytest.mark.engines
 
 GOLDEN = Path(__file__).with_name("writer_golden.json")
 TOPICS = frozenset({"alerts", "backups"})

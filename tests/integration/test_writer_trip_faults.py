@@ -25,6 +25,8 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ..conftest import make_message
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
 def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:

@@ -266,8 +266,10 @@ class Daemon:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        if not self.database.is_open:
-            await asyncio.to_thread(self.recover)
+        if not self.database.is_open and not await recovery.when_reachable(
+            self.recover, stop, self.storage, self.degraded, self.vitals.notifier, self.boot_id
+        ):
+            return
         # READY once local recovery is done, not when ntfy answers: an ntfy outage must never
         # become a restart loop.
         self.vitals.notifier.ready("recovered local state; connecting to ntfy")

@@ -9,6 +9,7 @@ once). A storage failure here names itself; a permanent one is a StartupError (e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -19,11 +20,12 @@ from pathlib import Path
 
 import structlog
 
-from ntfy_intake.errors import StartupError, StateLockedError
-from ntfy_intake.flow.database import Database
+from ntfy_intake.errors import DatabaseUnreachable, StartupError, StateLockedError
+from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, append_triage_entry
 from ntfy_intake.rules import cadence, notices
+from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.settings.schema import is_dsn
 from ntfy_intake.store import audit, db, migrations, outbox, rebuild, rehydrate, replay, storage
@@ -179,3 +181,50 @@ def _first_cursor(settings: Settings, clock: Callable[[], float]) -> Cursor:
     history = first.seconds if first.mode == "history" else 0.0
     # Persisted at once: a crash before the first event resumes from this time, inclusive.
     return Cursor.at_time(int(clock() - history))
+
+
+# A PostgreSQL server that does not answer at start-up is asked again after these waits.
+STARTUP_RETRY_BASE = 0.5
+STARTUP_RETRY_CAP = 15.0
+
+
+async def when_reachable(
+    recover: Callable[[], None],
+    stop: asyncio.Event,
+    waits: StorageWaits,
+    degraded: dict[str, str],
+    notifier: Notifier,
+    boot_id: str,
+) -> bool:
+    """`recover()`; a PostgreSQL server that does not answer yet is waited out with backoff
+    (degraded, said on systemd's STATUS=, one owner notice once it answers), never an exit: the
+    database box may just be booting. False when stopped while waiting."""
+    delay, since = STARTUP_RETRY_BASE, None
+    while True:
+        try:
+            await asyncio.to_thread(recover)
+        except DatabaseUnreachable as exc:
+            if since is None:
+                since = time.monotonic()
+                waits.episodes += 1
+                log.error("storage.waiting", fault=str(exc), transient=True, at="start-up")
+            degraded["storage"] = f"{exc}; waiting"
+            notifier.status(f"degraded: {exc}; waiting")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                return False
+            delay = min(delay * 2, STARTUP_RETRY_CAP)
+            continue
+        if since is not None:
+            waited = time.monotonic() - since
+            degraded.pop("storage", None)
+            log.warning("storage.recovered", waited_s=round(waited, 1), at="start-up")
+            waits.notices_owed.append(
+                notices.storage_fault(
+                    "unreachable",
+                    f"the database did not answer at start-up for {waited:.0f} s",
+                    f"{boot_id}:{waits.episodes}",
+                )
+            )
+        return True

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ntfy_intake.errors import IntakeError, StartupError
+from ntfy_intake.errors import DatabaseUnreachable, IntakeError, StartupError
 from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import postgres
 
@@ -189,6 +189,8 @@ def _postgres_startup_error(exc: BaseException, dsn: Dsn) -> IntakeError:
     fault = classify(exc, f"{dsn.host}, database {dsn.database}")
     detail = _first_line(fault.detail).replace(dsn.conninfo, str(dsn))
     line = f"PostgreSQL {dsn}: {_WORDS[fault.kind]} ({detail})"
+    if fault.kind == "unreachable":
+        return DatabaseUnreachable(line)
     if fault.transient:
         return IntakeError(line)
     return StartupError(line)

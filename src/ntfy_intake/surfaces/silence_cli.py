@@ -177,6 +177,22 @@ def end(settings: Settings, silence_id: str) -> int:
     return EXIT_OK
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`silence add|list|end`'s arguments; returns the actions' parsers."""
+    actions = parser.add_subparsers(dest="silence_command", required=True, metavar="ACTION")
+    action = actions.add_parser("add", help="hold back triage owner messages for a while")
+    what = action.add_mutually_exclusive_group(required=True)
+    what.add_argument("--topic", help="an ntfy topic")
+    what.add_argument("--incident", help="an incident key")
+    action.add_argument("--for", dest="span", required=True, help="30m, 2h, 1d (1 min to 24 h)")
+    action.add_argument("--reason", default="", help="why, shown on the console")
+    action = actions.add_parser("list", help="the silences that hold now")
+    action.add_argument("--json", action="store_true", help="one JSON array, for machines")
+    action = actions.add_parser("end", help="end a silence before its time")
+    action.add_argument("silence_id", metavar="ID", help="the silence's id (sil_...)")
+    return list(actions.choices.values())
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     """`silence add|list|end`, as the command line parsed it."""
     if args.silence_command == "add":

@@ -1,0 +1,128 @@
+"""`ntfy-intake store copy --to DSN`: move a one-box state into an empty PostgreSQL database
+(store/copy.py; docs/postgresql.md).
+
+The source is this config's state dir: its SQLite database when there is one, or else only its
+audit log (which the copy rebuilds into PostgreSQL, as a daemon would on an empty database).
+The caller holds the state dir's daemon lock throughout, so no daemon writes the source
+meanwhile. One line on success; one line and exit 2 when the target holds a store already or
+refuses the login; never the password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import time
+from pathlib import Path
+from typing import Protocol
+
+from ntfy_intake.errors import StartupError
+from ntfy_intake.flow.pipeline import append_triage_entry
+from ntfy_intake.settings import Settings
+from ntfy_intake.settings.schema import Dsn, is_dsn
+from ntfy_intake.store import audit, copy, db, migrations, rebuild, storage
+
+__all__ = ["add_arguments", "run", "target_dsn"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`store copy`'s arguments; returns the actions' parsers."""
+    actions = parser.add_subparsers(dest="store_command", required=True, metavar="ACTION")
+    action = actions.add_parser(
+        "copy", help="copy this state (SQLite, or only its audit log) into an empty PostgreSQL"
+    )
+    where = action.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", metavar="DSN", help="postgresql://user@host/db")
+    where.add_argument(
+        "--to-file",
+        type=Path,
+        metavar="FILE",
+        help="a file holding the DSN (keeps a password off ps)",
+    )
+    return list(actions.choices.values())
+
+
+def target_dsn(args: argparse.Namespace) -> Dsn:
+    text = args.to if args.to is not None else _read(args.to_file)
+    if not is_dsn(text):
+        raise StartupError(
+            "store copy --to: expected a PostgreSQL URI like postgresql://user@host/db"
+        )
+    return Dsn(text)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise StartupError(f"store copy --to-file {path}: {exc.strerror}") from None
+
+
+class Lock(Protocol):
+    def acquire(self) -> None: ...
+    def release(self) -> None: ...
+
+
+def run(settings: Settings, dsn: Dsn, daemon_lock: Lock) -> int:
+    """Copy, holding the state dir's daemon lock: no daemon writes the source meanwhile."""
+    if not settings.state.dir.is_dir():
+        raise StartupError(f"nothing to copy: no state dir {settings.state.dir}")
+    daemon_lock.acquire()
+    try:
+        return _copy(settings, dsn)
+    finally:
+        daemon_lock.release()
+
+
+def _copy(settings: Settings, dsn: Dsn) -> int:
+    source = settings.state.database_file
+    try:
+        target = db.connect(dsn)
+    except db.ERRORS as exc:
+        raise storage.startup_error(exc, dsn) from None
+    try:
+        if source.exists():
+            copied = _from_sqlite(source, target, settings)
+            print(f"copied {source} into {dsn}: {copied}")
+        elif audit.log_files(settings.state.audit_dir):
+            summary = _from_audit(target, settings)
+            print(f"rebuilt {dsn} from the audit log in {settings.state.audit_dir}: {summary}")
+        else:
+            raise StartupError(
+                f"nothing to copy: no database {source} and no audit log in"
+                f" {settings.state.audit_dir}"
+            )
+    except db.ERRORS as exc:
+        raise storage.startup_error(exc, dsn) from None
+    finally:
+        target.close()
+    print(
+        f"next: set [state] database (or NTFY_INTAKE_STATE_DATABASE) to {dsn} and start the daemon"
+    )
+    return 0
+
+
+def _from_sqlite(source: Path, target: db.Connection, settings: Settings) -> copy.Copied:
+    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=10, isolation_level=None)
+    try:
+        seqs = (r.get("seq") for r in audit.read_records(settings.state.audit_dir))
+        top = max((s for s in seqs if isinstance(s, int)), default=0)
+        return copy.copy_store(conn, target, audit_top=top)
+    finally:
+        conn.close()
+
+
+def _from_audit(target: db.Connection, settings: Settings) -> rebuild.Summary:
+    migrations.apply(target)
+    copy.refuse_unless_empty(target, str(settings.state.database))
+    summary = rebuild.from_audit(
+        target,
+        settings.state.audit_dir,
+        time.time(),
+        debounce=settings.cadence.debounce,
+        relay_enabled=settings.relay.url is not None,
+        feed_append=append_triage_entry,
+    )
+    if summary is None:
+        raise StartupError(f"nothing to copy: the audit log in {settings.state.audit_dir} is empty")
+    return summary
