@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 
@@ -46,6 +47,7 @@ from _common import (
     ratio,
     wait_for,
 )
+from ntfy_intake.store import db
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -58,12 +60,16 @@ INCIDENTS = 50
 TIMEOUT_S = 600.0
 
 
-SOURCES = ("emulator", "emulator-flush", "real")
+SOURCES = ("emulator", "emulator-flush", "real", "emulator-postgresql")
 SOURCE_NAMES = {
     "emulator": "emulator",
     "emulator-flush": "emulator, 1 flushed chunk/frame",
     "real": "real ntfy 2.13",
+    "emulator-postgresql": "emulator into PostgreSQL",
 }
+# Issue 23: the PostgreSQL rows run against this server (a throwaway one: a schema is made and
+# dropped), the tests' DSN by default.
+DATABASE_ENV = ("NTFY_INTAKE_BENCH_DATABASE", "NTFY_INTAKE_TEST_DATABASE")
 
 
 @dataclass
@@ -156,6 +162,45 @@ def plain_loop(directory: Path, frames: list[tuple[str, str]]) -> float:
             Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+def bench_database() -> str | None:
+    return next((os.environ[name] for name in DATABASE_ENV if os.environ.get(name)), None)
+
+
+@contextlib.contextmanager
+def fresh_schema(server: str) -> Iterator[str]:
+    """A DSN whose search path is a new, empty schema on `server`, dropped afterwards."""
+    schema = f"bench_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+    admin = db.connect(server)
+    try:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+        joiner = "&" if "?" in server else "?"
+        yield f"{server}{joiner}options={quote(f'-csearch_path={schema}')}"
+    finally:
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.close()
+
+
+def plain_loop_postgresql(dsn: str, frames: list[tuple[str, str]]) -> float:
+    """The same reference on PostgreSQL: psycopg, one INSERT per transaction,
+    synchronous_commit = on (each COMMIT waits for its WAL flush)."""
+    conn = db.connect(dsn)
+    try:
+        conn.execute("SET synchronous_commit = on")
+        conn.execute(
+            "CREATE TABLE plain_loop (event_id TEXT PRIMARY KEY, raw TEXT NOT NULL,"
+            " received_at DOUBLE PRECISION)"
+        )
+        began = time.perf_counter()
+        for event_id, raw in frames:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO plain_loop VALUES (?, ?, ?)", (event_id, raw, time.time()))
+            conn.execute("COMMIT")
+        return time.perf_counter() - began
+    finally:
+        conn.execute("DROP TABLE IF EXISTS plain_loop")
+        conn.close()
+
+
 def real_unavailable() -> str | None:
     """Why the real-server rows are skipped, or None when NTFY_BIN names a binary."""
     binary = os.environ.get("NTFY_BIN")
@@ -190,11 +235,22 @@ def backlog_server(
 
 
 def replay(n: int, workdir: Path, *, source: str = "emulator", seed: int = 1) -> Replay:
+    if source == "emulator-postgresql":
+        server = bench_database()
+        assert server is not None
+        with fresh_schema(server) as dsn:
+            return _replay(n, workdir, source, seed, dsn)
+    return _replay(n, workdir, source, seed, None)
+
+
+def _replay(n: int, workdir: Path, source: str, seed: int, database: str | None) -> Replay:
     state = workdir / f"replay-{source}-{n}"
     log_path = workdir / f"replay-{source}-{n}.log"
     keepalive = "5s" if source == "real" else "1s"  # ntfy's least keepalive interval is 5 s
     with backlog_server(source, workdir, n, seed) as (url, raws):
         env = daemon_env(url, state, ntfy_first_start="all", ntfy_keepalive_interval=keepalive)
+        if database is not None:
+            env["NTFY_INTAKE_STATE_DATABASE"] = database
         counter = AuditCounter(state / "audit")
         subscribed = LogWatch(log_path, b'"intake.connected"')
         spawned = time.monotonic()
@@ -220,7 +276,9 @@ def replay(n: int, workdir: Path, *, source: str = "emulator", seed: int = 1) ->
                 backfill_s = time.monotonic() - spawned
             peak = proc_status(proc.pid).get("VmHWM", 0)
     frames = [(str(json.loads(raw)["id"]), raw) for raw in raws]
-    plain_s = plain_loop(state, frames)
+    plain_s = (
+        plain_loop(state, frames) if database is None else plain_loop_postgresql(database, frames)
+    )
     opened = opened or spawned
     return Replay(
         events=n,
@@ -240,6 +298,7 @@ def replay(n: int, workdir: Path, *, source: str = "emulator", seed: int = 1) ->
 PLAIN_CHILD = """
 import sys
 from pathlib import Path
+from urllib.parse import quote
 sys.path.insert(0, sys.argv[1])
 from bench_replay import plain_loop
 n = int(sys.argv[3])
@@ -368,6 +427,8 @@ def skipped_rows(n: int, source: str, why: str) -> list[Row]:
 
 def run_source(n: int, workdir: Path, source: str) -> tuple[list[Row], Replay | None]:
     why = real_unavailable() if source == "real" else None
+    if source == "emulator-postgresql" and bench_database() is None:
+        why = f"no PostgreSQL server: set {DATABASE_ENV[0]} to a throwaway server's DSN"
     if why is not None:
         return skipped_rows(n, source, why), None
     result = replay(n, workdir, source=source)

@@ -12,6 +12,7 @@ import pytest
 from ntfy_intake.errors import SchemaTooNew, StartupError
 from ntfy_intake.store import db, migrations
 from ntfy_intake.store.feed import FeedStore
+from ntfy_intake.store.migrations_pg import POSTGRES
 
 NAMES = [name for name, _ in migrations.SQLITE]
 OLD_NAME = {new: old for old, new in migrations.FORMERLY.items()}
@@ -133,3 +134,12 @@ def test_db_migrate_is_the_same_ledger(tmp_path: Path) -> None:
     with pytest.raises(SchemaTooNew):
         db.migrate(conn, [])
     conn.close()
+
+
+def test_both_engines_have_one_list_of_the_same_steps_in_the_same_order() -> None:
+    """Failure mode: a step added to one engine's list only, so the other engine's schema lacks
+    a column or an index the store's statements need."""
+    assert [name for name, _ in POSTGRES] == [name for name, _ in migrations.SQLITE]
+    for name, statements in POSTGRES:
+        text = " ".join(statements).upper()
+        assert "AUTOINCREMENT" not in text and " REAL" not in text, name

@@ -1,0 +1,158 @@
+"""PostgreSQL's own faults (issue 23, item 2), each named after what it would break: a server
+that does not answer at start-up, and the daemon's sessions terminated mid-stream."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from ntfy_intake.store import db
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+
+from .. import harness
+from ..harness import audit_records, daemon_process, env_for, event_ids, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine", ["postgresql"], indirect=True)]
+
+
+@pytest.fixture
+def emu() -> Iterator[NtfyEmulator]:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
+        yield emulator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def via_port(dsn: str, port: int) -> str:
+    parts = urlsplit(dsn)
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+
+
+@contextmanager
+def forwarder(listen_port: int, target: tuple[str, int]) -> Iterator[None]:
+    """A TCP forwarder on `listen_port` to the real server: PostgreSQL "coming up" there."""
+    server = socket.create_server(("127.0.0.1", listen_port))
+    stopping = threading.Event()
+    sockets: list[socket.socket] = [server]
+
+    def pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def accept() -> None:
+        while not stopping.is_set():
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            if stopping.is_set():
+                client.close()
+                return
+            upstream = socket.create_connection(target)
+            sockets.extend((client, upstream))
+            threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopping.set()
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        thread.join(timeout=5)
+
+
+def test_postgresql_not_answering_at_start_up_is_waited_out_not_an_exit(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Failure mode: the database box still booting turns into a daemon restart loop (exit at
+    start-up), or a daemon that never notices it came back."""
+    assert harness.DATABASE is not None
+    real = urlsplit(harness.DATABASE)
+    port = free_port()
+    state = tmp_path / "state"
+    env = env_for(emu.url, state)
+    env["NTFY_INTAKE_STATE_DATABASE"] = via_port(harness.DATABASE, port)
+    with daemon_process(env) as proc:
+        time.sleep(3)  # several connection attempts refused
+        assert proc.poll() is None, "the daemon exited while PostgreSQL was down"
+        assert emu.subscriber_count() == 0
+        with forwarder(port, (real.hostname or "127.0.0.1", real.port or 5432)):
+            emu.wait_for_subscribers(1, timeout=30)
+            published = emu.publish("alerts", "disk full", title="Disk")["id"]
+            wait_until(lambda: published in event_ids(state), timeout=30)
+            wait_until(
+                lambda: any(
+                    r["kind"] == "notice" and r.get("notice") == "storage_fault"
+                    for r in audit_records(state)
+                ),
+                timeout=30,
+                what="one storage notice once the database answered",
+            )
+    notices = [
+        r for r in audit_records(state) if r["kind"] == "notice" and r["notice"] == "storage_fault"
+    ]
+    assert len(notices) == 1
+
+
+def _terminate_daemon_sessions(dsn: str) -> int:
+    conn = db.connect(dsn)
+    try:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'ntfy-intake' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    finally:
+        conn.close()
+    return len(rows)
+
+
+def test_terminated_sessions_mid_stream_lose_and_double_nothing(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Failure mode: a connection killed under the writer (pg_terminate_backend, a failover
+    of the database) loses the batch in flight, or records it twice after reconnecting."""
+    assert harness.DATABASE is not None
+    state = tmp_path / "state"
+    with daemon_process(env_for(emu.url, state)) as proc:
+        emu.wait_for_subscribers(1, timeout=30)
+        published: list[str] = []
+        terminated = 0
+        for round_ in range(5):
+            published += [
+                emu.publish("alerts", f"alert {round_}-{n}", title=f"Alert {round_}-{n}")["id"]
+                for n in range(20)
+            ]
+            terminated += _terminate_daemon_sessions(harness.DATABASE)
+            # Recorded after the reconnect, before the next round kills the new session.
+            wait_until(lambda: set(published) <= set(event_ids(state)), timeout=60)
+        assert terminated >= 5
+        assert proc.poll() is None
+    assert Counter(event_ids(state)) == Counter(published)  # each once, none lost
