@@ -152,7 +152,7 @@ def test_terminated_sessions_mid_stream_lose_and_double_nothing(
             ]
             terminated += _terminate_daemon_sessions(harness.DATABASE)
             # Recorded after the reconnect, before the next round kills the new session.
-            wait_until(lambda: set(published) <= set(event_ids(state)), timeout=60)
+            wait_until(lambda p=tuple(published): set(p) <= set(event_ids(state)), timeout=60)
         assert terminated >= 5
         assert proc.poll() is None
     assert Counter(event_ids(state)) == Counter(published)  # each once, none lost
