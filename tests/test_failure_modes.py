@@ -11,12 +11,12 @@ import asyncio
 import json
 import re
 import signal
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,15 +25,20 @@ from ntfy_intake.store import db
 from ntfy_intake.store.doorbell import Doorbell, WakeEvent
 from ntfy_intake.store.feed import Entry, FeedStore, append
 
+from . import harness
 from .harness import Child
+
+pytestmark = pytest.mark.engines
+
 
 DAEMON = "ntfy-intake"
 WAIT = 10.0  # upper bound for anything that should happen "now"; tests never sleep for it
 
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "intake.sqlite3"
+def db_path(tmp_path: Path) -> Any:
+    """The test's store on its engine (a DSN on PostgreSQL)."""
+    return harness.store_of(tmp_path / "state")
 
 
 @pytest.fixture
@@ -71,9 +76,12 @@ def seqs(entries: list[Entry]) -> list[int]:
 
 def snapshot(db_path: Path) -> tuple[int, list[tuple[object, ...]]]:
     """Cursor rows as another connection sees them (for "nothing was written" checks)."""
-    conn = sqlite3.connect(db_path)
+    conn = db.connect(db_path, readonly=True)
     try:
-        rows = conn.execute("SELECT * FROM feed_cursors ORDER BY handle, channel").fetchall()
+        rows = [
+            tuple(row)
+            for row in conn.execute("SELECT * FROM feed_cursors ORDER BY handle, channel")
+        ]
         return len(rows), rows
     finally:
         conn.close()
@@ -427,8 +435,6 @@ WAITER_PROCESS = """
 import json, sys
 from ntfy_intake.store.doorbell import Doorbell
 from ntfy_intake.store.feed import FeedStore
-
-pytestmark = pytest.mark.engines
 
 store = FeedStore.open(sys.argv[1])
 bell = Doorbell(store, sys.argv[2])

@@ -352,10 +352,9 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
 def _cmd_feed(args: argparse.Namespace) -> int:
     from ntfy_intake.surfaces import feed_cli  # noqa: PLC0415
 
-    if args.state_dir is not None:
-        db_path = args.state_dir / "intake.sqlite3"
-    else:
-        db_path = _load_settings(args, need_ntfy=False).state.database
+    state = _load_settings(args, need_ntfy=False).state  # `--state-dir` names SQLite's file;
+    use_dir = args.state_dir is not None and state.dsn is None  # [state] database wins
+    db_path = args.state_dir / "intake.sqlite3" if use_dir else state.database
     if args.feed_command == "catch-up":
         return feed_cli.catch_up(db_path, args.handle, channel=args.channel, at=args.at)
     if args.feed_command == "ack":

@@ -15,6 +15,7 @@ import pytest
 
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
+from .. import engines, harness
 from ..harness import DaemonThread, settings_for, wait_until
 
 pytestmark = pytest.mark.engines
@@ -37,6 +38,8 @@ COMMANDS = [
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    if harness.DATABASE is not None:  # the test's store, as an agent on PostgreSQL is told it
+        base["NTFY_INTAKE_STATE_DATABASE"] = harness.DATABASE
     return subprocess.run(
         [sys.executable, "-m", "ntfy_intake", *args],
         env={**base, **(env or {})},
@@ -167,7 +170,8 @@ def test_missing_config_says_where_config_is_looked_for(tmp_path: Path) -> None:
 def test_status_without_state_names_the_path_and_the_config_options(tmp_path: Path) -> None:
     result = cli("status", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path / "none")})
     assert result.returncode == 1
-    assert str(tmp_path / "none" / "intake.sqlite3") in result.stderr
+    assert str(engines.target(tmp_path / "none", harness.DATABASE)) in result.stderr
+    assert "password" not in result.stderr
     assert "--config" in result.stderr and "Traceback" not in result.stderr
 
 

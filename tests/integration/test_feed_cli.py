@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +18,15 @@ from ntfy_intake.store.db import write_txn as db_write_txn
 from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.surfaces import feed_cli
 
+from .. import harness
+
+pytestmark = pytest.mark.engines
+
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "intake.sqlite3"
+def db_path(tmp_path: Path) -> Any:
+    """The test's store on its engine (a DSN on PostgreSQL)."""
+    return harness.store_of(tmp_path / "state")
 
 
 def post(db_path: Path, summary: str = "alerts: 'Disk' sev 4", message: str = "disk full") -> int:
@@ -166,8 +172,6 @@ def test_a_first_wait_joins_so_the_entry_that_rang_is_caught_up(
 _SCRIPT = """
 import sys
 from ntfy_intake.surfaces import feed_cli
-
-pytestmark = pytest.mark.engines
 db, op, arg = sys.argv[1], sys.argv[2], (sys.argv[3:] or [""])[0]
 if op == "catch_up":
     sys.exit(feed_cli.catch_up(db, "triager"))
@@ -206,7 +210,7 @@ def test_the_loop_works_from_a_fresh_interpreter(db_path: Path) -> None:
 def test_catch_up_says_requests_wait_in_the_debounce_window_instead_of_looking_broken(
     store: sqlite3.Connection, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    db = tmp_path / "intake.sqlite3"
+    db = harness.store_of(tmp_path)
     code, entries, err = run(capsys, feed_cli.catch_up(db, "triage"))
     assert (code, entries, err) == (0, [], "")  # nothing collecting: no note
     with db_write_txn(store):

@@ -25,6 +25,7 @@ from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire import signing
 
+from .. import harness
 from ..conftest import make_message, owner_queue
 from ..harness import (
     CommitFaults,
@@ -165,7 +166,7 @@ def test_permanent_400_makes_the_row_dead_at_once_and_redrive_delivers(
             emu.publish("alerts", "disk full", title="Disk")
             wait_until(lambda: query(state, "SELECT state, attempts FROM outbox") == [("dead", 1)])
             key = only_key(state)
-            conn = db.connect(state / "intake.sqlite3")
+            conn = db.connect(harness.store_of(state))
             try:
                 assert outbox.redrive(conn, None, 0.0) == [key]
             finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ntfy_intake.store import db
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
+from .. import harness
 from ..harness import (
     DaemonThread,
     audit_records,
@@ -43,11 +44,11 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def snapshot_port(state: Path) -> int | None:
-    if not (state / "intake.sqlite3").exists():
+    if harness.DATABASE is None and not (state / "intake.sqlite3").exists():
         return None
     try:
         rows = query(state, "SELECT value FROM kv WHERE name = 'health'")
-    except sqlite3.OperationalError:  # the store is still being made
+    except db.ERRORS:  # the store is still being made
         return None
     for (value,) in rows:
         port = json.loads(value).get("http_port")

@@ -24,6 +24,7 @@ from typing import ParamSpec, Protocol, TypeVar
 from ntfy_intake.settings.schema import Dsn, is_dsn
 from ntfy_intake.store import migrations, postgres
 from ntfy_intake.store.migrations import Migration
+from ntfy_intake.store.storage import startup_error as storage_error
 from ntfy_intake.store.transaction import (
     ERRORS,
     BeforeCommit,
@@ -76,10 +77,21 @@ def is_postgres(conn: Connection) -> bool:
 
 
 def exists(target: Target | str) -> bool:
-    """Whether there is a store to open read-only: a file on SQLite; always on PostgreSQL (the
-    database is the operator's, and opening it says whether it answers)."""
+    """Whether there is a store to open read-only: a file on SQLite; on PostgreSQL, a database
+    a daemon has migrated (its ledger table). A server that does not answer is not "no store":
+    its error goes out as one named line (storage.startup_error)."""
     target = target_of(target)
-    return True if isinstance(target, Dsn) else target.exists()
+    if not isinstance(target, Dsn):
+        return target.exists()
+    try:
+        conn = postgres.connect(target, readonly=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            found = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
+        finally:
+            conn.close()
+    except ERRORS as exc:
+        raise storage_error(exc, target) from None
+    return found is not None and found[0] is not None
 
 
 def connect(target: Target | str, *, readonly: bool = False) -> Connection:

@@ -52,7 +52,7 @@ def _print(value: object) -> None:
 
 
 @contextlib.contextmanager
-def _store(db_path: Path | str) -> Iterator[FeedStore]:
+def _store(db_path: db.Target | str) -> Iterator[FeedStore]:
     try:
         store = FeedStore.open(db_path)
     except _EXPECTED as exc:
@@ -74,7 +74,7 @@ def _run(body: Callable[[], int]) -> int:
 
 
 def catch_up(
-    db_path: Path | str, handle: str, *, channel: str | None = None, at: JoinAt = "head"
+    db_path: db.Target | str, handle: str, *, channel: str | None = None, at: JoinAt = "head"
 ) -> int:
     """Print every unacked entry for `handle` as a JSON array; exit 0.
 
@@ -107,14 +107,14 @@ def debounce_note(collecting: int, next_release_at: float | None, now: float) ->
     )
 
 
-def _debounce_note(db_path: Path | str, now: float) -> str | None:
+def _debounce_note(db_path: db.Target | str, now: float) -> str | None:
     found = summary.collecting_in(db_path)
     if found is None:
         return None  # a hint only: never fail the catch-up over it
     return debounce_note(*found, now)
 
 
-def ack(db_path: Path | str, handle: str, channel: str, seq: int) -> int:
+def ack(db_path: db.Target | str, handle: str, channel: str, seq: int) -> int:
     """Move the handle's cursor on `channel` forward to `seq`; print the cursor; exit 0.
 
     A stale ack prints the unchanged cursor and exits 0; beyond head (or a channel the handle
@@ -131,7 +131,7 @@ def ack(db_path: Path | str, handle: str, channel: str, seq: int) -> int:
 
 
 def wait(
-    db_path: Path | str,
+    db_path: db.Target | str,
     handle: str,
     timeout: float,
     *,
