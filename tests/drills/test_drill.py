@@ -8,13 +8,17 @@ import io
 import os
 import random
 import re
+import socket
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from ntfy_intake import cli
-from ntfy_intake.testbed import drill, drill_args, drill_parts, drill_plan
+from ntfy_intake.store import db
+from ntfy_intake.testbed import drill, drill_args, drill_parts, drill_plan, drill_store
+
+from .. import engines
 
 
 def children_of(pid: int) -> list[int]:
@@ -61,6 +65,55 @@ def test_short_drill_passes_and_reports_zero_lost_and_doubled() -> None:
     assert set(children_of(os.getpid())) - children_before == set()
     state_dir = re.search(r"^state dir: (\S+) ", table, re.MULTILINE)
     assert state_dir and not Path(state_dir.group(1)).exists()
+
+
+@pytest.mark.slow
+def test_short_drill_on_postgresql_passes_in_a_schema_of_its_own_dropped_after() -> None:
+    """`drill --database DSN`: the daemon on PostgreSQL, in a drill_<random> schema the drill
+    makes and drops; the table names the server without the DSN's password."""
+    server = engines.server_dsn()
+    if server is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(engines.unavailable())
+        pytest.skip(engines.unavailable())
+    secret = engines.with_password(server, "hunter2-drill")
+    out = io.StringIO()
+    code = drill.run(kills=5, seed=1129, duration=4.0, database=secret, out=out, progress=None)
+    table = out.getvalue()
+    assert code == 0, table
+    assert value(table, "lost") == "0"
+    assert value(table, "double outcomes") == "0"
+    assert value(table, "duplicate effects at the receiver") == "0"
+    assert value(table, "verdict") == "PASS"
+    requests, receipts = value(table, "triage requests / receipts").split(" / ")
+    assert int(requests) > 0 and requests == receipts
+    assert "hunter2" not in table
+    schema = re.search(r"^store: PostgreSQL \S+ schema (drill_[0-9a-f]+) ", table, re.MULTILINE)
+    assert schema, table
+    conn = db.connect(server)
+    try:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema.group(1),)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert left[0] == 0, "the drill's schema was not dropped"
+
+
+def test_own_schema_names_itself_in_the_search_path() -> None:
+    dsn = drill_store.with_schema("postgresql://u@h:5/d", "drill_ab")
+    assert dsn == "postgresql://u@h:5/d?options=-csearch_path%3Ddrill_ab"
+    assert drill_store.with_schema("postgresql://u@h/d?sslmode=disable", "s").endswith(
+        "&options=-csearch_path%3Ds"
+    )
+
+
+def test_the_daemons_tcp_ports_are_read_from_proc() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as client:
+            assert client.getsockname()[1] in drill_store.tcp_ports(os.getpid())
 
 
 @pytest.mark.parametrize("kills", [0, 1, 3, 5, 20, 40])
@@ -116,6 +169,7 @@ def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         "topic": "t",
         "token": "tk_secret",
         "keep": True,
+        "database": None,
     }
     assert drill.main(parser.parse_args(["--ntfy-url", "https://ntfy.example"])) == 2
     assert drill.main(parser.parse_args(["--kills", "-1"])) == 2

@@ -16,7 +16,7 @@ import sqlite3
 
 from ntfy_intake.errors import IntakeError
 from ntfy_intake.rules import sanitize
-from ntfy_intake.store import audit
+from ntfy_intake.store import audit, postgres
 from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire.frames import Event, Junk, Message
 
@@ -32,6 +32,11 @@ def blames_the_value(exc: BaseException) -> bool:
         return "closed" not in str(exc)  # binding a value SQLite refuses; a closed conn is ours
     if isinstance(exc, sqlite3.Error | OSError | IntakeError | MemoryError):
         return False
+    if postgres.DRIVER_ERRORS and isinstance(exc, postgres.DRIVER_ERRORS):
+        # Only what the value caused: a data exception (22), an integrity violation (23), a
+        # program limit (54: a key too long for its index). A lost connection, a restart or a
+        # terminated session is storage, waited out (a value blamed for it was lost).
+        return str(getattr(exc, "sqlstate", None) or "")[:2] in ("22", "23", "54")
     return isinstance(exc, Exception)
 
 

@@ -44,6 +44,7 @@ import httpx
 
 from ntfy_intake import settings
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.store import db
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.drill_args import add_arguments
 from ntfy_intake.testbed.drill_parts import (
@@ -85,6 +86,7 @@ from ntfy_intake.testbed.drill_plan import (
     build_plan,
 )
 from ntfy_intake.testbed.drill_report import Tally, check, render
+from ntfy_intake.testbed.drill_store import StoreView, own_schema
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 # -- the drill -------------------------------------------------------------------------------------
@@ -111,8 +113,10 @@ class Drill:
         send: Send,
         pace: Pace,
         progress: TextIO | None,
+        database: str | None = None,
     ) -> None:
         self.kills = kills
+        self.database = database  # a DSN naming the drill's own schema; None: SQLite
         self.seed = seed
         self.duration = duration
         self.target = target
@@ -124,6 +128,7 @@ class Drill:
         self.ledger = Ledger()
         self.publisher = Publisher(send, target.topics, random.Random(seed + 1), self.ledger, pace)
         self.tail = AuditTail(self.state_dir / "audit")
+        self.store = StoreView(db.Dsn(database) if database else self.state_dir / "intake.sqlite3")
         self.daemon = DaemonProcess(self._daemon_env(), workdir / "daemon.log")
         self.progress = progress
         label = (
@@ -131,7 +136,13 @@ class Drill:
             if self.emu is not None
             else f"{target.url} (topic {','.join(target.topics)})"
         )
-        self.tally = Tally(target=label, seed=seed, kills_requested=kills, state_dir=self.state_dir)
+        self.tally = Tally(
+            target=label,
+            seed=seed,
+            kills_requested=kills,
+            state_dir=self.state_dir,
+            store=self.store.describe(),
+        )
         self._fault_log: dict[str, list[str]] = {}
         self.given_up: set[str] = set()  # ids a stalled wait stopped waiting for
         self._started_at = 0.0
@@ -149,6 +160,8 @@ class Drill:
             "NTFY_INTAKE_RELAY_MAX_ATTEMPTS": RELAY_MAX_ATTEMPTS,
             "NTFY_INTAKE_CADENCE_DEBOUNCE": DEBOUNCE,
         }
+        if self.database:
+            env["NTFY_INTAKE_STATE_DATABASE"] = self.database
         if self.emu is not None:
             env["NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL"] = f"{KEEPALIVE_INTERVAL:g}s"
             env["NTFY_INTAKE_NTFY_KEEPALIVE_TIMEOUT"] = f"{int(KEEPALIVE_TIMEOUT * 1000)}ms"
@@ -233,7 +246,7 @@ class Drill:
         """Until the daemon's loop runs (its health row carries its pid): only then is a SIGTERM
         a graceful stop rather than the default action during interpreter start-up."""
         deadline = time.monotonic() + STALL_BOUND_S
-        while health_pid(self.state_dir) != self.daemon.pid:
+        while health_pid(self.store) != self.daemon.pid:
             if not self.daemon.alive():
                 self._unexpected_exit(f"start #{self.daemon.starts} (starting up)")
                 return False
@@ -247,7 +260,7 @@ class Drill:
     def _first_start(self) -> None:
         """Wait for the first cursor (the join time, persisted at once), then start publishing."""
         deadline = time.monotonic() + STALL_BOUND_S
-        while read_cursor(self.state_dir) is None:
+        while read_cursor(self.store) is None:
             if not self.daemon.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not start; see {self.daemon.log_path}")
             time.sleep(0.05)
@@ -402,7 +415,7 @@ class Drill:
         a correct daemon needs none of them again, so nothing may be lost or reported missing."""
         assert self.emu is not None
         self.tail.poll()
-        cursor = read_cursor(self.state_dir)
+        cursor = read_cursor(self.store)
         keep = cursor[1] if cursor is not None else None
         old = self.ledger.published_before(time.monotonic() - EVICT_AGE_S)
         ids = [i for i in old if self.tail.counts[i] and i != keep]
@@ -510,6 +523,7 @@ def run(
     topic: str | None = None,
     token: str | None = None,
     keep: bool = False,
+    database: str | None = None,
     out: TextIO = sys.stdout,
     progress: TextIO | None = sys.stderr,
 ) -> int:
@@ -522,6 +536,10 @@ def run(
         seed = random.SystemRandom().randrange(1, 1_000_000)
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(_workdir(keep))
+        schema_dsn = None
+        if database is not None:
+            schema, schema_dsn = stack.enter_context(own_schema(database))
+            label = f"{db.Dsn(database)} schema {schema}" + (" (dropped after)" if not keep else "")
         stop_publishing = threading.Event()
         stack.callback(stop_publishing.set)
         receiver_server = ReceiverServer(workdir / "receiver.sqlite3")
@@ -560,10 +578,14 @@ def run(
             send=send,
             pace=pace,
             progress=progress,
+            database=schema_dsn,
         )
+        stack.callback(drill.store.close)
+        if schema_dsn is not None:
+            drill.tally.store = f"PostgreSQL {label}"
         tally = drill.run()
         tally.kept = keep
-        findings = check(drill.ledger.ids(), drill.state_dir, receiver_server.db_path)
+        findings = check(drill.ledger.ids(), drill.state_dir, receiver_server.db_path, drill.store)
         passed = render(tally, findings, out)
         return 0 if passed else 1
 
@@ -594,6 +616,7 @@ def main(args: argparse.Namespace) -> int:
         topic=args.topic,
         token=token,
         keep=args.keep,
+        database=args.database,
     )
 
 

@@ -43,11 +43,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep", action="store_true", help="keep the temp dir (state, audit log, daemon.log)"
     )
     parser.add_argument(
+        "--database",
+        default=None,
+        metavar="DSN",
+        help="run the daemon on PostgreSQL (NTFY_INTAKE_STATE_DATABASE), in a fresh schema of the"
+        " drill's own inside this database, dropped at the end (default: SQLite in the temp dir)",
+    )
+    parser.add_argument(
+        "--pg-data",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="--faults storage --database: the server's data dir, for the immediate restart"
+        " fault (pg_ctl -m immediate restart, as the dir's owner); without it that fault is"
+        " skipped. Never a server others rely on",
+    )
+    parser.add_argument(
         "--faults",
         choices=("kill", "storage"),
         default="kill",
         help="kill: kill -9 and crash points (default); storage: disk full, RLIMIT_FSIZE, audit"
-        " file deleted, database deleted, write lock held, clock jumps",
+        " file deleted, database deleted, write lock held, clock jumps; with --database also"
+        " pg_terminate_backend of the daemon's sessions and an immediate server restart",
     )
     parser.add_argument(
         "--rounds",

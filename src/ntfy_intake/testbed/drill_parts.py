@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import httpx
 from ntfy_intake.store import audit
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.drill_store import StoreView
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
@@ -254,29 +254,14 @@ class AuditTail:
         return added
 
 
-def _read_row(state_dir: Path, sql: str) -> tuple[object, ...] | None:
-    path = state_dir / "intake.sqlite3"
-    if not path.exists():
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            row = conn.execute(sql).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return None if row is None else tuple(row)
-
-
-def read_cursor(state_dir: Path) -> tuple[str, str] | None:
-    row = _read_row(state_dir, "SELECT kind, value FROM cursor WHERE id = 1")
+def read_cursor(store: StoreView) -> tuple[str, str] | None:
+    row = store.row("SELECT kind, value FROM cursor WHERE id = 1")
     return None if row is None else (str(row[0]), str(row[1]))
 
 
-def health_pid(state_dir: Path) -> int | None:
+def health_pid(store: StoreView) -> int | None:
     """The pid in the daemon's health row: its event loop (and SIGTERM handler) is running."""
-    row = _read_row(state_dir, "SELECT value FROM kv WHERE name = 'health'")
+    row = store.row("SELECT value FROM kv WHERE name = 'health'")
     try:
         pid = json.loads(str(row[0]))["pid"] if row else None
     except (ValueError, KeyError, TypeError):

@@ -9,7 +9,6 @@ daemon never hung or died on its own.
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -19,6 +18,7 @@ from typing import TextIO
 
 from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.drill_store import StoreView
 
 SHOW_IDS = 10
 
@@ -31,6 +31,7 @@ class Tally:
     seed: int
     kills_requested: int
     state_dir: Path
+    store: str = "-"  # the daemon's store: a SQLite file, or PostgreSQL host/database, schema
     kept: bool = False
     published: int = 0
     published_by_topic: Counter[str] = field(default_factory=Counter)
@@ -73,14 +74,16 @@ class Findings:
     quarantined: int
 
 
-def check(published: Sequence[str], state_dir: Path, receiver_db: Path) -> Findings:
+def check(
+    published: Sequence[str], state_dir: Path, receiver_db: Path, store: StoreView
+) -> Findings:
     records = list(audit.read_records(state_dir / "audit"))
     events = [r for r in records if r.get("kind") == "event"]
     counts = Counter(str(r.get("event_id")) for r in events)
     wanted = set(published)
     lost = [i for i in published if counts[i] == 0]
     doubled = {i: n for i, n in counts.items() if n > 1}
-    inbox_ids = _inbox_ids(state_dir / "intake.sqlite3")
+    inbox_ids = {str(r[0]) for r in store.rows("SELECT event_id FROM inbox") or []}
     missing_inbox = [i for i in published if i not in inbox_ids]
     triage_keys = {str(r["delivery_key"]) for r in events if r.get("delivery_key")}
     delivered = Counter(
@@ -112,16 +115,6 @@ def check(published: Sequence[str], state_dir: Path, receiver_db: Path) -> Findi
 
 def _notices(records: Iterable[dict[str, object]], kind: str) -> int:
     return sum(1 for r in records if r.get("kind") == "notice" and r.get("notice") == kind)
-
-
-def _inbox_ids(path: Path) -> set[str]:
-    if not path.exists():
-        return set()
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    try:
-        return {str(row[0]) for row in conn.execute("SELECT event_id FROM inbox")}
-    finally:
-        conn.close()
 
 
 def failures(tally: Tally, found: Findings) -> list[str]:
@@ -239,6 +232,7 @@ def render(tally: Tally, found: Findings, out: TextIO) -> bool:
         file=out,
     )
     print(f"state dir: {tally.state_dir} ({kept})", file=out)
+    print(f"store: {tally.store}", file=out)
     width = max(len(r[0]) for r in rows)
     print(file=out)
     for label, value, status in rows:

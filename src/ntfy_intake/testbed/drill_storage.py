@@ -18,6 +18,14 @@ of each kind:
 - `clock_jump`: the daemon's clock jumps 8 days ahead or back (an injected offset, the machine's
   clock untouched), sometimes across a restart, then returns.
 
+With `--database DSN` the store is PostgreSQL (a schema of the drill's own, drill_store.py):
+`disk_full` and `db_deleted` are SQLite-file faults and are skipped, saying so; `write_lock` holds
+the engine's advisory write lock; and two more kinds run mid-stream:
+
+- `pg_terminate`: pg_terminate_backend of the daemon's sessions (once or twice in a row);
+- `pg_restart`: an immediate restart of the server (`--pg-data DIR`, pg_ctl -m immediate, as the
+  data dir's owner); without `--pg-data` it is skipped.
+
 Each fault records what the daemon did about it (from its log). The verdict is the kill drill's
 (drill_report.py): 0 lost, 0 doubled, every triage request receipted once as an effect.
 """
@@ -40,12 +48,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TextIO
 
-from ntfy_intake.store import audit
-from ntfy_intake.testbed import drill, drill_parts
+from ntfy_intake.store import audit, db
+from ntfy_intake.testbed import drill, drill_parts, drill_store
 from ntfy_intake.testbed.drill_report import Tally, check, render
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 KINDS = ("disk_full", "rlimit_fsize", "audit_deleted", "db_deleted", "write_lock", "clock_jump")
+PG_KINDS = ("pg_terminate", "pg_restart")  # with --database only
+SQLITE_ONLY = {
+    "disk_full": "SQLite-file fault (tmpfs under the database): the store is PostgreSQL",
+    "db_deleted": "SQLite-file fault (intake.sqlite3 deleted): the store is PostgreSQL",
+}
 TMPFS_SIZE = (
     "512m"  # a cap, not a fault: the state of a long run must fit; the fault fills the rest
 )
@@ -173,12 +186,19 @@ def fill(path: Path) -> int:
 
 class StorageDrill(drill.Drill):
     def __init__(
-        self, *, rounds: int, kinds: tuple[str, ...], fs_problem: str | None, **kw: object
+        self,
+        *,
+        rounds: int,
+        kinds: tuple[str, ...],
+        fs_problem: str | None,
+        pg_data: Path | None = None,
+        **kw: object,
     ) -> None:
         super().__init__(kills=0, **kw)  # type: ignore[arg-type]
         self.rounds = rounds
         self.kinds = kinds
         self.fs_problem = fs_problem
+        self.pg_data = pg_data
         self.clock_file = self.state_dir.parent / "clock-offset"
         self.clock_file.write_text("0")
         env = {
@@ -188,7 +208,7 @@ class StorageDrill(drill.Drill):
         }
         self.daemon = PipedDaemon(env, self.state_dir.parent / "daemon.log")
         self.done: Counter[str] = Counter()
-        self.effects: dict[str, Counter[str]] = {kind: Counter() for kind in KINDS}
+        self.effects: dict[str, Counter[str]] = {kind: Counter() for kind in (*KINDS, *PG_KINDS)}
         self.skipped: dict[str, str] = {}
         self.tally.kills_requested = 0
 
@@ -196,10 +216,15 @@ class StorageDrill(drill.Drill):
 
     def run(self) -> Tally:
         self._started_at = time.monotonic()
-        plan = [kind for kind in self.kinds for _ in range(self.rounds)]
-        if self.fs_problem is not None and "disk_full" in plan:
-            self.skipped["disk_full"] = self.fs_problem
-            plan = [kind for kind in plan if kind != "disk_full"]
+        if self.database:
+            self.skipped.update(SQLITE_ONLY)
+            if self.pg_data is None:
+                self.skipped["pg_restart"] = "needs --pg-data DIR (the server's data dir)"
+        else:
+            self.skipped.update(dict.fromkeys(PG_KINDS, "needs --database (PostgreSQL)"))
+        if self.fs_problem is not None:
+            self.skipped.setdefault("disk_full", self.fs_problem)
+        plan = [kind for kind in self.kinds for _ in range(self.rounds) if kind not in self.skipped]
         self.rng.shuffle(plan)
         try:
             self.daemon.start()
@@ -246,7 +271,7 @@ class StorageDrill(drill.Drill):
             )
 
     def _latched(self) -> bool:
-        row = drill_parts._read_row(self.state_dir, "SELECT value FROM kv WHERE name = 'health'")
+        row = self.store.row("SELECT value FROM kv WHERE name = 'health'")
         return bool(row) and '"latch": true' in str(row[0] if row else "")
 
     def _restart(self, what: str) -> None:
@@ -314,6 +339,9 @@ class StorageDrill(drill.Drill):
 
     def _write_lock(self) -> None:
         seconds = self.rng.uniform(*LOCK_SECONDS)
+        if self.database:
+            drill_store.hold_writer_lock(self.database, seconds)
+            return
         holder = subprocess.Popen(  # noqa: S603 - this interpreter, our own code
             [sys.executable, "-c", HOLD_LOCK, str(self.state_dir / "intake.sqlite3"), str(seconds)],
             stdout=subprocess.PIPE,
@@ -341,6 +369,24 @@ class StorageDrill(drill.Drill):
                 self._hold(0.5, 1.0)
         finally:
             self.clock_file.write_text("0")
+
+    def _pg_terminate(self) -> None:
+        """End the daemon's sessions mid-stream, now and then twice in a row."""
+        for _ in range(self.rng.choice((1, 1, 2))):
+            self.effects["pg_terminate"]["sessions ended"] += drill_store.terminate(
+                str(self.database), self.daemon.pid
+            )
+            self._hold(0.2, 1.5)
+
+    def _pg_restart(self) -> None:
+        assert self.pg_data is not None
+        began = time.monotonic()
+        problem = drill_store.restart(self.pg_data)
+        if problem is not None:
+            self.tally.stalls.append(f"PostgreSQL restart failed: {problem}")
+            return
+        self.effects["pg_restart"][f"server back in {time.monotonic() - began:.1f} s"] += 1
+        self._hold()
 
     # -- the table ---------------------------------------------------------------------------------
 
@@ -370,21 +416,31 @@ def run(
     *,
     rounds: int = 20,
     seed: int | None = None,
-    kinds: tuple[str, ...] = KINDS,
+    kinds: tuple[str, ...] | None = None,
     keep: bool = False,
+    database: str | None = None,
+    pg_data: Path | None = None,
     out: TextIO = sys.stdout,
     progress: TextIO | None = sys.stderr,
     tmpfs: Callable[[Path, str], contextlib.AbstractContextManager[str | None]] = small_filesystem,
 ) -> int:
     """Run the storage drill; print the verdict table to `out`; 0 on PASS, 1 on FAIL."""
-    unknown = sorted(set(kinds) - set(KINDS))
+    if kinds is None:
+        kinds = (*KINDS, *PG_KINDS) if database else KINDS
+    unknown = sorted(set(kinds) - set(KINDS) - set(PG_KINDS))
     if unknown or rounds < 1:
         raise ValueError(f"unknown fault kinds {unknown}" if unknown else "rounds must be >= 1")
     if seed is None:
         seed = random.SystemRandom().randrange(1, 1_000_000)
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(drill._workdir(keep))
-        fs_problem = stack.enter_context(tmpfs(workdir / "state", TMPFS_SIZE))
+        schema_dsn = label = None
+        if database is not None:
+            schema, schema_dsn = stack.enter_context(drill_store.own_schema(database))
+            label = f"PostgreSQL {db.Dsn(database)} schema {schema}"
+            fs_problem: str | None = SQLITE_ONLY["disk_full"]  # no tmpfs: nothing to fill
+        else:
+            fs_problem = stack.enter_context(tmpfs(workdir / "state", TMPFS_SIZE))
         receiver_server = drill_parts.ReceiverServer(workdir / "receiver.sqlite3")
         receiver_server.start()
         stack.callback(receiver_server.stop)
@@ -404,6 +460,8 @@ def run(
             rounds=rounds,
             kinds=kinds,
             fs_problem=fs_problem,
+            pg_data=pg_data,
+            database=schema_dsn,
             seed=seed,
             duration=None,
             target=drill.Target(emu.url, drill_parts.EMULATOR_TOPICS, None, emu),
@@ -413,13 +471,19 @@ def run(
             pace=drill_parts.EMULATOR_PACE,
             progress=progress,
         )
+        stack.callback(storage_drill.store.close)
+        if label is not None:
+            storage_drill.tally.store = label
         tally = storage_drill.run()
         tally.kept = keep
         if keep and fs_problem is None:  # the tmpfs goes with the unmount: keep a copy
             shutil.copytree(storage_drill.state_dir, workdir / "state-kept")
             tally.state_dir = workdir / "state-kept"
         findings = check(
-            storage_drill.ledger.ids(), storage_drill.state_dir, receiver_server.db_path
+            storage_drill.ledger.ids(),
+            storage_drill.state_dir,
+            receiver_server.db_path,
+            storage_drill.store,
         )
         passed = render(tally, findings, out)
         return 0 if passed else 1
@@ -430,4 +494,13 @@ def main(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print("drill: --rounds must be at least 1", file=sys.stderr)
         return 2
-    return run(rounds=args.rounds, seed=args.seed, keep=args.keep)
+    if args.pg_data is not None and args.database is None:
+        print("drill: --pg-data needs --database", file=sys.stderr)
+        return 2
+    return run(
+        rounds=args.rounds,
+        seed=args.seed,
+        keep=args.keep,
+        database=args.database,
+        pg_data=args.pg_data,
+    )
