@@ -153,9 +153,11 @@ def notices(state_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def store_of(state_dir: Path) -> db.Target:
-    """The store a test's daemon with this state dir uses, on the test's engine."""
-    return db.Dsn(DATABASE) if DATABASE else state_dir / "intake.sqlite3"
+def store_of(state_dir: Path) -> Path | str:
+    """The store a test's daemon with this state dir uses, on the test's engine: the DSN as a
+    string on PostgreSQL (`str(db.Dsn)` leaves out the password and the options that name the
+    test's schema, so a child process handed one would open another store)."""
+    return DATABASE if DATABASE else state_dir / "intake.sqlite3"
 
 
 def query(state_dir: Path, sql: str, *params: object) -> list[tuple[Any, ...]]:

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import re
-import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from ntfy_intake.store import db, inbox, migrations
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import DeviceAction, Ignored, Junk, Message, decode_line
 
+from . import engines, harness
 from .conftest import TOPICS, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
 
@@ -155,7 +155,7 @@ raw_lines = st.one_of(
 )
 
 
-def accounted(conn: sqlite3.Connection, line: bytes) -> bool:
+def accounted(conn: db.Connection, line: bytes) -> bool:
     """The line was recorded (an inbox row with its id) or quarantined (its hash or its id)."""
     if not line.strip():
         return True  # blank lines are NDJSON padding: skipped by design
@@ -179,7 +179,7 @@ def accounted(conn: sqlite3.Connection, line: bytes) -> bool:
 )
 @given(st.lists(raw_lines, min_size=1, max_size=20))
 def test_inbox_records_or_quarantines_every_line_and_never_raises(
-    store: sqlite3.Connection, lines: list[bytes]
+    store: db.Connection, lines: list[bytes]
 ) -> None:
     queue = owner_queue()
     decoded = [decode_line(line, TOPICS) for line in lines]
@@ -190,18 +190,25 @@ def test_inbox_records_or_quarantines_every_line_and_never_raises(
 
 
 @contextlib.contextmanager
-def fresh_store() -> Iterator[sqlite3.Connection]:
-    """One empty database per hypothesis example (a fixture would be shared by all of them)."""
+def fresh_store() -> Iterator[db.Connection]:
+    """One empty database per hypothesis example (a fixture would be shared by all of them), on
+    the test's engine: a file, or a schema of its own."""
+    server = engines.server_dsn() if harness.DATABASE is not None else None
     with tempfile.TemporaryDirectory() as directory:
-        conn = db.connect(Path(directory) / "intake.sqlite3")
+        schema, target = (None, Path(directory) / "intake.sqlite3")
+        if server is not None:
+            schema, target = engines.create_schema(server)
+        conn = db.connect(target)
         try:
             migrations.apply(conn)
             yield conn
         finally:
             conn.close()
+            if server is not None and schema is not None:
+                engines.drop_schema(server, schema)
 
 
-def event_outcomes(conn: sqlite3.Connection) -> dict[str, int]:
+def event_outcomes(conn: db.Connection) -> dict[str, int]:
     counts: dict[str, int] = {}
     for (line,) in conn.execute("SELECT line FROM audit_journal"):
         record = json.loads(line)
@@ -275,7 +282,7 @@ def test_log_lines_never_carry_raw_control_characters(fields: dict[str, Any]) ->
             assert not CONTROL.search(value.replace("\n", "")), value
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: on the test's engine (a module-wide daemon would outlive its schema)
 def live_daemon(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[NtfyEmulator, Path, DaemonThread]]:
@@ -304,7 +311,7 @@ def test_daemon_survives_arbitrary_frames_and_accounts_for_every_line(
     )
     assert emu.faults.inject_raw(b"".join(line + b"\n" for line in lines)) == 1
     emu.publish("alerts", "after the junk", title="after")  # the stream still flows after the junk
-    conn = sqlite3.connect(f"file:{state / 'intake.sqlite3'}?mode=ro", uri=True)
+    conn = db.connect(harness.store_of(state), readonly=True)
     try:
         wait_until(
             lambda: (

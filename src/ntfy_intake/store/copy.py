@@ -14,6 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ntfy_intake.errors import StartupError
 from ntfy_intake.store import audit, db, migrations, rebuild
@@ -51,6 +52,15 @@ def refuse_unless_empty(target: Connection, where: str) -> None:
         raise StartupError(
             f"{where} already holds a store: store copy writes only into an empty database"
         )
+
+
+def copy_file(path: Path, target: Connection, *, audit_top: int) -> Copied:
+    """`copy_store` from the SQLite file at `path`, opened read-only."""
+    source = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, isolation_level=None)
+    try:
+        return copy_store(source, target, audit_top=audit_top)
+    finally:
+        source.close()
 
 
 def copy_store(source: sqlite3.Connection, target: Connection, *, audit_top: int) -> Copied:

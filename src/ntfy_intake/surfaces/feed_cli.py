@@ -22,7 +22,6 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from ntfy_intake.errors import IntakeError
 from ntfy_intake.rules.sanitize import one_line

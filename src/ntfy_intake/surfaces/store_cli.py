@@ -11,7 +11,6 @@ refuses the login; never the password.
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import time
 from pathlib import Path
 from typing import Protocol
@@ -103,13 +102,9 @@ def _copy(settings: Settings, dsn: Dsn) -> int:
 
 
 def _from_sqlite(source: Path, target: db.Connection, settings: Settings) -> copy.Copied:
-    conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=10, isolation_level=None)
-    try:
-        seqs = (r.get("seq") for r in audit.read_records(settings.state.audit_dir))
-        top = max((s for s in seqs if isinstance(s, int)), default=0)
-        return copy.copy_store(conn, target, audit_top=top)
-    finally:
-        conn.close()
+    seqs = (r.get("seq") for r in audit.read_records(settings.state.audit_dir))
+    top = max((s for s in seqs if isinstance(s, int)), default=0)
+    return copy.copy_file(source, target, audit_top=top)
 
 
 def _from_audit(target: db.Connection, settings: Settings) -> rebuild.Summary:
