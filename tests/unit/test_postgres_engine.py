@@ -100,3 +100,14 @@ def test_an_unreachable_server_at_start_up_is_waited_out_not_an_exit(
         _Down("connection failed: Connection refused"), Dsn("postgresql://nas.lan/x")
     )
     assert isinstance(error, DatabaseUnreachable) and not isinstance(error, StartupError)
+
+
+def test_a_dsn_without_the_postgres_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Failure mode: a one-box install that sets a DSN without psycopg gets an ImportError
+    traceback instead of one line."""
+    monkeypatch.setattr(postgres, "psycopg", None)
+    with pytest.raises(StartupError, match=r"install ntfy-intake\[postgres\]") as refused:
+        postgres.connect(Dsn("postgresql://intake:hunter2@nas.lan/alerts"))
+    assert "hunter2" not in str(refused.value)
