@@ -290,3 +290,48 @@ class CommitFaults:
                 return name
             frame = frame.f_back
         return None
+
+
+def target_arg(target: db.Target) -> str:
+    """`target` as a child process's argument: the full DSN (its search path names the test's
+    schema; `str(Dsn)` leaves that out, with the password), or the file's path."""
+    return target.conninfo if isinstance(target, db.Dsn) else str(target)
+
+
+def store_arg(state_dir: Path) -> str:
+    """`store_of(state_dir)` as a child process's argument (`target_arg`)."""
+    return target_arg(store_of(state_dir))
+
+
+def wipe_store(state_dir: Path) -> None:
+    """The store lost, its audit log kept: the SQLite file (and its WAL) deleted, or every table
+    of the test's PostgreSQL schema dropped (the schema left empty, as a new database is)."""
+    if DATABASE is None:
+        for name in ("intake.sqlite3", "intake.sqlite3-wal", "intake.sqlite3-shm"):
+            (state_dir / name).unlink(missing_ok=True)
+        return
+    conn = db.connect(DATABASE)
+    try:
+        (schema,) = conn.execute("SELECT current_schema()").fetchone()
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        conn.close()
+
+
+@contextmanager
+def separate_store(directory: Path) -> Iterator[db.Target]:
+    """A second, empty store for a test that needs more than one: `directory`'s SQLite file, or
+    a schema of its own on the test's PostgreSQL server (dropped on the way out)."""
+    if DATABASE is None:
+        yield directory / "intake.sqlite3"
+        return
+    from . import engines  # noqa: PLC0415 - engines imports nothing from here
+
+    server = engines.server_dsn()
+    assert server is not None
+    schema, dsn = engines.create_schema(server)
+    try:
+        yield db.Dsn(dsn)
+    finally:
+        engines.drop_schema(server, schema)
