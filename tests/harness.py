@@ -335,3 +335,16 @@ def separate_store(directory: Path) -> Iterator[db.Target]:
         yield db.Dsn(dsn)
     finally:
         engines.drop_schema(server, schema)
+
+
+def store_exists(state_dir: Path) -> bool:
+    """Whether the daemon has created its store yet: the SQLite file, or the migrations' ledger
+    in the test's PostgreSQL schema."""
+    if DATABASE is None:
+        return (state_dir / "intake.sqlite3").exists()
+    conn = db.connect(DATABASE, readonly=True)
+    try:
+        (found,) = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        return bool(found)
+    finally:
+        conn.close()

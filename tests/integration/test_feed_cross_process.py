@@ -123,7 +123,9 @@ def test_concurrent_posters_never_collide_on_seq_and_dedup_holds(
 ) -> None:
     """Failure mode: two processes post at once and collide on seq or double-post a retried key."""
     count = 200  # per process: half keys shared with the other poster, half its own
-    posters = [spawn(POSTER, harness.target_arg(store.db_path), name, count) for name in ("left", "right")]
+    posters = [
+        spawn(POSTER, harness.target_arg(store.db_path), name, count) for name in ("left", "right")
+    ]
     start_together(posters)
     reports = [dict(json.loads(poster.expect_line())) for poster in posters]
 

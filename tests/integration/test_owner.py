@@ -571,9 +571,7 @@ def test_fallback_topic_down_retries_on_ntfy_then_marks_dead(
     assert (row(conn, key)["state"], row(conn, key)["ntfy_attempts"]) == ("dead", 2)
 
 
-def test_no_channel_configured_marks_dead_and_audits(
-    conn: db.Connection, tmp_path: Path
-) -> None:
+def test_no_channel_configured_marks_dead_and_audits(conn: db.Connection, tmp_path: Path) -> None:
     keys = [queue(conn, key="gap:1"), queue(conn, key="latch:1", topic="latch")]
 
     async def scenario(make: Callable[..., OwnerSender]) -> None:
