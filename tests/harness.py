@@ -348,3 +348,19 @@ def store_exists(state_dir: Path) -> bool:
         return bool(found)
     finally:
         conn.close()
+
+
+def engine_fault(kind: str) -> Exception:
+    """The error the test's engine's driver raises for a storage fault `kind` ("locked",
+    "disk_full", "io"): sqlite3's message, or psycopg's class for PostgreSQL's SQLSTATE, so an
+    injected fault goes through the same classification (storage.classify) a real one does."""
+    if DATABASE is None:
+        text = {"locked": "database is locked", "disk_full": "database or disk is full"}
+        return sqlite3.OperationalError(text.get(kind, "disk I/O error"))
+    from psycopg import errors  # noqa: PLC0415 - only on PostgreSQL
+
+    if kind == "locked":
+        return errors.LockNotAvailable("canceling statement due to lock timeout")
+    if kind == "disk_full":
+        return errors.DiskFull("could not extend file: No space left on device")
+    return errors.IoError("could not fsync file: Input/output error")
