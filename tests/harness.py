@@ -292,3 +292,77 @@ class CommitFaults:
                 return name
             frame = frame.f_back
         return None
+
+
+def target_arg(target: db.Target) -> str:
+    """`target` as a child process's argument: the full DSN (its search path names the test's
+    schema; `str(Dsn)` leaves that out, with the password), or the file's path."""
+    return target.conninfo if isinstance(target, db.Dsn) else str(target)
+
+
+def store_arg(state_dir: Path) -> str:
+    """`store_of(state_dir)` as a child process's argument (`target_arg`)."""
+    return target_arg(store_of(state_dir))
+
+
+def wipe_store(state_dir: Path) -> None:
+    """The store lost, its audit log kept: the SQLite file (and its WAL) deleted, or every table
+    of the test's PostgreSQL schema dropped (the schema left empty, as a new database is)."""
+    if DATABASE is None:
+        for name in ("intake.sqlite3", "intake.sqlite3-wal", "intake.sqlite3-shm"):
+            (state_dir / name).unlink(missing_ok=True)
+        return
+    conn = db.connect(DATABASE)
+    try:
+        (schema,) = conn.execute("SELECT current_schema()").fetchone()
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        conn.close()
+
+
+@contextmanager
+def separate_store(directory: Path) -> Iterator[db.Target]:
+    """A second, empty store for a test that needs more than one: `directory`'s SQLite file, or
+    a schema of its own on the test's PostgreSQL server (dropped on the way out)."""
+    if DATABASE is None:
+        yield directory / "intake.sqlite3"
+        return
+    from . import engines  # noqa: PLC0415 - engines imports nothing from here
+
+    server = engines.server_dsn()
+    assert server is not None
+    schema, dsn = engines.create_schema(server)
+    try:
+        yield db.Dsn(dsn)
+    finally:
+        engines.drop_schema(server, schema)
+
+
+def store_exists(state_dir: Path) -> bool:
+    """Whether the daemon has created its store yet: the SQLite file, or the migrations' ledger
+    in the test's PostgreSQL schema."""
+    if DATABASE is None:
+        return (state_dir / "intake.sqlite3").exists()
+    conn = db.connect(DATABASE, readonly=True)
+    try:
+        (found,) = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        return bool(found)
+    finally:
+        conn.close()
+
+
+def engine_fault(kind: str) -> Exception:
+    """The error the test's engine's driver raises for a storage fault `kind` ("locked",
+    "disk_full", "io"): sqlite3's message, or psycopg's class for PostgreSQL's SQLSTATE, so an
+    injected fault goes through the same classification (storage.classify) a real one does."""
+    if DATABASE is None:
+        text = {"locked": "database is locked", "disk_full": "database or disk is full"}
+        return sqlite3.OperationalError(text.get(kind, "disk I/O error"))
+    from psycopg import errors  # noqa: PLC0415 - only on PostgreSQL
+
+    if kind == "locked":
+        return errors.LockNotAvailable("canceling statement due to lock timeout")
+    if kind == "disk_full":
+        return errors.DiskFull("could not extend file: No space left on device")
+    return errors.IoError("could not fsync file: Input/output error")

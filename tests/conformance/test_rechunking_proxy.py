@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from ntfy_intake.wire.http_stream import RawStreamOpener
 
@@ -68,6 +69,7 @@ def rechunking_proxy(upstream: str) -> Iterator[str]:
         loop.close()
 
 
+@pytest.mark.engines  # the daemon records into its store
 def test_chunk_sizes_with_trailing_whitespace_from_a_proxy_are_read_not_refused(
     server: Server, tmp_path: Path
 ) -> None:

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from ntfy_intake.errors import AuditWriteError
-from ntfy_intake.store import audit, inbox
+from ntfy_intake.store import audit, db, inbox
 
 from ..conftest import make_message, owner_queue
+from ..harness import engine_fault
 
 pytestmark = pytest.mark.engines
 
 NOW = 1_764_470_100.0
 
 
-def record(conn: sqlite3.Connection, *ids: str) -> None:
+def record(conn: db.Connection, *ids: str) -> None:
     inbox.record_batch(
         conn,
         [make_message(i, title=i) for i in ids],
@@ -29,12 +29,12 @@ def record(conn: sqlite3.Connection, *ids: str) -> None:
     )
 
 
-def flush(conn: sqlite3.Connection, directory: Path) -> int:
+def flush(conn: db.Connection, directory: Path) -> int:
     with audit.AuditLog(directory, lambda: NOW) as log:
         return audit.flush(conn, log)
 
 
-def recover(conn: sqlite3.Connection, tmp_path: Path) -> int:
+def recover(conn: db.Connection, tmp_path: Path) -> int:
     with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
         return audit.recover(conn, log)
 
@@ -43,9 +43,7 @@ def event_ids(directory: Path) -> list[str]:
     return [r["event_id"] for r in audit.read_records(directory) if r["kind"] == "event"]
 
 
-def test_torn_last_line_is_dropped_and_rewritten_once(
-    store: sqlite3.Connection, tmp_path: Path
-) -> None:
+def test_torn_last_line_is_dropped_and_rewritten_once(store: db.Connection, tmp_path: Path) -> None:
     record(store, "aaaaaaaaaaa1")
     flush(store, tmp_path / "audit")
     record(store, "bbbbbbbbbbb2")
@@ -59,11 +57,11 @@ def test_torn_last_line_is_dropped_and_rewritten_once(
 
 
 def test_crash_between_fsync_and_mark_does_not_double_lines(
-    store: sqlite3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: db.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record(store, "aaaaaaaaaaa1", "bbbbbbbbbbb2")
 
-    def crash(conn: sqlite3.Connection, seq: int) -> None:
+    def crash(conn: db.Connection, seq: int) -> None:
         raise SystemExit("killed after fsync")
 
     monkeypatch.setattr(audit, "_mark_flushed", crash)
@@ -77,7 +75,7 @@ def test_crash_between_fsync_and_mark_does_not_double_lines(
 
 
 def test_outcomes_that_missed_the_log_are_written_at_startup(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     record(store, "aaaaaaaaaaa1")  # committed, never flushed (killed before the audit write)
     assert recover(store, tmp_path) == 1
@@ -86,7 +84,7 @@ def test_outcomes_that_missed_the_log_are_written_at_startup(
 
 
 def test_unusable_audit_directory_raises_audit_write_error(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     """Failure mode: the audit path is not a writable directory (works as root, unlike chmod)."""
     directory = tmp_path / "audit"
@@ -99,7 +97,7 @@ def test_unusable_audit_directory_raises_audit_write_error(
 
 
 def test_full_disk_raises_audit_write_error_and_keeps_journal(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     if not Path("/dev/full").exists():
         pytest.skip("/dev/full is not available")
@@ -113,7 +111,7 @@ def test_full_disk_raises_audit_write_error_and_keeps_journal(
     assert store.execute("SELECT count(*) FROM audit_journal").fetchone()[0] == 1
 
 
-def test_files_are_named_by_utc_day_and_private(store: sqlite3.Connection, tmp_path: Path) -> None:
+def test_files_are_named_by_utc_day_and_private(store: db.Connection, tmp_path: Path) -> None:
     record(store, "aaaaaaaaaaa1")
     flush(store, tmp_path / "audit")
     (path,) = audit.log_files(tmp_path / "audit")
@@ -126,7 +124,7 @@ def seqs(directory: Path) -> list[int]:
 
 
 def test_failed_mark_after_fsync_never_writes_a_line_twice(
-    store: sqlite3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: db.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finding 3: lines written and fsynced, then moving the mark fails (SQLite's disk full);
     the next flush in the same process (the shutdown flush) wrote them all again."""
@@ -134,12 +132,14 @@ def test_failed_mark_after_fsync_never_writes_a_line_twice(
     record(store, "aaaaaaaaaaa1", "bbbbbbbbbbb2")
     real = audit._mark_flushed
 
-    def disk_full(conn: sqlite3.Connection, seq: int) -> None:
-        raise sqlite3.OperationalError("database or disk is full")
+    fault = engine_fault("disk_full")
+
+    def disk_full(conn: db.Connection, seq: int) -> None:
+        raise fault
 
     with audit.AuditLog(directory, lambda: NOW) as log:
         monkeypatch.setattr(audit, "_mark_flushed", disk_full)
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(type(fault)):
             audit.flush(store, log)
         monkeypatch.setattr(audit, "_mark_flushed", real)
         record(store, "ccccccccccc3")
@@ -149,7 +149,7 @@ def test_failed_mark_after_fsync_never_writes_a_line_twice(
 
 
 def test_partial_write_on_a_full_disk_is_cut_back_not_glued_to_the_next_line(
-    store: sqlite3.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: db.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finding 3: ENOSPC/EFBIG after part of a batch reached the file left half a line, and the
     next append glued a whole line onto it (both unreadable)."""
@@ -173,7 +173,7 @@ def test_partial_write_on_a_full_disk_is_cut_back_not_glued_to_the_next_line(
 
 
 def test_deleted_audit_file_is_reopened_with_one_notice_and_loses_nothing(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     """Finding 4: after the audit file was deleted, writes went on to the deleted inode."""
     directory = tmp_path / "audit"
@@ -191,7 +191,7 @@ def test_deleted_audit_file_is_reopened_with_one_notice_and_loses_nothing(
 
 
 def test_replaced_audit_file_is_reopened_with_one_notice(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     """Finding 4: a file moved away and replaced (rotation) kept receiving nothing we could see."""
     directory = tmp_path / "audit"
@@ -210,7 +210,7 @@ def test_replaced_audit_file_is_reopened_with_one_notice(
 
 
 def test_torn_line_repair_goes_by_seq_across_all_files_not_by_file_names(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     """Finding 7: after the clock stepped back across two days, the torn line sat in a file that
     is not among the two newest names; the next line was glued onto the fragment."""

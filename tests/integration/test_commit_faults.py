@@ -28,7 +28,7 @@ from ntfy_intake.store import cursor, feed
 from ntfy_intake.wire import refusals
 
 from ..conftest import make_message
-from ..harness import CommitFaults, audit_records, event_ids, query, settings_for
+from ..harness import CommitFaults, audit_records, event_ids, query, settings_for, store_of
 
 pytestmark = pytest.mark.engines
 
@@ -211,7 +211,7 @@ def agent_reply_under_the_cap(daemon: Daemon, state: Path) -> None:
 
 def feed_post_doorbell(daemon: Daemon, state: Path) -> None:
     """An agent posts; the COMMIT fails and the agent retries under the same key."""
-    with feed.FeedStore.open(state / "intake.sqlite3") as store:
+    with feed.FeedStore.open(store_of(state)) as store:
         with pytest.raises(StoreError):
             store.post(
                 "notes", {"text": "looked at it"}, sender="agent", summary="s", idempotency_key="n1"

@@ -1,4 +1,5 @@
-"""The feed's invariants across real processes sharing one SQLite file.
+"""The feed's invariants across real processes sharing one store (a SQLite file, or one
+PostgreSQL schema, which each child opens by the test's full DSN).
 
 Every child is a fresh interpreter; each prints "ready", blocks on stdin until the test says go (so
 the processes really overlap), and is killed by pid in teardown whatever happened.
@@ -7,7 +8,6 @@ the processes really overlap), and is killed by pid in teardown whatever happene
 from __future__ import annotations
 
 import json
-import sqlite3
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.store import migrations
+from ntfy_intake.store import db, migrations
 from ntfy_intake.store.feed import FeedStore
 
+from .. import harness
 from ..harness import Child
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
@@ -26,12 +27,12 @@ WAIT = 60.0
 
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "intake.sqlite3"
+def db_path(tmp_path: Path) -> db.Target:
+    return harness.store_of(tmp_path / "state")
 
 
 @pytest.fixture
-def store(db_path: Path) -> Iterator[FeedStore]:
+def store(db_path: db.Target) -> Iterator[FeedStore]:
     opened = FeedStore.open(db_path)
     yield opened
     opened.close()
@@ -80,14 +81,14 @@ def test_stale_ack_from_another_process_never_regresses_the_cursor(
         store.post("triage", {"i": i}, sender="ntfy-intake", summary=f"alert {i}")
     assert store.ack("triager", "triage", 150) == 150
 
-    late = spawn(ONE_ACK, store.db_path, 100)
+    late = spawn(ONE_ACK, harness.target_arg(store.db_path), 100)
     start_together([late])
     assert json.loads(late.expect_line()) == 150
     assert store.cursor("triager", "triage") == 150
 
     # Two processes ack every seq in shuffled orders at the same time: each sees a cursor that
     # never goes down and never lags its own ack, and the end state is the head.
-    ackers = [spawn(ACKER, store.db_path, seed, total) for seed in (1, 2)]
+    ackers = [spawn(ACKER, harness.target_arg(store.db_path), seed, total) for seed in (1, 2)]
     start_together(ackers)
     for acker in ackers:
         results = json.loads(acker.expect_line())
@@ -118,21 +119,19 @@ print(json.dumps(out), flush=True)
 
 
 def test_concurrent_posters_never_collide_on_seq_and_dedup_holds(
-    store: FeedStore, spawn: Callable[..., Child]
+    tmp_path: Path, store: FeedStore, spawn: Callable[..., Child]
 ) -> None:
     """Failure mode: two processes post at once and collide on seq or double-post a retried key."""
     count = 200  # per process: half keys shared with the other poster, half its own
-    posters = [spawn(POSTER, store.db_path, name, count) for name in ("left", "right")]
+    posters = [
+        spawn(POSTER, harness.target_arg(store.db_path), name, count) for name in ("left", "right")
+    ]
     start_together(posters)
     reports = [dict(json.loads(poster.expect_line())) for poster in posters]
 
     expected = count // 2 + 2 * (count // 2)
     assert store.head("triage") == expected
-    rows = sqlite3.connect(store.db_path)
-    try:
-        stored = rows.execute("SELECT idempotency_key, seq FROM feed_entries").fetchall()
-    finally:
-        rows.close()
+    stored = harness.query(tmp_path / "state", "SELECT idempotency_key, seq FROM feed_entries")
     assert sorted(seq for _, seq in stored) == list(range(1, expected + 1))
     by_key = dict(stored)
     assert len(by_key) == expected
@@ -154,17 +153,15 @@ print("opened", flush=True)
 """
 
 
-def test_concurrent_first_open_migrates_once(db_path: Path, spawn: Callable[..., Child]) -> None:
+def test_concurrent_first_open_migrates_once(
+    tmp_path: Path, db_path: db.Target, spawn: Callable[..., Child]
+) -> None:
     """Failure mode: agents starting together on a fresh state dir crash racing the migration."""
-    openers = [spawn(OPENER, db_path) for _ in range(4)]
+    openers = [spawn(OPENER, harness.target_arg(db_path)) for _ in range(4)]
     start_together(openers)
     for opener in openers:
         assert opener.expect_line() == "opened"
-    conn = sqlite3.connect(db_path)
-    try:
-        names = conn.execute("SELECT name FROM schema_migrations").fetchall()
-    finally:
-        conn.close()
+    names = harness.query(tmp_path / "state", "SELECT name FROM schema_migrations ORDER BY name")
     # Each step of the one list recorded once (the feed opens the whole schema since issue 22).
     assert names == [(name,) for name, _ in migrations.SQLITE]
 
@@ -195,7 +192,7 @@ def test_doorbell_rings_for_a_post_from_another_process(
 ) -> None:
     """Failure mode: a waiter only hears posts made in its own process."""
     rounds = 15
-    waiter = spawn(RINGER, store.db_path, rounds)
+    waiter = spawn(RINGER, harness.target_arg(store.db_path), rounds)
     start_together([waiter])
     latencies = []
     for _ in range(rounds):

@@ -16,10 +16,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ntfy_intake.store import db
 from ntfy_intake.store.doorbell import Doorbell, WakeEvent
 from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.surfaces import http_api, metrics
 from ntfy_intake.surfaces import serve as _serve
+
+from ..harness import store_of
 
 pytestmark = pytest.mark.engines
 
@@ -32,7 +35,7 @@ WAIT_BOUND = 10.0  # generous bound for "promptly"; the real figures are millise
 class Api:
     url: str
     client: httpx.Client
-    db_path: Path
+    db_path: db.Target
     notify_calls: list[tuple[str, str]]
     health: dict[str, Any]
     snapshot: dict[str, Any]
@@ -55,7 +58,7 @@ class Setup:
     health: dict[str, Any] = field(default_factory=lambda: {"ok": True, "details": {}})
 
 
-def post_entry(db_path: Path, summary: str = "alerts: 'Disk' sev 4", **payload: object) -> int:
+def post_entry(db_path: db.Target, summary: str = "alerts: 'Disk' sev 4", **payload: object) -> int:
     with FeedStore.open(db_path) as store:
         body = payload or {"events": [{"message": "disk full"}]}
         return store.post("triage", body, sender="ntfy-intake", summary=summary).seq
@@ -69,7 +72,7 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Setup:
 
 @pytest.fixture
 def api(setup: Setup) -> Iterator[Api]:
-    db_path = setup.tmp_path / "intake.sqlite3"
+    db_path = store_of(setup.tmp_path)
     calls: list[tuple[str, str]] = []
     snapshot: dict[str, Any] = {
         "intake_state": "live",
@@ -376,7 +379,7 @@ def test_a_waiter_whose_client_gave_up_stops_waiting(
 
 def test_a_pending_wait_ends_promptly_when_the_server_stops(tmp_path: Path) -> None:
     app = http_api.create_app(
-        db_path=tmp_path / "intake.sqlite3",
+        db_path=store_of(tmp_path),
         token=TOKEN,
         notify=None,
         health=lambda: (True, {}),
@@ -528,7 +531,7 @@ def test_serve_runs_in_the_callers_loop_reports_its_port_and_stops_long_polls(
     tmp_path: Path,
 ) -> None:
     app = http_api.create_app(
-        db_path=tmp_path / "intake.sqlite3",
+        db_path=store_of(tmp_path),
         token=TOKEN,
         notify=None,
         health=lambda: (True, {}),
@@ -569,7 +572,7 @@ def test_serve_runs_in_the_callers_loop_reports_its_port_and_stops_long_polls(
 
 def test_serve_bind_failure_raises_before_anything_starts(tmp_path: Path) -> None:
     app = http_api.create_app(
-        db_path=tmp_path / "intake.sqlite3",
+        db_path=store_of(tmp_path),
         token=None,
         notify=None,
         health=lambda: (True, {}),

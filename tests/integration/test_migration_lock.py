@@ -13,15 +13,16 @@ import pytest
 
 from ntfy_intake.store import db, migrations
 
+from .. import harness
 from ..harness import Child, env_for
+
+pytestmark = pytest.mark.engines
 
 NAMES = [name for name, _ in migrations.SQLITE]
 
 MIGRATOR = """
 import json, sys
 from ntfy_intake.store import db, migrations
-
-pytestmark = pytest.mark.engines
 
 conn = db.connect(sys.argv[1])
 print("ready", flush=True)
@@ -31,13 +32,14 @@ print(json.dumps(migrations.apply(conn)), flush=True)
 
 
 @pytest.mark.slow
-def test_processes_starting_together_on_a_fresh_file_apply_each_step_once(
+def test_processes_starting_together_on_a_fresh_store_apply_each_step_once(
     tmp_path: Path, spawn: Callable[..., Child]
 ) -> None:
     """Without the lock around reading the ledger and applying, two starters both see a step
-    missing and the second fails on `table inbox already exists`."""
-    path = tmp_path / "state" / "intake.sqlite3"
-    children = [spawn(MIGRATOR, path) for _ in range(4)]
+    missing and the second fails on `table inbox already exists` (each child opens the test's
+    store itself: the SQLite file, or the PostgreSQL schema by its full DSN)."""
+    path = harness.store_of(tmp_path / "state")
+    children = [spawn(MIGRATOR, harness.target_arg(path)) for _ in range(4)]
     for child in children:
         assert child.expect_line() == "ready"
     for child in children:
@@ -50,8 +52,8 @@ def test_processes_starting_together_on_a_fresh_file_apply_each_step_once(
     conn.close()
 
 
-def newer_database(state: Path) -> Path:
-    path = state / "intake.sqlite3"
+def newer_database(state: Path) -> db.Target:
+    path = harness.store_of(state)
     conn = db.connect(path)
     migrations.apply(conn)
     with db.write_txn(conn):

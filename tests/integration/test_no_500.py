@@ -5,10 +5,11 @@ and without a session and CSRF token) and of the reference receiver. Each answer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from ntfy_intake.store import db
 from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.surfaces import http_api
 from ntfy_intake.surfaces import serve as _serve
@@ -26,10 +28,7 @@ from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire import signing
 
-from ..harness import DaemonThread, settings_for, wait_until
-from ..harness import query as harness_query
-
-pytestmark = pytest.mark.engines
+from ..harness import DaemonThread, separate_store, settings_for, wait_until
 
 TOKEN = "tok-for-property-tests"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))
@@ -163,10 +162,35 @@ def _assert_answer(response: httpx.Response) -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon_client() -> Iterator[httpx.Client]:
-    with tempfile.TemporaryDirectory() as tmp:
-        db_path = Path(tmp) / "intake.sqlite3"
-        with FeedStore.open(db_path) as store:
+def shared() -> Iterator[dict[object, Any]]:
+    """What the module's tests share per engine (the daemon's HTTP surface, the console's
+    daemon), built by the first test on that engine and kept until the module ends, each in a
+    store of its own: on PostgreSQL a schema that outlives the test's (harness.separate_store)."""
+    with contextlib.ExitStack() as stack:
+        yield {"stack": stack}
+
+
+def _shared(shared: dict[object, Any], engine: str, make: Callable[[], Any]) -> Any:
+    key = (engine, make.__name__)
+    if key not in shared:
+        shared[key] = shared["stack"].enter_context(make())
+    return shared[key]
+
+
+def _count(target: db.Target, sql: str) -> int:
+    if not db.exists(target):
+        return -1
+    conn = db.connect(target, readonly=True)
+    try:
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _daemon_surface() -> Iterator[httpx.Client]:
+    with tempfile.TemporaryDirectory() as tmp, separate_store(Path(tmp)) as target:
+        with FeedStore.open(target) as store:
             store.post("triage", {"events": []}, sender="ntfy-intake", summary="x")
 
         async def notify(text: str, key: str) -> tuple[int, Mapping[str, Any]]:
@@ -176,7 +200,7 @@ def daemon_client() -> Iterator[httpx.Client]:
             return 202, {"key": key}
 
         app = http_api.create_app(
-            db_path=db_path,
+            db_path=target,
             token=TOKEN,
             notify=notify,
             health=lambda: (True, {}),
@@ -189,6 +213,13 @@ def daemon_client() -> Iterator[httpx.Client]:
             yield client
 
 
+@pytest.fixture
+def daemon_client(shared: dict[object, Any], engine: str) -> httpx.Client:
+    client: httpx.Client = _shared(shared, engine, _daemon_surface)
+    return client
+
+
+@pytest.mark.engines  # the feed's store, the daemon's
 @settings(
     max_examples=300,
     deadline=None,
@@ -203,6 +234,7 @@ def test_no_input_to_the_daemon_http_surface_yields_a_500(
     _assert_answer(response)
 
 
+@pytest.mark.engines  # the feed's store, the daemon's
 @pytest.mark.parametrize(
     "body",
     [
@@ -218,6 +250,7 @@ def test_lone_surrogate_or_deep_json_in_notify_is_400_not_500(
     assert (response.status_code, response.json()["error"]) == (400, "bad_json")
 
 
+@pytest.mark.engines  # the feed's store, the daemon's
 def test_deep_json_in_an_ack_body_is_400_not_500(daemon_client: httpx.Client) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     body = (
@@ -343,17 +376,24 @@ class ConsoleTarget:
     csrf: str
 
 
-@pytest.fixture(scope="module")
-def console_target() -> Iterator[ConsoleTarget]:
+@contextlib.contextmanager
+def _console() -> Iterator[ConsoleTarget]:
     with (
         tempfile.TemporaryDirectory() as tmp,
+        separate_store(Path(tmp) / "state") as target,
         NtfyEmulator(EmulatorConfig(keepalive_interval=0.5)).running() as emu,
         receiver.running(Path(tmp) / "receiver.sqlite3") as triage,
     ):
         triage.faults.reject_next(400)  # one dead row, so the deliveries page lists one
         state = Path(tmp) / "state"
+        dsn = {"state_database": target.conninfo} if isinstance(target, db.Dsn) else {}
         config = settings_for(
-            emu.url, state, http_token=CONSOLE_TOKEN, relay_url=triage.url, cadence_debounce="0s"
+            emu.url,
+            state,
+            http_token=CONSOLE_TOKEN,
+            relay_url=triage.url,
+            cadence_debounce="0s",
+            **dsn,
         )
         with DaemonThread(config) as running:
             wait_until(lambda: running.daemon is not None and running.daemon.http_port)
@@ -361,7 +401,7 @@ def console_target() -> Iterator[ConsoleTarget]:
             emu.wait_for_subscribers(1)
             for n, title in enumerate(["<script>x</script>", "\x1b[31mred", "Disk \u202e"]):
                 emu.publish("alerts", f"body {n}", title=title, priority=3 + n)
-            wait_until(lambda: harness_query(state, "SELECT count(*) FROM inbox") == [(3,)])
+            wait_until(lambda: _count(target, "SELECT count(*) FROM inbox") == 3)
             base = f"http://127.0.0.1:{running.daemon.http_port}"
             with httpx.Client(base_url=base, timeout=30.0, follow_redirects=False) as client:
                 form = client.get("/console/login").text
@@ -374,6 +414,12 @@ def console_target() -> Iterator[ConsoleTarget]:
                 csrf = _csrf_in(client.get("/console/").text)
                 client.cookies.clear()
                 yield ConsoleTarget(client, sid, csrf)
+
+
+@pytest.fixture
+def console_target(shared: dict[object, Any], engine: str) -> ConsoleTarget:
+    target: ConsoleTarget = _shared(shared, engine, _console)
+    return target
 
 
 def _csrf_in(page: str) -> str:
@@ -398,6 +444,7 @@ def console_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, str], dict[st
     return method, path + query, form, {"session": session}, draw(st.integers(0, 3)) == 0
 
 
+@pytest.mark.engines  # the feed's store, the daemon's
 @settings(
     max_examples=300,
     deadline=None,

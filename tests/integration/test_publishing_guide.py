@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 
 import apprise
+import pytest
 
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
+
+pytestmark = pytest.mark.engines
 
 
 def publish(url: str, body: str, title: str | None = None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -140,7 +139,7 @@ def test_the_windowed_load_equals_folding_the_whole_history(tmp_path: Path) -> N
 # -- the seed incident: a capped alert got through three times because redeploys wiped memory ---
 
 
-def stage(conn: sqlite3.Connection, record: dict[str, Any], now: float) -> None:
+def stage(conn: db.Connection, record: dict[str, Any], now: float) -> None:
     """What the inbox/relay transactions will do: journal the record, commit, then apply."""
     fields = {k: v for k, v in record.items() if k not in ("ts", "kind")}
     with db.write_txn(conn):
@@ -148,7 +147,7 @@ def stage(conn: sqlite3.Connection, record: dict[str, Any], now: float) -> None:
 
 
 def run_incidents(
-    conn: sqlite3.Connection,
+    conn: db.Connection,
     directory: Path,
     policy: Policy,
     times: list[float],
@@ -180,7 +179,7 @@ def run_incidents(
     return list(audit.read_records(directory))
 
 
-def test_the_daily_cap_holds_across_restarts(store: sqlite3.Connection, tmp_path: Path) -> None:
+def test_the_daily_cap_holds_across_restarts(store: db.Connection, tmp_path: Path) -> None:
     policy = Policy(daily_cap=2, timezone="Europe/Amsterdam")
     times = [NOW + 3600 * i for i in range(5)]
     records = run_incidents(store, tmp_path / "audit", policy, times, rehydrate_state=True)
@@ -200,7 +199,7 @@ def test_the_daily_cap_holds_across_restarts(store: sqlite3.Connection, tmp_path
 
 
 def test_without_rehydration_the_seed_incident_comes_back(
-    store: sqlite3.Connection, tmp_path: Path
+    store: db.Connection, tmp_path: Path
 ) -> None:
     policy = Policy(daily_cap=2)
     times = [NOW + 3600 * i for i in range(5)]

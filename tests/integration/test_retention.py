@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
+from pathlib import Path
 
 import pytest
 
-from ntfy_intake.store import feed, inbox, retention
+from ntfy_intake.store import db, feed, inbox, retention
 
 from ..conftest import make_message, owner_queue
+from ..harness import store_of
 
 pytestmark = pytest.mark.engines
 
@@ -17,7 +18,7 @@ NOW = 1_764_470_000.0
 
 
 def record(
-    conn: sqlite3.Connection, event_id: str, at: float, debounce: float = 0.0, title: str = "x"
+    conn: db.Connection, event_id: str, at: float, debounce: float = 0.0, title: str = "x"
 ) -> None:
     queue = owner_queue(debounce=debounce)
     inbox.record_batch(
@@ -29,12 +30,12 @@ def record(
     )
 
 
-def ids(conn: sqlite3.Connection) -> set[str]:
+def ids(conn: db.Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT event_id FROM inbox")}
 
 
 def test_inbox_keeps_ids_for_twice_the_cache_duration_and_at_least_a_week(
-    store: sqlite3.Connection,
+    store: db.Connection,
 ) -> None:
     record(store, "old000000001", NOW - 8 * DAY, title="old")
     record(store, "recent000001", NOW - 6 * DAY, title="recent")
@@ -43,13 +44,13 @@ def test_inbox_keeps_ids_for_twice_the_cache_duration_and_at_least_a_week(
     assert retention.inbox_retention(5 * DAY) == 10 * DAY
 
 
-def test_events_of_a_request_still_collecting_are_never_pruned(store: sqlite3.Connection) -> None:
+def test_events_of_a_request_still_collecting_are_never_pruned(store: db.Connection) -> None:
     record(store, "collecting01", NOW - 9 * DAY, debounce=100 * DAY, title="slow")
     retention.prune(store, NOW, cache_duration=12 * 3600)
     assert ids(store) == {"collecting01"}
 
 
-def test_dead_rows_stay_for_redrive_and_settled_history_goes(store: sqlite3.Connection) -> None:
+def test_dead_rows_stay_for_redrive_and_settled_history_goes(store: db.Connection) -> None:
     record(store, "delivered001", NOW - 40 * DAY, title="a")
     record(store, "dead00000001", NOW - 40 * DAY, title="b")
     store.execute(
@@ -66,9 +67,9 @@ def test_dead_rows_stay_for_redrive_and_settled_history_goes(store: sqlite3.Conn
 
 
 def test_feed_keeps_its_newest_entry_so_the_head_never_goes_back(
-    store: sqlite3.Connection, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    path = tmp_path / "intake.sqlite3"
+    store: db.Connection, tmp_path: Path
+) -> None:
+    path = store_of(tmp_path)
     with feed.FeedStore.open(path) as posts:
         for n in range(3):
             posts.post("triage", {"n": n}, sender="test", summary=f"n{n}", now=NOW - 40 * DAY)
@@ -80,7 +81,7 @@ def test_feed_keeps_its_newest_entry_so_the_head_never_goes_back(
 
 
 def test_forward_clock_jump_never_prunes_ids_the_server_still_holds(
-    store: sqlite3.Connection,
+    store: db.Connection,
 ) -> None:
     """Issue 12, finding 6: the local clock jumped 8 days ahead; ntfy still holds the ids (its
     newest frame time says so), so a full replay would record them a second time."""

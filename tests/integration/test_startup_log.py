@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for
+
+pytestmark = pytest.mark.engines
 
 
 def test_start_up_logs_the_server_and_topics_it_subscribes_to(tmp_path: Path) -> None:

@@ -38,9 +38,14 @@ from ..harness import (
     event_ids,
     notices,
     query,
+    separate_store,
     settings_for,
+    store_of,
     wait_until,
+    wipe_store,
 )
+
+pytestmark = pytest.mark.engines
 
 NOW = 1_764_470_100.0
 SURROGATE_BODY = '{"incident":"disk \\ud83d","severity":5,"status":"firing"}'
@@ -59,7 +64,7 @@ def frame_line(event_id: str, message: str, **extra: object) -> bytes:
     return json.dumps(obj).encode()
 
 
-def outcomes(conn: sqlite3.Connection) -> dict[str, list[str]]:
+def outcomes(conn: db.Connection) -> dict[str, list[str]]:
     """event id -> the outcomes of its `event` records in the journal (exactly one expected)."""
     found: dict[str, list[str]] = {}
     for (line,) in conn.execute("SELECT line FROM audit_journal ORDER BY seq"):
@@ -69,7 +74,7 @@ def outcomes(conn: sqlite3.Connection) -> dict[str, list[str]]:
     return found
 
 
-def test_lone_surrogate_in_message_does_not_stop_intake(store: sqlite3.Connection) -> None:
+def test_lone_surrogate_in_message_does_not_stop_intake(store: db.Connection) -> None:
     """Finding 1: a valid ASCII body that JSON-decodes to a lone surrogate killed the writer."""
     hostile = decode_line(frame_line("surrogate001", SURROGATE_BODY), TOPICS)
     assert isinstance(hostile, Message)
@@ -87,7 +92,7 @@ def test_lone_surrogate_in_message_does_not_stop_intake(store: sqlite3.Connectio
 
 
 def test_lone_surrogate_in_frame_strings_is_replaced_and_raw_kept(
-    store: sqlite3.Connection,
+    store: db.Connection,
 ) -> None:
     """Finding 1 at the frame level: every decoded string is valid UTF-8, the raw is unchanged."""
     line = (
@@ -106,7 +111,7 @@ def test_lone_surrogate_in_frame_strings_is_replaced_and_raw_kept(
 
 
 def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
-    store: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+    store: db.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finding 1's backstop: a value that still breaks processing costs one event, not intake."""
     real = incidents.signal_of
@@ -221,7 +226,8 @@ def test_missing_database_beside_an_audit_log_is_rebuilt_not_a_first_start(
 ) -> None:
     """Finding 5: a deleted intake.sqlite3 was a fresh install: events published meanwhile were
     lost (first_start=now) and seq restarted at 1. Requests collecting, pending and dead when it
-    went must each be delivered exactly once by key after the rebuild."""
+    went must each be delivered exactly once by key after the rebuild. (PostgreSQL: the store's
+    schema emptied, as a database restored from nothing or recreated is.)"""
     state = tmp_path / "state"
     clock = ShiftedClock()
     with receiver.running(tmp_path / "receiver.sqlite3") as triage:
@@ -248,8 +254,7 @@ def test_missing_database_beside_an_audit_log_is_rebuilt_not_a_first_start(
             wait_until(lambda: outbox_state(state, collecting) == ("collecting", 0))
             wait_until(lambda: collecting in event_ids(state), what="D audited")
         seq_before = max(int(r["seq"]) for r in audit.read_records(state / "audit"))
-        for name in ("intake.sqlite3", "intake.sqlite3-wal", "intake.sqlite3-shm"):
-            (state / name).unlink(missing_ok=True)
+        wipe_store(state)
         while triage.faults.take_injected() is not None:
             pass
         meanwhile = emu.publish("alerts", "e", title="Incident E")["id"]
@@ -277,7 +282,14 @@ def test_missing_database_beside_an_audit_log_is_rebuilt_not_a_first_start(
 
 def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Path) -> None:
     """Finding 5: owner messages come back from the audit log; not audited as sent = pending."""
-    first = db.connect(tmp_path / "first.sqlite3")
+    with contextlib.ExitStack() as stack:
+        _rebuild_restores_owner_messages(tmp_path, stack)
+
+
+def _rebuild_restores_owner_messages(tmp_path: Path, stack: contextlib.ExitStack) -> None:
+    first_store = stack.enter_context(separate_store(tmp_path / "first"))
+    second_store = stack.enter_context(separate_store(tmp_path / "second"))
+    first = db.connect(first_store)
     migrations.apply(first)
     queue = owner_queue(daily_cap=1)
     with db.write_txn(first) as txn:
@@ -289,7 +301,7 @@ def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Pat
     with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
         audit.flush(first, log)
     first.close()
-    second = db.connect(tmp_path / "second.sqlite3")
+    second = db.connect(second_store)
     migrations.apply(second)
     assert rebuild.is_empty(second)
     summary = rebuild.from_audit(
@@ -309,6 +321,7 @@ def test_rebuild_restores_owner_messages_with_their_text_and_state(tmp_path: Pat
 # -- storage errors name themselves (finding 10) --------------------------------------------------
 
 
+@pytest.mark.sqlite_only(reason="SQLite's max_page_count and its own rollback on a full file")
 def test_disk_full_under_sqlite_is_reported_as_disk_full(tmp_path: Path) -> None:
     """Finding 10: SQLite's automatic rollback on a full disk made our ROLLBACK fail, and the
     error shown was "cannot rollback - no transaction is active" instead of the cause."""
@@ -326,24 +339,23 @@ def test_disk_full_under_sqlite_is_reported_as_disk_full(tmp_path: Path) -> None
     conn.close()
 
 
-@pytest.mark.parametrize(
-    ("make", "expected"),
-    [
-        (lambda state: state.write_text("a file, not a directory"), "not a directory"),
-        (
-            lambda state: (state.mkdir(), (state / "intake.sqlite3").write_bytes(b"x" * 8192)),
-            "move it aside",
-        ),
-    ],
-    ids=["state_dir_is_a_file", "corrupt_database"],
-)
-def test_permanent_startup_failure_exits_2_with_one_line(
-    tmp_path: Path, make: Callable[[Path], object], expected: str
-) -> None:
+def test_permanent_startup_failure_exits_2_with_one_line(tmp_path: Path) -> None:
     """Finding 10: a corrupt database or an unusable state dir gave a raw traceback and exit 1,
     which the unit restarts forever; RestartPreventExitStatus=2 needs exit 2 and one line."""
     state = tmp_path / "state"
-    make(state)
+    state.write_text("a file, not a directory")
+    exits_2_with_one_line(state, "not a directory")
+
+
+@pytest.mark.sqlite_only(reason="a corrupt SQLite file (PostgreSQL keeps its own files)")
+def test_corrupt_database_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "intake.sqlite3").write_bytes(b"x" * 8192)
+    exits_2_with_one_line(state, "move it aside")
+
+
+def exits_2_with_one_line(state: Path, expected: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
     env.update(env_for("http://127.0.0.1:9", state))
     proc = subprocess.run(
@@ -436,6 +448,9 @@ def hold_write_lock_while_publishing(
     return during
 
 
+@pytest.mark.sqlite_only(
+    reason="another SQLite connection's BEGIN IMMEDIATE past SQLite's busy timeout"
+)
 def test_write_lock_held_past_the_busy_timeout_is_waited_out_without_exit(
     emu: NtfyEmulator,
     tmp_path: Path,
@@ -457,6 +472,9 @@ def test_write_lock_held_past_the_busy_timeout_is_waited_out_without_exit(
     assert_exactly_once(tmp_path, before + during + after)
 
 
+@pytest.mark.sqlite_only(
+    reason="another SQLite connection's BEGIN IMMEDIATE past SQLite's busy timeout"
+)
 @pytest.mark.slow
 def test_write_lock_held_for_60_seconds_loses_nothing_and_never_exits(
     emu: NtfyEmulator, tmp_path: Path, spawn: Callable[..., Child]
@@ -513,8 +531,8 @@ def test_clock_jump_keeps_cooldown_daily_cap_and_retention_and_replay_records_no
         call(daemon.prune_retention())
         assert {first, second} <= {r[0] for r in query(state, "SELECT event_id FROM inbox")}
         assert not daemon.failed
-    conn = sqlite3.connect(state / "intake.sqlite3")
-    with conn:
+    conn = db.connect(store_of(state))
+    with db.write_txn(conn):
         conn.execute("UPDATE cursor SET kind = 'all', value = 'all', message_time = NULL")
     conn.close()
     with DaemonThread(config, clock=clock) as running:
@@ -537,6 +555,10 @@ def table_value(table: str, label: str) -> str:
     raise AssertionError(f"no {label!r} row in:\n{table}")
 
 
+@pytest.mark.sqlite_only(
+    reason="drill_storage injects SQLite's own faults (the .sqlite3 file deleted, its tmpfs full,"
+    " a sqlite3 BEGIN IMMEDIATE held); it has no PostgreSQL mode"
+)
 @pytest.mark.slow
 def test_storage_drill_short_run_passes_with_every_fault_kind() -> None:
     """One fault of each kind under a live stream: 0 lost, 0 doubled, one effect per request.
@@ -561,6 +583,7 @@ def _drill_mounts() -> set[str]:
     return {line.split()[1] for line in lines if "ntfy-intake-drill" in line}
 
 
+@pytest.mark.sqlite_only(reason="a corrupt SQLite file, moved aside")
 def test_corrupt_database_stops_startup_and_once_moved_aside_is_rebuilt(tmp_path: Path) -> None:
     """Finding 5 and 10: a corrupt database is a permanent cause (StartupError, exit 2, "move it
     aside"); once it is moved aside the next start rebuilds from the audit log."""

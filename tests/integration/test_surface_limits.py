@@ -30,7 +30,7 @@ from ntfy_intake.surfaces import http_api, http_limits
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
-from ..harness import audit_records, env_for, notices, query, wait_until
+from ..harness import audit_records, env_for, notices, query, store_of, wait_until
 
 CONNECTIONS = int(os.environ.get("NTFY_INTAKE_TEST_FLOOD_CONNECTIONS", "1200"))
 FLOOD_SECONDS = float(os.environ.get("NTFY_INTAKE_TEST_FLOOD_SECONDS", "20"))
@@ -123,6 +123,7 @@ def _open_fds(pid: int) -> int:
     return -1
 
 
+@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_slow_connection_flood_latches_nothing_loses_nothing_and_healthz_recovers(
@@ -209,7 +210,7 @@ def _recorded(state: Path) -> set[str]:
 
 def _app(tmp_path: Path, max_long_polls: int = 64) -> Any:
     return http_api.create_app(
-        db_path=tmp_path / "intake.sqlite3",
+        db_path=store_of(tmp_path),
         token="tok",
         notify=None,
         health=lambda: (True, {}),
@@ -310,6 +311,7 @@ def test_a_kept_alive_connection_is_bounded_again_after_each_response(tmp_path: 
     asyncio.run(_serving(_app(tmp_path), limits, scenario))
 
 
+@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
 def test_long_polls_past_the_cap_get_a_503(tmp_path: Path) -> None:
     wait = b"GET /v1/feed/agent/wait?timeout=5 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
 
@@ -332,6 +334,7 @@ def test_caps_shrink_to_keep_the_descriptor_reserve() -> None:
     assert small.max_connections >= 1 and small.max_long_polls >= 1
 
 
+@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
 def test_a_client_that_never_takes_its_answer_is_cut_off_at_the_response_timeout(
     tmp_path: Path,
 ) -> None:

@@ -14,6 +14,7 @@ Regenerate only for an intended change of output: uv run python -m tests.integra
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import random
@@ -29,6 +30,8 @@ from ntfy_intake.rules.notices import Notice
 from ntfy_intake.store import audit, db, inbox, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire import frames
+
+from .. import harness
 
 pytestmark = pytest.mark.engines
 
@@ -206,9 +209,36 @@ def produce(
     directory: Path,
     parts: list[list[bytes]] | None = None,
     nows: tuple[float, ...] = NOWS,
+    *,
+    target: db.Target | None = None,
 ) -> dict[str, Any]:
+    """What the writer makes of `parts`, in a store of its own on the test's engine (or in
+    `target`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    conn = db.connect(directory / "intake.sqlite3")
+    with contextlib.ExitStack() as stack:
+        store = target or stack.enter_context(harness.separate_store(directory))
+        return _produce(directory, store, parts, nows)
+
+
+def _table(conn: db.Connection, table: str) -> list[list[Any]]:
+    """A table's rows in insertion order (SQLite's rowid); PostgreSQL has no such order, so
+    there they come sorted and are compared sorted (`_sorted`)."""
+    if db.is_postgres(conn):
+        return _sorted([list(row) for row in conn.execute(f"SELECT * FROM {table}")])
+    return [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
+
+
+def _sorted(rows: list[list[Any]]) -> list[list[Any]]:
+    return sorted(rows, key=lambda row: json.dumps(row, sort_keys=True))
+
+
+def _produce(
+    directory: Path,
+    target: db.Target,
+    parts: list[list[bytes]] | None,
+    nows: tuple[float, ...],
+) -> dict[str, Any]:
+    conn = db.connect(target)
     migrations.apply(conn)
     policy = cadence.Policy(debounce=10.0, cooldown=3600.0, daily_cap=3)
     queue = OwnerQueue(policy, cadence.CadenceState.empty(policy))
@@ -249,10 +279,7 @@ def produce(
                     "snapshot": queue.state.snapshot(),
                 }
             )
-        out["tables"] = {
-            table: [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
-            for table in TABLES
-        }
+        out["tables"] = {table: _table(conn, table) for table in TABLES}
     finally:
         log.close()
         conn.close()
@@ -283,10 +310,31 @@ def golden(directory: Path) -> dict[str, Any]:
 def test_decode_and_writer_output_is_byte_identical_to_the_captured_golden(
     tmp_path: Path,
 ) -> None:
-    produced = json.loads(_as_json(golden(tmp_path)))
     expected = json.loads(GOLDEN.read_text())
-    for part in ("frames", "batches", "tables", "audit", "backlog_sha256"):
+    if harness.DATABASE is None:
+        produced = json.loads(_as_json(golden(tmp_path)))
+        for part in ("frames", "batches", "tables", "audit", "backlog_sha256"):
+            assert produced[part] == expected[part], part
+        return
+    # PostgreSQL: the same output, every table's rows compared as sorted (no rowid order).
+    produced = json.loads(_as_json(produce(tmp_path / "odd")))
+    for part in ("frames", "batches", "audit"):
         assert produced[part] == expected[part], part
+    for table in TABLES:
+        assert produced["tables"][table] == _sorted(expected["tables"][table]), table
+    # The backlog's golden is a digest of SQLite's rowid order: its output on PostgreSQL is
+    # held to SQLite's, run here beside it, then SQLite's to the digest.
+    parts = backlog()
+    nows = tuple(NOW + 20.0 * number for number in range(len(parts)))
+    on_pg = json.loads(_as_json(produce(tmp_path / "backlog", parts, nows)))
+    reference = tmp_path / "backlog-sqlite"
+    on_sqlite = produce(reference, parts, nows, target=reference / "intake.sqlite3")
+    assert hashlib.sha256(_as_json(on_sqlite).encode()).hexdigest() == expected["backlog_sha256"]
+    on_sqlite = json.loads(_as_json(on_sqlite))
+    for part in ("frames", "batches", "audit"):
+        assert on_pg[part] == on_sqlite[part], part
+    for table in TABLES:
+        assert on_pg["tables"][table] == _sorted(on_sqlite["tables"][table]), table
 
 
 def test_the_golden_set_exercises_every_odd_case(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ Each test is named after the failure it kills (see test_daemon_writer.py for the
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from ntfy_intake.store import audit, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message
-from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
+from ..harness import DaemonThread, engine_fault, event_ids, query, settings_for, wait_until
 
 pytestmark = pytest.mark.engines
 
@@ -61,7 +60,7 @@ def test_storage_fault_on_the_replaced_file_notice_does_not_lose_the_notice(
     def notice_failing_once(*args: Any, **kwargs: Any) -> Any:
         if args[1].notice == "audit_file_replaced" and failures["left"]:
             failures["left"] -= 1
-            raise sqlite3.OperationalError("database is locked")
+            raise engine_fault("locked")
         return original(*args, **kwargs)
 
     monkeypatch.setattr(daemon.owner_queue, "notice", notice_failing_once)
@@ -135,7 +134,7 @@ def test_storage_fault_midway_through_one_by_one_does_not_open_a_second_triage_r
         if key == "batch" and calls[key] == 1:
             raise ValueError("a value the batch cannot take")
         if key == "single" and calls[key] == 2:
-            raise sqlite3.OperationalError("database is locked")
+            raise engine_fault("locked")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(inbox, "_record_batch", value_fault_then_storage_fault)

@@ -23,7 +23,15 @@ import pytest
 
 from ntfy_intake.testbed import drill
 
-from ..harness import cursor_row, daemon_process, env_for, event_ids, notices, wait_until
+from ..harness import (
+    cursor_row,
+    daemon_process,
+    env_for,
+    event_ids,
+    notices,
+    store_exists,
+    wait_until,
+)
 from ..real_ntfy import RealNtfy
 
 pytestmark = [pytest.mark.real_ntfy, pytest.mark.slow]
@@ -56,6 +64,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     assert proc.wait(30) == 0
 
 
+@pytest.mark.engines  # the daemon's store
 def test_real_server_every_message_is_recorded_once_across_sigterm_and_kill9(
     make_real_ntfy: MakeReal, tmp_path: Path
 ) -> None:
@@ -63,7 +72,7 @@ def test_real_server_every_message_is_recorded_once_across_sigterm_and_kill9(
     state = tmp_path / "state"
     published: list[str] = []
     with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: state.joinpath("intake.sqlite3").exists(), what="daemon start")
+        wait_until(lambda: store_exists(state), what="daemon start")
         time.sleep(0.5)  # joined at head: give the stream its open frame before publishing
         published += [server.publish("alerts", f"first #{n}")["id"] for n in range(10)]
         wait_until(recorded(state, published), CATCH_UP, "first batch")
@@ -83,6 +92,7 @@ def test_real_server_every_message_is_recorded_once_across_sigterm_and_kill9(
     assert cursor_row(state)[0] == "id"
 
 
+@pytest.mark.engines  # the daemon's store
 def test_real_server_killed_mid_stream_and_restarted_with_its_cache_loses_nothing(
     make_real_ntfy: MakeReal, tmp_path: Path
 ) -> None:
@@ -101,7 +111,7 @@ def test_real_server_killed_mid_stream_and_restarted_with_its_cache_loses_nothin
                 continue
 
     with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: state.joinpath("intake.sqlite3").exists(), what="daemon start")
+        wait_until(lambda: store_exists(state), what="daemon start")
         time.sleep(0.5)
         publisher = threading.Thread(target=publish_steadily)
         publisher.start()
@@ -130,13 +140,14 @@ def _window(notice: dict[str, object]) -> tuple[dt.datetime, dt.datetime]:
     return dt.datetime.fromisoformat(start), dt.datetime.fromisoformat(end)
 
 
+@pytest.mark.engines  # the daemon's store
 def test_real_server_restarted_without_its_cache_reports_the_gap_window(
     make_real_ntfy: MakeReal, tmp_path: Path
 ) -> None:
     server = make_real_ntfy()
     state = tmp_path / "state"
     with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: state.joinpath("intake.sqlite3").exists(), what="daemon start")
+        wait_until(lambda: store_exists(state), what="daemon start")
         time.sleep(0.5)
         before = server.publish("alerts", "recorded before the loss")
         wait_until(recorded(state, [before["id"]]), CATCH_UP, "first message")
@@ -160,13 +171,14 @@ def test_real_server_restarted_without_its_cache_reports_the_gap_window(
     assert lost["id"] not in event_ids(state)
 
 
+@pytest.mark.engines  # the daemon's store
 def test_real_server_cache_expiry_while_the_daemon_is_down_reports_the_gap(
     make_real_ntfy: MakeReal, tmp_path: Path
 ) -> None:
     server = make_real_ntfy(cache_duration="5s", extra={"manager-interval": "5s"})
     state = tmp_path / "state"
     with daemon_process(env(server, state, ntfy_cache_duration="5s")) as proc:
-        wait_until(lambda: state.joinpath("intake.sqlite3").exists(), what="daemon start")
+        wait_until(lambda: store_exists(state), what="daemon start")
         time.sleep(0.5)
         first = server.publish("alerts", "recorded, then expires")
         wait_until(recorded(state, [first["id"]]), CATCH_UP, "first message")
@@ -186,6 +198,7 @@ def server_holds(server: RealNtfy, message_id: str) -> bool:
     return message_id in response.text
 
 
+@pytest.mark.engines  # the daemon's store
 @pytest.mark.parametrize("failure", ["bad token", "acl denial"])
 def test_real_server_auth_failure_keeps_the_cursor_and_backs_off(
     make_real_ntfy: MakeReal, tmp_path: Path, failure: str
@@ -201,7 +214,7 @@ def test_real_server_auth_failure_keeps_the_cursor_and_backs_off(
     state = tmp_path / "state"
     auth = {"Authorization": f"Bearer {writer}"}
     with daemon_process(env(server, state, ntfy_token=good)) as proc:
-        wait_until(lambda: state.joinpath("intake.sqlite3").exists(), what="daemon start")
+        wait_until(lambda: store_exists(state), what="daemon start")
         time.sleep(0.5)
         first = server.publish("alerts", "before the failure", **auth)
         wait_until(recorded(state, [first["id"]]), CATCH_UP, "first message")

@@ -28,7 +28,7 @@ from ..harness import (
 )
 from ..real_ntfy import RealNtfy
 
-pytestmark = pytest.mark.real_ntfy
+pytestmark = [pytest.mark.real_ntfy, pytest.mark.engines]
 
 
 def settings(server: RealNtfy, state: Path, **overrides: str):  # type: ignore[no-untyped-def]

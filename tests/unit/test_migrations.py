@@ -3,8 +3,9 @@ one naming scheme, upgrades to a database equal to a fresh one; a newer schema i
 
 from __future__ import annotations
 
+import contextlib
 import re
-import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,40 @@ from ntfy_intake.store import db, migrations
 from ntfy_intake.store.feed import FeedStore
 from ntfy_intake.store.migrations_pg import POSTGRES
 
+from .. import harness
+
 NAMES = [name for name, _ in migrations.SQLITE]
 OLD_NAME = {new: old for old, new in migrations.FORMERLY.items()}
 
 Dump = list[tuple[str, str, str, str | None]]
 
 
-def dump(conn: sqlite3.Connection) -> Dump:
-    """Every table, index and trigger with its SQL, whitespace normalised."""
-    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")
+# PostgreSQL's catalog, one row per column, constraint and index of the store's schema (its
+# name left out: a fresh store and an upgraded one live in different schemas).
+_PG_DUMP = """
+SELECT 'column', table_name || '.' || column_name, table_name,
+       concat_ws(' ', data_type, is_nullable, column_default, is_identity)
+  FROM information_schema.columns WHERE table_schema = current_schema()
+UNION ALL
+SELECT 'constraint', c.conname, r.relname, pg_get_constraintdef(c.oid)
+  FROM pg_constraint c JOIN pg_class r ON r.oid = c.conrelid
+ WHERE c.connamespace = current_schema()::regnamespace
+UNION ALL
+SELECT 'index', indexname, tablename, replace(indexdef, current_schema() || '.', '')
+  FROM pg_indexes WHERE schemaname = current_schema()
+ORDER BY 1, 2
+"""
+
+
+def dump(conn: db.Connection) -> Dump:
+    """Every table, index and trigger with its SQL, whitespace normalised (PostgreSQL: every
+    column, constraint and index from its catalog)."""
+    if db.is_postgres(conn):
+        rows = conn.execute(_PG_DUMP)
+    else:
+        rows = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+        )
     return [
         (row[0], row[1], row[2], None if row[3] is None else " ".join(row[3].split()))
         for row in rows
@@ -30,12 +56,27 @@ def dump(conn: sqlite3.Connection) -> Dump:
 
 
 def fresh(tmp_path: Path) -> tuple[Dump, list[str]]:
-    conn = db.connect(tmp_path / "fresh.sqlite3")
+    """A fresh store's schema and ledger, on the test's engine, in a store of its own."""
+    with harness.separate_store(tmp_path / "fresh") as where:
+        conn = db.connect(where)
+        try:
+            assert migrations.apply(conn) == NAMES
+            return dump(conn), sorted(migrations.ledger(conn))
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def store(tmp_path: Path, name: str) -> Iterator[db.Connection]:
+    """The test's own store: a SQLite file in tmp_path, or the test's PostgreSQL schema."""
+    conn = db.connect(db.Dsn(harness.DATABASE) if harness.DATABASE else tmp_path / name)
     try:
-        assert migrations.apply(conn) == NAMES
-        return dump(conn), sorted(migrations.ledger(conn))
+        yield conn
     finally:
         conn.close()
+
+
+SQLITE_HISTORY = "a ledger or a file from before PostgreSQL was an engine: SQLite's history only"
 
 
 def test_names_are_one_numbered_scheme_and_every_former_name_maps_to_a_step() -> None:
@@ -46,18 +87,19 @@ def test_names_are_one_numbered_scheme_and_every_former_name_maps_to_a_step() ->
     assert not set(migrations.FORMERLY) & set(NAMES)
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize("k", range(len(NAMES) + 1))
 def test_every_earlier_schema_migrates_to_the_fresh_one(tmp_path: Path, k: int) -> None:
     expected = fresh(tmp_path)
-    conn = db.connect(tmp_path / "old.sqlite3")
-    migrations.apply(conn, migrations.SQLITE[:k])
-    assert migrations.apply(conn) == NAMES[k:]
-    assert (dump(conn), sorted(migrations.ledger(conn))) == expected
-    assert migrations.apply(conn) == []
-    conn.close()
+    with store(tmp_path, "old.sqlite3") as conn:
+        migrations.apply(conn, migrations.for_engine(conn)[:k])
+        assert migrations.apply(conn) == NAMES[k:]
+        assert (dump(conn), sorted(migrations.ledger(conn))) == expected
+        assert migrations.apply(conn) == []
 
 
 # Only the steps that had a former name (those before issue 22); later ones simply run.
+@pytest.mark.sqlite_only(reason=SQLITE_HISTORY)
 @pytest.mark.parametrize("k", range(1, len(OLD_NAME) + 1))
 def test_a_ledger_of_former_names_is_recognised_and_nothing_runs_again(
     tmp_path: Path, k: int
@@ -82,6 +124,7 @@ def test_a_ledger_of_former_names_is_recognised_and_nothing_runs_again(
     conn.close()
 
 
+@pytest.mark.sqlite_only(reason=SQLITE_HISTORY)
 def test_a_database_the_old_feed_cli_created_first_is_upgraded(tmp_path: Path) -> None:
     """The old FeedStore.open migrated the feed's step alone, under its old name."""
     expected = fresh(tmp_path)
@@ -96,6 +139,7 @@ def test_a_database_the_old_feed_cli_created_first_is_upgraded(tmp_path: Path) -
     conn.close()
 
 
+@pytest.mark.sqlite_only(reason=SQLITE_HISTORY)
 def test_a_former_name_beside_its_current_one_is_dropped(tmp_path: Path) -> None:
     """An older agent CLI opening a newer database records the feed step again, by its old
     name (its statements are IF NOT EXISTS): the ledger keeps one name per step."""
@@ -109,31 +153,33 @@ def test_a_former_name_beside_its_current_one_is_dropped(tmp_path: Path) -> None
     conn.close()
 
 
+@pytest.mark.engines
 def test_a_newer_schema_is_refused_with_one_line_and_left_untouched(tmp_path: Path) -> None:
-    conn = db.connect(tmp_path / "newer.sqlite3")
-    migrations.apply(conn, migrations.SQLITE[:2])
-    with db.write_txn(conn):
-        conn.execute("INSERT INTO schema_migrations(name) VALUES ('0099_from_the_future')")
-    before = (dump(conn), migrations.ledger(conn))
-    with pytest.raises(SchemaTooNew) as raised:
-        migrations.apply(conn)
-    assert isinstance(raised.value, StartupError)  # exit 2: restarting cannot help
-    message = str(raised.value)
-    assert "\n" not in message and "0099_from_the_future" in message
-    assert str(tmp_path / "newer.sqlite3") in message
-    assert (dump(conn), migrations.ledger(conn)) == before
-    assert not conn.in_transaction
-    conn.close()
+    with store(tmp_path, "newer.sqlite3") as conn:
+        migrations.apply(conn, migrations.for_engine(conn)[:2])
+        with db.write_txn(conn):
+            conn.execute("INSERT INTO schema_migrations(name) VALUES ('0099_from_the_future')")
+        before = (dump(conn), migrations.ledger(conn))
+        with pytest.raises(SchemaTooNew) as raised:
+            migrations.apply(conn)
+        assert isinstance(raised.value, StartupError)  # exit 2: restarting cannot help
+        message = str(raised.value)
+        assert "\n" not in message and "0099_from_the_future" in message
+        where = db.Dsn(harness.DATABASE) if harness.DATABASE else tmp_path / "newer.sqlite3"
+        assert str(where) in message
+        assert (dump(conn), migrations.ledger(conn)) == before
+        assert not conn.in_transaction
 
 
+@pytest.mark.engines
 def test_db_migrate_is_the_same_ledger(tmp_path: Path) -> None:
     """The test bed's receiver keeps its own list through db.migrate: same lock, same ledger."""
-    conn = db.connect(tmp_path / "own.sqlite3")
-    assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x)"])]) == ["0001_t"]
-    assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x)"])]) == []
-    with pytest.raises(SchemaTooNew):
-        db.migrate(conn, [])
-    conn.close()
+    with store(tmp_path, "own.sqlite3") as conn:
+        assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x INTEGER)"])]) == ["0001_t"]
+        assert db.migrate(conn, [("0001_t", ["CREATE TABLE t(x INTEGER)"])]) == []
+        assert migrations.ledger(conn) == ["0001_t"]
+        with pytest.raises(SchemaTooNew):
+            db.migrate(conn, [])
 
 
 def test_both_engines_have_one_list_of_the_same_steps_in_the_same_order() -> None:

@@ -2,7 +2,7 @@
 
 The boundary rule (sanitize.valid_utf8 at decode) keeps known hostile values out; this is the
 backstop for the ones nobody foresaw. Who is to blame decides what happens:
-- a value (a string no writer accepts, a number SQLite cannot store, a constraint it breaks):
+- a value (a string no writer accepts, a number the engine cannot store, a constraint it breaks):
   the event is recorded with outcome `quarantined` and the error, and is a known id from then on,
   so a replay is a duplicate rather than the same failure again;
 - the environment (disk full, database locked, I/O error): nothing is the event's fault; the
@@ -26,6 +26,8 @@ _ERROR_LIMIT = 300
 
 def blames_the_value(exc: BaseException) -> bool:
     """True when `exc` comes from the data being processed, not from storage or the host."""
+    if postgres.DRIVER_ERRORS and isinstance(exc, postgres.DRIVER_ERRORS):
+        return _pg_blames_the_value(exc)
     if isinstance(exc, sqlite3.IntegrityError | sqlite3.DataError | sqlite3.InterfaceError):
         return True
     if isinstance(exc, sqlite3.ProgrammingError):
@@ -38,6 +40,19 @@ def blames_the_value(exc: BaseException) -> bool:
         # terminated session is storage, waited out (a value blamed for it was lost).
         return str(getattr(exc, "sqlstate", None) or "")[:2] in ("22", "23", "54")
     return isinstance(exc, Exception)
+
+
+def _pg_blames_the_value(exc: BaseException) -> bool:
+    """PostgreSQL: a data exception (SQLSTATE class 22), a broken constraint (23) or a value the
+    driver cannot adapt is the value's; everything else the driver raises (a lock timeout, a
+    server restart, a lost connection, a full disk, a read-only server) is the environment's."""
+    import psycopg  # noqa: PLC0415 - DRIVER_ERRORS is empty without it
+
+    if isinstance(exc, psycopg.IntegrityError | psycopg.DataError):
+        return True
+    if isinstance(exc, psycopg.ProgrammingError):
+        return getattr(exc, "sqlstate", None) is None  # the driver's own: a value it cannot adapt
+    return False
 
 
 def describe(exc: BaseException) -> str:
