@@ -156,3 +156,37 @@ def test_terminated_sessions_mid_stream_lose_and_double_nothing(
         assert terminated >= 5
         assert proc.poll() is None
     assert Counter(event_ids(state)) == Counter(published)  # each once, none lost
+
+
+def test_store_lock_held_past_the_lock_timeout_is_waited_out_and_noticed(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Failure mode: another session holding the store's write lock (a stuck `store copy`, an
+    operator's open transaction) makes the writer wait forever, silently: no degraded health,
+    no notice. As SQLite's busy timeout: past 10 s the write fails as "locked", is retried with
+    backoff, and the owner hears of it once."""
+    assert harness.DATABASE is not None
+    state = tmp_path / "state"
+    with daemon_process(env_for(emu.url, state)) as proc:
+        emu.wait_for_subscribers(1, timeout=30)
+        first = emu.publish("alerts", "before the lock", title="Before")["id"]
+        wait_until(lambda: first in event_ids(state), timeout=30)
+        holder = db.connect(harness.DATABASE)
+        try:
+            with db.write_txn(holder):  # the store's advisory write lock, held
+                during = emu.publish("alerts", "while locked", title="Locked")["id"]
+                time.sleep(12.5)
+                assert during not in event_ids(state)
+        finally:
+            holder.close()
+        wait_until(lambda: during in event_ids(state), timeout=30)
+        wait_until(
+            lambda: any(
+                r["kind"] == "notice" and r["notice"] in ("db_locked", "storage_fault")
+                for r in audit_records(state)
+            ),
+            timeout=30,
+            what="one notice for the locked store",
+        )
+        assert proc.poll() is None
+    assert Counter(event_ids(state)) == Counter([first, during])

@@ -220,6 +220,9 @@ def _open(dsn: Dsn, *, readonly: bool, timeout: float) -> psycopg.Connection[Any
     )
     try:
         raw.execute("SET synchronous_commit = on")
+        # As SQLite's busy timeout: a writer waiting on the store's lock past it fails with
+        # lock_not_available (55P03, "locked": waited out, degraded, noticed), not forever.
+        raw.execute(f"SET lock_timeout = '{round(timeout * 1000)}ms'")
         raw.execute("SET TIME ZONE 'UTC'")
         if readonly:
             raw.execute("SET default_transaction_read_only = on")

@@ -34,25 +34,22 @@ def blames_the_value(exc: BaseException) -> bool:
         return "closed" not in str(exc)  # binding a value SQLite refuses; a closed conn is ours
     if isinstance(exc, sqlite3.Error | OSError | IntakeError | MemoryError):
         return False
-    if postgres.DRIVER_ERRORS and isinstance(exc, postgres.DRIVER_ERRORS):
-        # Only what the value caused: a data exception (22), an integrity violation (23), a
-        # program limit (54: a key too long for its index). A lost connection, a restart or a
-        # terminated session is storage, waited out (a value blamed for it was lost).
-        return str(getattr(exc, "sqlstate", None) or "")[:2] in ("22", "23", "54")
     return isinstance(exc, Exception)
 
 
 def _pg_blames_the_value(exc: BaseException) -> bool:
-    """PostgreSQL: a data exception (SQLSTATE class 22), a broken constraint (23) or a value the
-    driver cannot adapt is the value's; everything else the driver raises (a lock timeout, a
-    server restart, a lost connection, a full disk, a read-only server) is the environment's."""
+    """PostgreSQL: a data exception (SQLSTATE class 22), a broken constraint (23), a program
+    limit (54: a key too long for its index) or a value the driver cannot adapt is the value's;
+    everything else the driver raises (a lock timeout, a server restart, a lost or terminated
+    connection, a full disk, a read-only server) is the environment's, waited out: a value
+    blamed for it would be quarantined and lost."""
     import psycopg  # noqa: PLC0415 - DRIVER_ERRORS is empty without it
 
-    if isinstance(exc, psycopg.IntegrityError | psycopg.DataError):
-        return True
-    if isinstance(exc, psycopg.ProgrammingError):
-        return getattr(exc, "sqlstate", None) is None  # the driver's own: a value it cannot adapt
-    return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:
+        return str(sqlstate)[:2] in ("22", "23", "54")
+    # No SQLSTATE: the driver's own refusal to adapt a value, or a connection that failed.
+    return isinstance(exc, psycopg.ProgrammingError | psycopg.DataError)
 
 
 def describe(exc: BaseException) -> str:
