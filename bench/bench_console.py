@@ -184,7 +184,7 @@ def console_server(state: Path) -> Iterator[tuple[str, Timed]]:
         console.Config(config, health, lambda: (policy, cadence_state), actions=None)
     )
     app = http_api.create_app(
-        db_path=config.state.database,
+        db_path=config.state.store,
         token=TOKEN,
         notify=None,
         health=health,

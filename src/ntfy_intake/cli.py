@@ -292,13 +292,13 @@ def _open_readonly(args: argparse.Namespace) -> tuple[Connection | None, Setting
     from ntfy_intake.store import db  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)
-    path = settings.state.database
+    path = settings.state.store
     return (db.connect(path, readonly=True) if db.exists(path) else None), settings
 
 
 def _no_state(settings: Settings) -> str:
     return (
-        f"no state yet at {settings.state.database}: has the daemon run with this state.dir? "
+        f"no state yet at {settings.state.store}: has the daemon run with this state.dir? "
         "(give the daemon's config with --config, or set NTFY_INTAKE_STATE_DIR)"
     )
 
@@ -334,10 +334,10 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
     from ntfy_intake.store import db, outbox  # noqa: PLC0415
 
     settings = _load_settings(args, need_ntfy=False)
-    if not db.exists(settings.state.database):
+    if not db.exists(settings.state.store):
         print(_no_state(settings), file=sys.stderr)
         return 1
-    conn = db.connect(settings.state.database)
+    conn = db.connect(settings.state.store)
     try:
         redriven = outbox.redrive(conn, None if args.all else list(args.keys), time.time())
     finally:
@@ -353,8 +353,8 @@ def _cmd_feed(args: argparse.Namespace) -> int:
     from ntfy_intake.surfaces import feed_cli  # noqa: PLC0415
 
     state = _load_settings(args, need_ntfy=False).state  # `--state-dir` names SQLite's file;
-    use_dir = args.state_dir is not None and state.dsn is None  # [state] database wins
-    db_path = args.state_dir / "intake.sqlite3" if use_dir else state.database
+    use_dir = args.state_dir is not None and state.database is None  # [state] database wins
+    db_path = args.state_dir / "intake.sqlite3" if use_dir else state.store
     if args.feed_command == "catch-up":
         return feed_cli.catch_up(db_path, args.handle, channel=args.channel, at=args.at)
     if args.feed_command == "ack":

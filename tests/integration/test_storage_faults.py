@@ -608,12 +608,12 @@ def test_corrupt_database_stops_startup_and_once_moved_aside_is_rebuilt(tmp_path
     with audit.AuditLog(config.state.audit_dir, lambda: NOW) as log:
         audit.flush(first.conn, log)
     first.close()
-    config.state.database.write_bytes(b"this is not a database" * 500)
+    config.state.store.write_bytes(b"this is not a database" * 500)
     for suffix in ("-wal", "-shm"):
-        Path(f"{config.state.database}{suffix}").unlink(missing_ok=True)
+        Path(f"{config.state.store}{suffix}").unlink(missing_ok=True)
     with pytest.raises(StartupError, match="move it aside"):
         Daemon(config).recover()
-    config.state.database.rename(state / "intake.sqlite3.corrupt")
+    config.state.store.rename(state / "intake.sqlite3.corrupt")
     again = Daemon(config)
     again.recover()
     try:

@@ -56,7 +56,7 @@ def test_database_file_is_read_as_a_secret_and_never_echoed(tmp_path: Path) -> N
     secret.write_text("postgresql://intake:hunter2@nas.lan/alerts\n")
     os.chmod(secret, 0o600)
     loaded = settings.load(None, {**BASE, "NTFY_INTAKE_STATE_DATABASE_FILE": str(secret)})
-    assert str(loaded.state.database) == "postgresql://intake@nas.lan/alerts"
+    assert str(loaded.state.store) == "postgresql://intake@nas.lan/alerts"
     assert "hunter2" not in repr(loaded.state) + str(loaded.redacted())
 
 

@@ -14,6 +14,7 @@ import pytest
 from ntfy_intake import settings
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.settings import ALL_KEYS, FirstStart, Settings, env_name, load
+from ntfy_intake.settings.schema import Dsn
 
 ROOT = Path(__file__).resolve().parents[2]
 URL = "https://ntfy.example.com"
@@ -90,7 +91,7 @@ def test_defaults() -> None:
     assert s.ntfy.reorder_window == 5
     assert s.ntfy.first_start == FirstStart("now")
     assert s.state.dir == Path("/var/lib/ntfy-intake")
-    assert s.state.database == Path("/var/lib/ntfy-intake/intake.sqlite3")
+    assert s.state.store == Path("/var/lib/ntfy-intake/intake.sqlite3")
     assert s.state.audit_dir == Path("/var/lib/ntfy-intake/audit")
     assert (s.relay.url, s.relay.timeout, s.relay.max_attempts) == (None, 10, 8)
     assert (s.cadence.debounce, s.cadence.cooldown, s.cadence.daily_cap) == (120, 3600, 10)
@@ -165,6 +166,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("ntfy", "cache_settle"): "3s",
         ("ntfy", "overlap"): "45s",
         ("state", "dir"): str(tmp_path),
+        ("state", "database"): "postgresql://intake@db.lan:5433/alerts",
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
@@ -200,7 +202,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             cache_settle=3,
             overlap=45,
         ),
-        state=settings.StateSettings(tmp_path),
+        state=settings.StateSettings(
+            tmp_path, database=Dsn("postgresql://intake@db.lan:5433/alerts")
+        ),
         relay=settings.RelaySettings(
             "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token", concurrency=2
         ),
@@ -583,7 +587,7 @@ def test_configured_state_dir_beats_systemd(tmp_path: Path) -> None:
 def test_relative_state_dir_in_toml_is_relative_to_the_config_file(tmp_path: Path) -> None:
     s = load_toml(tmp_path, MINIMAL_TOML + '[state]\ndir = "state"\n')
     assert s.state.dir == tmp_path / "state"
-    assert s.state.database == tmp_path / "state" / "intake.sqlite3"
+    assert s.state.store == tmp_path / "state" / "intake.sqlite3"
 
 
 def test_relative_state_dir_from_env_stays_relative() -> None:

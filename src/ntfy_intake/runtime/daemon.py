@@ -129,7 +129,7 @@ class Daemon:
         self.owner: owner.OwnerSender | None = None
         # The parts, each given its collaborators.
         self.database = Database(
-            settings.state.database,
+            settings.state.store,
             boot_id=self.boot_id,
             waits=self.storage,
             degraded=self.degraded,
@@ -474,7 +474,7 @@ class Daemon:
         )
         cadence_now = lambda: (self.policy, self.owner_queue.state)  # noqa: E731
         app = http_api.create_app(
-            db_path=self.settings.state.database,
+            db_path=self.settings.state.store,
             token=self.settings.http.token,
             notify=self.journal.queue_agent_reply,
             health=self.vitals.http_health,

@@ -94,7 +94,7 @@ def recover(
         state_lock.release()
         if not storage.is_storage_error(exc):
             raise
-        raise storage.startup_error(exc, settings.state.database) from exc
+        raise storage.startup_error(exc, settings.state.store) from exc
 
 
 def _recover(
@@ -112,7 +112,7 @@ def _recover(
     if problem is not None:
         raise StartupError(problem)
     state_lock.acquire()
-    if not is_dsn(settings.state.database):
+    if not is_dsn(settings.state.store):
         rebuild.remove_orphan_wal(settings.state.database_file)
     conn = database.open()
     migrations.apply(conn)

@@ -283,7 +283,7 @@ def _first_start(r: _Reader) -> FirstStart:
 
 
 def _state(r: _Reader, environ: Mapping[str, str]) -> StateSettings:
-    return StateSettings(dir=_state_dir(r, environ), dsn=_database(r))
+    return StateSettings(dir=_state_dir(r, environ), database=_database(r))
 
 
 def _database(r: _Reader) -> Dsn | None:

@@ -167,11 +167,12 @@ class Dsn:
 class StateSettings:
     dir: Path
     # `[state] database`: PostgreSQL (DESIGN.md section 9); None = SQLite in `dir`.
-    dsn: Dsn | None = dataclasses.field(default=None, repr=False)
+    database: Dsn | None = dataclasses.field(default=None, repr=False)
 
     @property
-    def database(self) -> Path | Dsn:
-        return self.dsn if self.dsn is not None else self.dir / "intake.sqlite3"
+    def store(self) -> Path | Dsn:
+        """Where the store lives: the PostgreSQL database, or SQLite's file in `dir`."""
+        return self.database if self.database is not None else self.dir / "intake.sqlite3"
 
     @property
     def database_file(self) -> Path:

@@ -64,7 +64,7 @@ def _locate(settings: Settings, now: float) -> _Daemon:
     token = settings.http.token
     if not token:
         raise _Refused("http.token is not set: the daemon serves /v1/silences only with a token")
-    path = settings.state.database
+    path = settings.state.store
     if not db.exists(path):
         raise _Refused(NOT_RUNNING)
     try:

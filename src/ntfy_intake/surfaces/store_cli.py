@@ -109,7 +109,7 @@ def _from_sqlite(source: Path, target: db.Connection, settings: Settings) -> cop
 
 def _from_audit(target: db.Connection, settings: Settings) -> rebuild.Summary:
     migrations.apply(target)
-    copy.refuse_unless_empty(target, str(settings.state.database))
+    copy.refuse_unless_empty(target, str(settings.state.store))
     summary = rebuild.from_audit(
         target,
         settings.state.audit_dir,

@@ -78,7 +78,7 @@ class Reader:
     def _run(self, call: Callable[[db.Connection], T]) -> T:
         with self._lock:
             if self._conn is None:
-                self._conn = db.connect(self._settings.state.database, readonly=True)
+                self._conn = db.connect(self._settings.state.store, readonly=True)
             return call(self._conn)
 
     async def read(self, call: Callable[[db.Connection], T]) -> T:
