@@ -250,7 +250,9 @@ class Connection:
 
     def _finish(self) -> None:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            if self._next_event() is h11.PAUSED:  # bytes behind the reply: never reuse this
+            # Bytes behind the reply (PAUSED) or EOF (ConnectionClosed, after a body read to its
+            # close): never reuse this.
+            if self._next_event() is not h11.NEED_DATA:
                 return
             self.h11.start_next_cycle()
             self._idle_since = self._clock()
