@@ -90,7 +90,7 @@ class RequestWriter:
 
     def write(self, headers: dict[str, str], body: bytes) -> bytes | None:
         """The request's bytes, or None when h11 must write or refuse it."""
-        template = self._templates["User-Agent" in headers]
+        template = self._templates["User-Agent" in headers]  # (without, with) the caller's
         if template is None:
             return None
         head, tail = template
@@ -129,9 +129,8 @@ class RequestWriter:
             return None
         at = next(i for i, (name, _) in enumerate(encoded) if name == b"Content-Length")
         lines = [b"%s: %s\r\n" % field for field in encoded]
-        return b"POST %s HTTP/1.1\r\n" % self.target.raw_path + b"".join(lines[:at]), b"".join(
-            lines[at + 1 :]
-        )
+        head = b"POST %s HTTP/1.1\r\n" % self.target.raw_path + b"".join(lines[:at])
+        return head, b"".join(lines[at + 1 :])
 
 
 @dataclass(slots=True)
