@@ -310,7 +310,7 @@ class Connection:
         """As h11 reads a Content-Length body: at most its length, EOF before it is an error."""
         assert self._simple is not None
         if not self._left:
-            # Bytes right behind the reply (h11's PAUSED) end the connection, as h11's would.
+            # Kept as h11 keeps it: keep-alive, and nothing right behind the reply (PAUSED).
             if self._simple.keep_alive and not self._rest:
                 self._idle_since = self._clock()
             self._simple = None
