@@ -16,6 +16,10 @@ its own process (`ntfy-intake receiver`). Deliveries/s is N over the span of the
 `received_at`. Reference: a plain httpx loop in this process POSTing N requests of the same shape
 (fresh keys) to the same receiver, one after the other.
 
+One relay POST (`--only post`): CPU per POST of the relay's own client (`KeepAlivePoster`) to a
+null receiver process, its fast path (`http_heads`) against h11 writing and reading every exchange,
+alternating in the same run; why the fast path is kept.
+
 Run alone: uv run python bench/bench_latency.py [--events 500] [--requests 2000]
 """
 
@@ -54,6 +58,7 @@ from _common import (
     render,
     wait_for,
 )
+from ntfy_intake import __version__
 from ntfy_intake.flow import relay
 from ntfy_intake.rules import cadence
 from ntfy_intake.runtime import logs
@@ -62,6 +67,7 @@ from ntfy_intake.store import db as dbmod
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.wire import http_post
 
 WARMUP = 20
 TARGET_P50_S = 0.003
@@ -674,6 +680,69 @@ def plain_null(n: int, concurrency: int) -> InProcess:
     return InProcess("plain httpx ->", n, wall, used)
 
 
+POST_ROUNDS = 5
+
+
+def post_cost(n: int, concurrency: int = 4, rounds: int = POST_ROUNDS) -> dict[str, list[float]]:
+    """CPU seconds per POST of this process through `KeepAlivePoster`, the fast path
+    (`http_heads`) against h11 writing and reading every exchange (`simple=False`), to a null
+    receiver process: `concurrency` workers, `n` POSTs of the relay's shape per round, the two
+    paths alternating round by round so both see the same machine."""
+    port = free_port()
+    null = _null_receiver(port)
+    url = f"http://127.0.0.1:{port}/triage"
+    costs: dict[str, list[float]] = {"fast path": [], "h11": []}
+    payloads = [json.dumps(body(f"triage_post_{i:07d}", i)).encode() for i in range(n)]
+    fixed = {"Content-Type": "application/json", "User-Agent": f"ntfy-intake/{__version__}"}
+
+    async def scenario(simple: bool) -> float:
+        poster = http_post.KeepAlivePoster(
+            url, timeouts=httpx.Timeout(10), max_reply=relay.MAX_REPLY_BYTES, simple=simple
+        )
+        queue: list[int] = []
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                headers = {"Idempotency-Key": f"triage_post_{i:07d}", **fixed}
+                status, _, _ = await poster.post(payloads[i], headers)
+                assert status == 200, status
+
+        queue[:] = range(min(n, 200))  # warm: connections open, caches filled
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        queue[:] = range(n)
+        cpu = time.process_time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        used = time.process_time() - cpu
+        await poster.aclose()
+        return used / n
+
+    try:
+        for _ in range(rounds):
+            for name, simple in (("fast path", True), ("h11", False)):
+                costs[name].append(asyncio.run(scenario(simple)))
+    finally:
+        null.terminate()
+        null.wait(10)
+        if null.stdout is not None:
+            null.stdout.close()
+    return costs
+
+
+def post_rows(n: int, costs: dict[str, list[float]]) -> list[Row]:
+    fast, h11_path = sorted(costs["fast path"]), sorted(costs["h11"])
+    mid_fast, mid_h11 = fast[len(fast) // 2], h11_path[len(h11_path) // 2]
+    return [
+        Row(
+            f"  one relay POST, CPU (fast path; median of {len(fast)} rounds of {n:,}, 4 at once)",
+            f"{mid_fast * 1e6:.0f} us (range {fast[0] * 1e6:.0f}-{fast[-1] * 1e6:.0f})",
+            f"h11 on every exchange, same run: {mid_h11 * 1e6:.0f} us "
+            f"(range {h11_path[0] * 1e6:.0f}-{h11_path[-1] * 1e6:.0f})",
+            ratio(mid_fast, mid_h11),
+        )
+    ]
+
+
 def in_process_rows(result: InProcess, plain: InProcess | None = None) -> list[Row]:
     reference = f"CPU here {result.cpu_s / result.requests * 1e6:,.0f} us/delivery"
     if plain is not None:
@@ -739,14 +808,22 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument(
         "--only",
-        choices=["latency", "latency-rxproc", "relay", "ceiling", "inproc-null", "inproc-receiver"],
+        choices=[
+            "latency",
+            "latency-rxproc",
+            "relay",
+            "ceiling",
+            "post",
+            "inproc-null",
+            "inproc-receiver",
+        ],
         action="append",
         default=None,
     )
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the in-process run")
     parser.add_argument("--concurrency", type=int, default=relay.DEFAULT_CONCURRENCY)
     args = parser.parse_args()
-    parts = args.only or ["latency", "relay", "ceiling"]
+    parts = args.only or ["latency", "relay", "ceiling", "post"]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-", dir=args.dir) as tmp:
         if "latency" in parts:
@@ -758,6 +835,8 @@ def main() -> None:
             rows += throughput_rows(relay_throughput(Path(tmp), args.requests))
         if "ceiling" in parts:
             rows += ceiling_rows(args.requests, relay_own_ceiling(Path(tmp), args.requests))
+        if "post" in parts:
+            rows += post_rows(args.requests, post_cost(args.requests))
         for target in ("null", "receiver"):
             if f"inproc-{target}" in parts:
                 result = relay_in_process(

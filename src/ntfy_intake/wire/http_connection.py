@@ -2,15 +2,17 @@
 
 h11 (sans-IO HTTP/1.1, by the httpx authors, under httpcore) writes every request and reads
 every response head, so a reply is matched to its own request by h11's state machine and a
-malformed one is refused as h11 refuses it. What h11 leaves to its caller is the I/O and when a
-connection may carry another request; those rules are httpcore's:
+malformed one is refused as h11 refuses it; the relay's everyday POST and its plain reply are
+the one exception, done by `http_heads` with h11's grammar and held equal to h11 by a test. What
+h11 leaves to its caller is the I/O and when a connection may carry another request; those rules
+are httpcore's:
 - a connection that received a byte, or EOF, while it sat idle is closed, never reused: an
   unsolicited answer (a receiver's or a proxy's 408) is not the reply to the next request;
 - an idle connection expires after `KEEPALIVE_EXPIRY`, httpcore's default under httpx;
 - a reply followed by more bytes than it declared ends its connection.
 
 Why not httpcore's own pool: it costs 300-400 us of CPU per request on a small machine, this
-connection about 120 (h11 is half of it; docs/performance.md, measured alone). The
+connection about 120 with h11 on both sides (docs/performance.md, measured alone). The
 connection here is `_Wire`, an asyncio Protocol, rather than a StreamReader, because a
 StreamReader does not say whether bytes arrived while idle: the protocol sees every byte.
 Failures are httpx's exception types, so intake's handling and diagnose's wording stay one.
@@ -19,24 +21,22 @@ Failures are httpx's exception types, so intake's handling and diagnose's wordin
 from __future__ import annotations
 
 import asyncio
-import base64
 import errno
 import os
 import re
 import ssl
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import h11
 import httpx
 
-from ntfy_intake import __version__
+from ntfy_intake.wire.http_heads import SimpleHead, default_fields, host_name, simple_head
 
 KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection may wait for its next request (httpcore's)
 MAX_HEAD_BYTES = 64 * 1024  # a response head, a chunk-size line or trailers not yet complete
 READ_SIZE = 65536
 _HIGH_WATER = 4 * READ_SIZE  # received, not yet taken: past it the socket is not read
-USER_AGENT = f"ntfy-intake/{__version__}"
 
 
 class NoResponse(httpx.RemoteProtocolError):
@@ -95,8 +95,11 @@ class _Wire(asyncio.Protocol):
         if not self.buffer and not self.eof:
             self._readable = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(read_timeout):
+                if read_timeout is None:  # the caller's deadline covers it (read_head_with)
                     await self._readable
+                else:
+                    async with asyncio.timeout(read_timeout):
+                        await self._readable
             except TimeoutError:
                 raise httpx.ReadTimeout("no data from the server in time") from None
             finally:
@@ -144,12 +147,23 @@ async def read_head(
     source: ByteSource, conn: h11.Connection, read_timeout: float | None
 ) -> tuple[h11.Response, bytes]:
     """The head of the response to the request `conn` sent, and the bytes received after it.
+    Informational responses (100 Continue, 103 Early Hints) are skipped, as httpx does."""
+    return await read_head_with(source, read_timeout, lambda head: h11_head(conn, head))
+
+
+_Head = TypeVar("_Head")
+
+
+async def read_head_with(
+    source: ByteSource, read_timeout: float | None, take: Callable[[bytes], _Head | None]
+) -> tuple[_Head, bytes]:
+    """The first head `take` returns (None: an informational one, read on), and the bytes
+    received after it.
 
     Complete within `read_timeout` as a whole: a server that trickles header bytes must not
-    hold the caller where its own watchdog cannot see. h11 is handed exactly one head at a time
-    (up to its blank line, found as h11 finds it), so the bytes after it are the caller's:
-    the body's start. Informational responses (100 Continue, 103 Early Hints) are skipped, as
-    httpx does."""
+    hold the caller where its own watchdog cannot see. `take` is handed exactly one head at a
+    time (up to its blank line, found as h11 finds it), so the bytes after it are the caller's:
+    the body's start."""
     buf, searched = b"", 0
     answered = False  # an informational response came: the server has taken the request
     try:
@@ -176,17 +190,25 @@ async def read_head(
                     continue
                 if blank.end() > MAX_HEAD_BYTES:
                     raise httpx.RemoteProtocolError("response headers too long")
-                conn.receive_data(buf[: blank.end()])
+                head = take(buf[: blank.end()])
                 buf, searched = buf[blank.end() :], 0
-                event = next_event(conn)
-                if isinstance(event, h11.InformationalResponse):
+                if head is None:
                     answered = True
                     continue
-                if not isinstance(event, h11.Response):  # pragma: no cover - a whole head
-                    raise httpx.RemoteProtocolError(f"unexpected {event!r} for a response head")
-                return event, buf
+                return head, buf
     except TimeoutError:
         raise httpx.ReadTimeout("no complete response head from the server in time") from None
+
+
+def h11_head(conn: h11.Connection, head: bytes) -> h11.Response | None:
+    """One whole head read by h11: the final response, or None for an informational one."""
+    conn.receive_data(head)
+    event = next_event(conn)
+    if isinstance(event, h11.InformationalResponse):
+        return None
+    if not isinstance(event, h11.Response):  # pragma: no cover - a whole head
+        raise httpx.RemoteProtocolError(f"unexpected {event!r} for a response head")
+    return event
 
 
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # h11's end of a head (h11/_receivebuffer.py)
@@ -202,7 +224,11 @@ def next_event(conn: h11.Connection) -> h11.Event | type[h11.PAUSED] | type[h11.
 
 class Connection:
     """One HTTP/1.1 connection, one request at a time: `send`, `read_head`, then the
-    body (`read_body`, or the caller's own reader from the head's `rest`)."""
+    body (`read_body`, or the caller's own reader from the head's `rest`).
+
+    A request written without h11 (`http_heads.RequestWriter`) is sent with its `replay`: a
+    plain reply (`http_heads.simple_head`) is then read here, anything else by h11, told of
+    the request first by `replay`."""
 
     def __init__(
         self, wire: _Wire, clock: Callable[[], float], state: h11.Connection | None = None
@@ -211,6 +237,10 @@ class Connection:
         self.h11 = state or client_state()
         self._clock = clock
         self._idle_since: float | None = None
+        self._replay: Callable[[h11.Connection], object] | None = None
+        self._simple: SimpleHead | None = None  # the reply being read without h11
+        self._left = 0  # of its body, bytes not yet read
+        self._rest = b""  # received after its head, not yet read
 
     def reusable(self) -> bool:
         """Idle, within its expiry, and nothing (not a byte, not EOF) arrived while it waited."""
@@ -222,20 +252,38 @@ class Connection:
             and self.h11.our_state is h11.IDLE
         )
 
-    async def send(self, request: bytes, write_timeout: float | None) -> None:
-        """A request already written by `request_bytes` on this connection's `h11` state."""
+    async def send(
+        self,
+        request: bytes,
+        write_timeout: float | None,
+        replay: Callable[[h11.Connection], object] | None = None,
+    ) -> None:
+        """A request written by `request_bytes` on this connection's `h11` state, or, with
+        `replay` (which writes it there), by `RequestWriter`."""
         self._idle_since = None
+        self._replay = replay
         await self.wire.send(request, write_timeout)
 
-    async def read_head(self, read_timeout: float | None) -> h11.Response:
-        head, rest = await read_head(self.wire, self.h11, read_timeout)
-        if rest:
+    async def read_head(self, read_timeout: float | None) -> h11.Response | SimpleHead:
+        if self._replay is None:
+            head, rest = await read_head(self.wire, self.h11, read_timeout)
+            if rest:
+                self.h11.receive_data(rest)
+            return head
+        taken: tuple[h11.Response | SimpleHead, bytes]
+        taken = await read_head_with(self.wire, read_timeout, self._take_head)
+        final, rest = taken
+        if isinstance(final, SimpleHead):
+            self._simple, self._left, self._rest = final, final.length, rest
+        elif rest:
             self.h11.receive_data(rest)
-        return head
+        return final
 
     async def read_body(self, read_timeout: float | None) -> bytes | None:
-        """The next part of the body as h11 frames it; None at its end. After the end the
-        connection is idle (reusable) when both sides may go on and nothing more came."""
+        """The next part of the body; None at its end. After the end the connection is idle
+        (reusable) when both sides may go on and nothing more came."""
+        if self._simple is not None:
+            return await self._read_simple_body(read_timeout)
         while True:
             event = self._next_event()
             if isinstance(event, h11.Data):
@@ -248,9 +296,41 @@ class Connection:
     def abort(self) -> None:
         self.wire.abort()
 
+    def _take_head(self, head: bytes) -> h11.Response | SimpleHead | None:
+        if self._replay is not None:
+            simple = simple_head(head)
+            if simple is not None:
+                return simple
+            # Not the plain shape: h11 reads this reply, and every head after it.
+            self._replay(self.h11)
+            self._replay = None
+        return h11_head(self.h11, head)
+
+    async def _read_simple_body(self, read_timeout: float | None) -> bytes | None:
+        """As h11 reads a Content-Length body: at most its length, EOF before it is an error."""
+        assert self._simple is not None
+        if not self._left:
+            # Kept as h11 keeps it: keep-alive, and nothing right behind the reply (PAUSED).
+            if self._simple.keep_alive and not self._rest:
+                self._idle_since = self._clock()
+            self._simple = None
+            return None
+        data, self._rest = self._rest or await self.wire.receive(read_timeout), b""
+        if not data:
+            received = self._simple.length - self._left
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body "
+                f"(received {received} bytes, expected {self._simple.length})"
+            )
+        part, self._rest = data[: self._left], data[self._left :]
+        self._left -= len(part)
+        return part
+
     def _finish(self) -> None:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            if self._next_event() is h11.PAUSED:  # bytes behind the reply: never reuse this
+            # Bytes behind the reply (PAUSED) or EOF (ConnectionClosed, after a body read to its
+            # close): never reuse this.
+            if self._next_event() is not h11.NEED_DATA:
                 return
             self.h11.start_next_cycle()
             self._idle_since = self._clock()
@@ -271,18 +351,9 @@ def request_bytes(
     headers: dict[str, str],
     body: bytes | None = None,
 ) -> bytes:
-    """The request, written by h11: `Connection: close` for a GET stream, keep-alive with a
-    `Content-Length` when there is a body. `headers` may override the User-Agent."""
-    fields: list[tuple[str, str]] = [("Host", _host_header(target))]
-    if "User-Agent" not in headers:
-        fields.append(("User-Agent", USER_AGENT))
-    fields += [("Accept", "*/*"), ("Accept-Encoding", "identity")]
-    fields.append(("Connection", "close") if body is None else ("Content-Length", str(len(body))))
-    if target.username or target.password:
-        # What httpx does with credentials in the URL (ntfy.url may hold them): Basic auth.
-        userpass = base64.b64encode(f"{target.username}:{target.password}".encode()).decode()
-        fields.append(("Authorization", f"Basic {userpass}"))
-    fields += headers.items()
+    """The request, written by h11 on `conn`: the default fields (`http_heads.default_fields`),
+    then `headers`."""
+    fields = [*default_fields(target, headers, body), *headers.items()]
     try:
         encoded = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in fields]
         request = h11.Request(method=method, target=target.raw_path, headers=encoded)
@@ -297,17 +368,6 @@ def request_bytes(
     except h11.LocalProtocolError as exc:
         raise httpx.LocalProtocolError(f"a request header is malformed: {exc}") from None
     return b"".join(part for part in parts if part)
-
-
-def _host_header(target: httpx.URL) -> str:
-    host = _host(target)
-    host = host if ":" not in host else f"[{host}]"
-    return host if target.port is None else f"{host}:{target.port}"
-
-
-def _host(target: httpx.URL) -> str:
-    """The host as DNS and the Host header want it (an internationalized name in its IDNA form)."""
-    return target.raw_host.decode("ascii")
 
 
 class Connector:
@@ -333,10 +393,10 @@ class Connector:
             async with asyncio.timeout(connect_timeout):
                 _, wire = await loop.create_connection(
                     _Wire,
-                    _host(target),
+                    host_name(target),
                     port,
                     ssl=self._ssl if secure else None,
-                    server_hostname=_host(target) if secure else None,
+                    server_hostname=host_name(target) if secure else None,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {target.host}:{port} in time") from None
