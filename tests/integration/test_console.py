@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
+from ntfy_intake.rules import sanitize
+from ntfy_intake.store import console_reads, db, migrations
+from ntfy_intake.surfaces.console import views
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
@@ -146,3 +154,89 @@ def test_silence_from_the_console_suppresses_the_next_owner_message_as_silenced(
     )
     assert "silenced" in client.get("/console/owner").text
     assert query(state, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == [(1,)]
+
+
+def test_a_page_is_read_and_rendered_in_the_thread_pool_not_on_the_daemons_event_loop(
+    console: tuple[DaemonThread, str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page rendered on the loop stops the intake (the loop reads the stream) for as long as
+    the page takes; the thread pool gives the loop back every switch interval."""
+    _, base, _ = console
+    threads: list[str] = []
+    real = views.render
+
+    def spy(template: str, code: int, context: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(template, code, context)
+
+    client = login(base)  # the login form: no data, rendered where it is asked for
+    monkeypatch.setattr(views, "render", spy)
+    for path in ["/", "/incidents", "/deliveries", "/owner", "/quarantine", "/audit"]:
+        assert client.get("/console" + path).status_code == 200
+    assert len(threads) == 6
+    assert "daemon" not in threads  # harness.DaemonThread: the loop's thread is named so
+
+
+def test_incidents_past_the_first_page_are_reached_by_the_older_link(
+    console: tuple[DaemonThread, str, Path], emu: NtfyEmulator
+) -> None:
+    _, base, state = console
+    total = console_reads.PAGE + 3
+    for n in range(total):
+        emu.publish("alerts", f"check {n} failed", title=f"check-{n:03d} failed")
+    wait_until(lambda: query(state, "SELECT count(*) FROM incidents") == [(total,)], timeout=30)
+    client = login(base)
+    first = client.get("/console/incidents").text
+    older = re.search(r'href="/console/incidents\?before=([0-9.-]+)"', first)
+    assert older is not None, "no link to older incidents"
+    second = client.get("/console/incidents", params={"before": older.group(1)}).text
+    keys = re.findall(r'<span class="key">alerts:(check-\d+ failed)</span>', first + second)
+    assert len(keys) == total and len(set(keys)) == total
+    assert 'href="/console/incidents?before=' not in second  # the last page
+    for junk in ["x", "1.", ".1", "9" * 50, "-5.3", "1.2.3"]:
+        assert client.get("/console/incidents", params={"before": junk}).status_code == 200
+
+
+def test_text_filter_prints_exactly_what_strip_control_prints_for_any_string() -> None:
+    """The filter skips sanitize for a string with nothing to strip: the same output always."""
+
+    @given(
+        st.lists(
+            st.one_of(
+                st.characters(),
+                st.sampled_from(["\x1b[31m", "\x1b]0;t\x07", "\x9b1m", "\r\n", "\u202e", "\ud800"]),
+            ),
+            max_size=30,
+        ).map("".join)
+    )
+    @hsettings(max_examples=2000, deadline=None)
+    def same(text: str) -> None:
+        assert views._text(text) == sanitize.strip_control(str(sanitize.valid_utf8(text)))
+
+    same()
+
+
+def test_incident_page_reads_each_incidents_events_and_requests_by_index_without_sorting_all(
+    tmp_path: Path,
+) -> None:
+    """An incident that lives for months has thousands of events and triage requests: the page
+    keeps five of each, and must not sort them all to find those (the plan of every statement
+    that looks up one incident's rows shows no sort beside that lookup)."""
+    conn = db.connect(tmp_path / "intake.sqlite3")
+    migrations.apply(conn)
+    with conn:
+        conn.execute(
+            "INSERT INTO incidents (key, severity, status, status_time, status_event,"
+            " first_seen, last_seen, events, version) VALUES ('t:x', 3, 'firing', 1, 'e', 1, 1, 1, 1)"
+        )
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    console_reads.incidents(conn)
+    conn.set_trace_callback(None)
+    lookups = [s for s in statements if "incident_key = " in s]
+    assert lookups, statements
+    for sql in lookups:
+        plan = [tuple(row) for row in conn.execute("EXPLAIN QUERY PLAN " + sql)]
+        searches = {parent for _, parent, _, detail in plan if "(incident_key=?)" in detail}
+        sorts = {parent for _, parent, _, detail in plan if "TEMP B-TREE" in detail}
+        assert searches and not searches & sorts, plan
