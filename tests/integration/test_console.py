@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from ntfy_intake.rules import sanitize
+from ntfy_intake.rules import sanitize, silences
 from ntfy_intake.store import console_reads, db, migrations
 from ntfy_intake.surfaces.console import views
 from ntfy_intake.testbed import receiver
@@ -154,6 +156,52 @@ def test_silence_from_the_console_suppresses_the_next_owner_message_as_silenced(
     )
     assert "silenced" in client.get("/console/owner").text
     assert query(state, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == [(1,)]
+
+
+def on_daemon_loop(running: DaemonThread, fn: Callable[[], object]) -> Future[object]:
+    """Run `fn` through the daemon's own database runner (its worker thread, its lock)."""
+    assert running.daemon is not None and running._loop is not None
+    return asyncio.run_coroutine_threadsafe(running.daemon.database.run(fn), running._loop)
+
+
+def test_overview_never_shows_half_of_a_transaction_the_writer_is_folding(
+    console: tuple[DaemonThread, str, Path],
+) -> None:
+    """One transaction ends silence A and starts silence B. While the writer's thread is still
+    running that transaction's after-COMMIT effects, the overview shows A ended and B holding,
+    or neither change: never both holding (the live state read half-folded)."""
+    running, base, _ = console
+    assert running.daemon is not None
+    daemon = running.daemon
+    queue = daemon.owner_queue
+    now = daemon.clock()
+
+    def add_a() -> None:
+        with db.write_txn(daemon.conn) as txn:
+            fields = silences.silence_fields("sil_aaaaaaaaaaaa", "topic", "alerts", now + 3600, "")
+            queue.silence(txn, "silence", now, **fields)
+
+    on_daemon_loop(running, add_a).result(10)
+    pausing, resume = threading.Event(), threading.Event()
+
+    def swap() -> None:
+        with db.write_txn(daemon.conn) as txn:
+            fields = silences.silence_fields("sil_bbbbbbbbbbbb", "topic", "backups", now + 3600, "")
+            queue.silence(txn, "silence", now, **fields)
+            # An effect between the two records' own: the writer's thread stops here a while.
+            txn.after_commit(lambda: (pausing.set(), resume.wait(10)))
+            queue.silence(txn, "silence_end", now, silence_id="sil_aaaaaaaaaaaa")
+
+    done = on_daemon_loop(running, swap)
+    try:
+        assert pausing.wait(10)
+        page = login(base).get("/console/").text
+    finally:
+        resume.set()
+        done.result(10)
+    held = re.findall(r'name="id" value="(sil_\w+)"', page)
+    assert held == ["sil_bbbbbbbbbbbb"], held
+    assert "-1" not in re.findall(r'<span class="big">(-?\d+)</span>', page)
 
 
 def test_a_page_is_read_and_rendered_in_the_thread_pool_not_on_the_daemons_event_loop(

@@ -470,7 +470,7 @@ class Daemon:
             wake_relay=lambda: self.relay.wakeup.set() if self.relay is not None else None,
             clock=self.clock,
         )
-        cadence_now = lambda: (self.policy, self.owner_queue.state)  # noqa: E731
+        cadence_now = lambda: (self.policy, self.owner_queue.view)  # noqa: E731
         app = http_api.create_app(
             db_path=self.settings.state.database,
             token=self.settings.http.token,

@@ -53,6 +53,7 @@ _STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
 class Config:
     settings: Settings
     health: Callable[[], tuple[bool, Mapping[str, Any]]]
+    # The policy and the owner queue's published view (OwnerQueue.view), never its live state.
     cadence: Callable[[], tuple[cadence.Policy, cadence.CadenceState]]
     actions: Actions | None = None
     leader: Callable[[], str | None] = lambda: None  # the leader's console URL on a standby
@@ -130,8 +131,8 @@ def routes(config: Config) -> list[BaseRoute]:
         return handler
 
     def overview(request: Request) -> Callable[[], dict[str, Any]]:
-        policy, state = config.cadence()
-        return lambda: reader.overview(policy, state)
+        policy, view = config.cadence()  # the published view: a reference, taken here
+        return lambda: reader.overview(policy, view)
 
     def audit_page(request: Request) -> Callable[[], dict[str, Any]]:
         kind = request.query_params.get("kind", "")[:40]

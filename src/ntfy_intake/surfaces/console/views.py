@@ -4,7 +4,8 @@ control characters from every string they print.
 A page is read and rendered in one trip to the thread pool (`Reader.page`), never on the event
 loop the daemon's intake runs on: its queries run on the console's own read-only connection
 inside one short read transaction, so the writer neither waits for a page nor loses the loop to
-one.
+one. The cadence figures come from the owner queue's published view (`OwnerQueue.view`, a copy
+made after each COMMIT that changed it), never from the live state the writer's thread folds.
 """
 
 from __future__ import annotations
@@ -112,26 +113,16 @@ class Reader:
 
         return await run_in_threadpool(work)
 
-    def overview(self, policy: cadence.Policy, state: cadence.CadenceState) -> dict[str, Any]:
+    def overview(self, policy: cadence.Policy, view: cadence.CadenceState) -> dict[str, Any]:
+        """`view`: a published copy (nothing folds into it while this reads)."""
         now = self._clock()
         report = self.read(lambda conn: status.collect(conn, self._settings, now))
-        # The writer thread folds records into this state after each COMMIT: a read that
-        # meets a dict changing size is simply read again.
-        for _ in range(5):
-            try:
-                sent_today = state.triage_messages_today(policy, now)
-                held = [s.to_json(now) for s in state.silences.active(now)]
-                break
-            except RuntimeError:
-                continue
-        else:
-            sent_today, held = -1, []
         return {
             "report": report,
             "cap": policy.daily_cap,
-            "sent_today": sent_today,
+            "sent_today": view.triage_messages_today(policy, now),
             "cap_resets": _next_local_midnight(policy.timezone, now),
-            "silences": held,
+            "silences": [s.to_json(now) for s in view.silences.active(now)],
             "topics": list(self._settings.ntfy.topics),
             "now": now,
         }
