@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -158,6 +160,10 @@ def test_silence_from_the_console_suppresses_the_next_owner_message_as_silenced(
     assert query(state, "SELECT count(*) FROM outbox WHERE state = 'delivered'") == [(1,)]
 
 
+def audit_files(state: Path) -> list[Path]:
+    return sorted((state / "audit").glob("*.jsonl"))
+
+
 def on_daemon_loop(running: DaemonThread, fn: Callable[[], object]) -> Future[object]:
     """Run `fn` through the daemon's own database runner (its worker thread, its lock)."""
     assert running.daemon is not None and running._loop is not None
@@ -288,3 +294,34 @@ def test_incident_page_reads_each_incidents_events_and_requests_by_index_without
         searches = {parent for _, parent, _, detail in plan if "(incident_key=?)" in detail}
         sorts = {parent for _, parent, _, detail in plan if "TEMP B-TREE" in detail}
         assert searches and not searches & sorts, plan
+
+
+def test_a_lone_surrogate_escape_on_the_wire_is_kept_raw_in_the_inbox_and_u_fffd_after(
+    console: tuple[DaemonThread, str, Path], emu: NtfyEmulator
+) -> None:
+    """End to end, for a frame only a broken server or proxy sends (ntfy writes U+FFFD): the
+    inbox keeps the frame with its escape (ASCII JSON, valid UTF-8), the incident key and the
+    audit line hold U+FFFD, and the console shows U+FFFD."""
+    _, base, state = console
+    emu.wait_for_subscribers(1)
+    line = (
+        f'{{"id":"loneSurrog8a","time":{int(time.time())},"event":"message","topic":"alerts",'
+        '"title":"raw \\ud800 title","message":"raw \\udfff body"}\n'
+    )
+    assert emu.faults.inject_raw(line.encode()) == 1
+    wait_until(lambda: query(state, "SELECT count(*) FROM inbox") == [(1,)])
+    ((raw, key),) = query(state, "SELECT raw, incident_key FROM inbox")
+    assert '"title":"raw \\ud800 title"' in raw and key == "alerts:raw \ufffd title"
+    wait_until(lambda: b"loneSurrog8a" in b"".join(p.read_bytes() for p in audit_files(state)))
+    (record,) = [
+        found
+        for path in audit_files(state)
+        for text in path.read_bytes().splitlines()
+        if (found := json.loads(text)).get("event_id") == "loneSurrog8a"
+        and found["kind"] == "event"
+    ]
+    assert record["incident"] == "alerts:raw \ufffd title"
+    page = login(base).get("/console/incidents")
+    assert page.status_code == 200
+    assert "raw \ufffd title" in page.text and "raw \ufffd body" in page.text
+    assert "\\ud800" not in page.text
