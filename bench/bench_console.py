@@ -54,6 +54,7 @@ from _common import (
 from bench_replay import publish_backlog
 from ntfy_intake import settings as settings_mod
 from ntfy_intake.rules import cadence
+from ntfy_intake.runtime import heap
 from ntfy_intake.store import console_reads, db, migrations
 from ntfy_intake.surfaces import console, http_api
 from ntfy_intake.surfaces import serve as _serve
@@ -196,7 +197,9 @@ def console_server(state: Path) -> Iterator[tuple[str, Timed]]:
         extra_routes=routes,
     )
     timed = Timed(app)
-    with _serve.serving(timed, on_stop=lambda: http_api.begin_shutdown(app)) as url:
+    serving = _serve.serving(timed, on_stop=lambda: http_api.begin_shutdown(app))
+    # heap.frozen: as the daemon does while its HTTP surface serves (runtime/daemon.py).
+    with serving as url, heap.frozen():
         yield url, timed
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import threading
@@ -325,3 +326,17 @@ def test_a_lone_surrogate_escape_on_the_wire_is_kept_raw_in_the_inbox_and_u_fffd
     assert page.status_code == 200
     assert "raw \ufffd title" in page.text and "raw \ufffd body" in page.text
     assert "\\ud800" not in page.text
+
+
+def test_a_full_collection_skips_start_ups_objects_while_serving_and_not_after(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """A full collection walked every object start-up made (15-50 ms on a shared machine, every
+    few dozen incident pages, the writer and the loop waiting): they are frozen while the HTTP
+    surface serves, and unfrozen when it stops (a process may run the next daemon)."""
+    config = settings_for(emu.url, tmp_path / "state", http_token=TOKEN)
+    assert gc.get_freeze_count() == 0
+    with DaemonThread(config) as running:
+        wait_until(lambda: running.daemon is not None and running.daemon.http_port)
+        assert gc.get_freeze_count() > 10_000
+    assert gc.get_freeze_count() == 0
