@@ -236,7 +236,7 @@ def test_incidents_past_the_first_page_are_reached_by_the_older_link(
     console: tuple[DaemonThread, str, Path], emu: NtfyEmulator
 ) -> None:
     _, base, state = console
-    total = console_reads.PAGE + 3
+    total = console_reads.INCIDENTS_PAGE + 3
     for n in range(total):
         emu.publish("alerts", f"check {n} failed", title=f"check-{n:03d} failed")
     wait_until(lambda: query(state, "SELECT count(*) FROM incidents") == [(total,)], timeout=30)

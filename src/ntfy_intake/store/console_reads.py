@@ -29,6 +29,7 @@ from ntfy_intake.store import audit
 from ntfy_intake.store.db import Connection
 
 PAGE = 50
+INCIDENTS_PAGE = 25  # each with its 5 newest events and requests: "Older incidents" for more
 EVENTS_PER_INCIDENT = 5
 _TAIL_BYTES = 512 * 1024
 _AUDIT_SCAN = 8 * 1024 * 1024  # how far back the audit page searches for a filter
@@ -174,7 +175,7 @@ def _event(r: Any) -> EventRow:
 
 
 def incidents(
-    conn: Connection, *, limit: int = PAGE, before: tuple[int, int] | None = None
+    conn: Connection, *, limit: int = INCIDENTS_PAGE, before: tuple[int, int] | None = None
 ) -> list[IncidentRow]:
     """A page of the most recently seen incidents (those seen before `before`, a cursor from
     `IncidentRow.cursor`), each with its newest events and its newest triage requests."""

@@ -131,7 +131,7 @@ class Reader:
         """A page of incidents; `before`: the cursor of the previous page's last (untrusted)."""
         cursor = console_reads.parse_cursor(before)
         found = self.read(lambda conn: console_reads.incidents(conn, before=cursor))
-        full = len(found) >= console_reads.PAGE
+        full = len(found) >= console_reads.INCIDENTS_PAGE
         return {
             "incidents": found,
             "older": found[-1].cursor if full else None,
