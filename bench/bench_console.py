@@ -267,6 +267,66 @@ def render_rows(found: dict[str, Any], incidents: int, events: int) -> list[Row]
     return rows
 
 
+# -- 1b. what a page costs the real daemon ----------------------------------------------------------
+
+COST_PATHS = (
+    ("/healthz", "/healthz"),
+    ("/console/", "overview"),
+    ("/console/incidents", "incidents"),
+)
+
+
+def fetch_costs(workdir: Path, rounds: int) -> dict[str, float]:
+    """The daemon's own CPU (user + system, from /proc) per request, on the render store: a real
+    `ntfy-intake run` process, idle otherwise (its idle CPU rate, measured first, is taken off).
+    What a page costs the writer's process, whatever the wall clock of a busy machine says."""
+    state = workdir / "render"
+    port = free_port()
+    config = EmulatorConfig(keepalive_interval=1.0, manager_interval=None)
+    costs: dict[str, float] = {}
+    with NtfyEmulator(config).running() as emu:
+        env = daemon_env(emu.url, state, http_token=TOKEN, http_listen=f"127.0.0.1:{port}")
+        with daemon(env, workdir / "costs.log") as proc:
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+            with client:
+
+                def up() -> bool:
+                    try:
+                        return client.get("/healthz").status_code < 600
+                    except httpx.HTTPError:
+                        return False
+
+                wait_for(up, 60, "the daemon's HTTP surface", interval=0.05)
+                log_in(client)
+                for path, _ in COST_PATHS:
+                    for _ in range(10):
+                        client.get(path).raise_for_status()
+                began, idle_from = time.monotonic(), proc_cpu_s(proc.pid)
+                time.sleep(2.0)
+                idle = (proc_cpu_s(proc.pid) - idle_from) / (time.monotonic() - began)
+                for path, name in COST_PATHS:
+                    began, cpu = time.monotonic(), proc_cpu_s(proc.pid)
+                    for _ in range(rounds):
+                        assert client.get(path).status_code == 200, path
+                    spent = proc_cpu_s(proc.pid) - cpu - idle * (time.monotonic() - began)
+                    costs[name] = max(0.0, spent) / rounds
+    return costs
+
+
+def cost_rows(costs: dict[str, float]) -> list[Row]:
+    overview = costs["overview"]
+    return [
+        Row(
+            "daemon CPU per request, real daemon on the same store: overview / incidents"
+            " / /healthz",
+            f"{ms(overview)} / {ms(costs['incidents'])} / {ms(costs['/healthz'])}",
+            f"overview every {POLL_S * 1000:g} ms (the replay's watcher): "
+            f"{overview / POLL_S:.1%} of one core; every 5 s (the page's refresh): "
+            f"{overview / 5:.2%}",
+        )
+    ]
+
+
 # -- 2. the writer's replay rate with the console open -----------------------------------------------
 
 
@@ -475,6 +535,8 @@ def rows(
     found = render_times(work, incidents, events, rounds or default_rounds)
     print(f"bench: store built in {found['built_s']:.1f} s", file=sys.stderr)
     out = render_rows(found, incidents, events)
+    print("bench: daemon CPU per request ...", file=sys.stderr)
+    out += cost_rows(fetch_costs(work, rounds or default_rounds))
     if replays <= 0:
         return out
     return out + replay_rows(replay_pairs(work, replay_n, replays), replay_n)
