@@ -340,3 +340,14 @@ def test_a_full_collection_skips_start_ups_objects_while_serving_and_not_after(
         wait_until(lambda: running.daemon is not None and running.daemon.http_port)
         assert gc.get_freeze_count() > 10_000
     assert gc.get_freeze_count() == 0
+
+
+def test_a_page_read_that_fails_raises_its_own_error_not_the_rollbacks(tmp_path: Path) -> None:
+    """When SQLite has already ended the page's read transaction (as it does on some errors),
+    the ROLLBACK on the way out must not replace the page's error with "no transaction"."""
+    conn = db.connect(tmp_path / "intake.sqlite3")
+    migrations.apply(conn)
+    with pytest.raises(LookupError), console_reads.snapshot(conn):
+        conn.execute("ROLLBACK")  # what SQLite does by itself on, e.g., SQLITE_FULL
+        raise LookupError("the page's own error")
+    assert not conn.in_transaction

@@ -105,7 +105,8 @@ def snapshot(conn: Connection) -> Iterator[Connection]:
     try:
         yield conn
     finally:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may have ended it on an error: keep that error
+            conn.execute("ROLLBACK")
 
 
 def _title_message(raw: str) -> tuple[str, str]:
