@@ -11,10 +11,12 @@ import re
 import signal
 import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ntfy_intake.testbed import receiver
@@ -37,8 +39,14 @@ HOSTILE = [
     "<script>alert(1)</script>",
     "<img src=x onerror=alert(1)>",
     "\x1b[31mred\x1b[0m alert",
-    "replacement \ufffd char",  # a lone surrogate cannot cross the emulator's JSON; sanitize tests cover it
+    "replacement \ufffd char",
+    "lone \ud800 surrogate",  # a JSON \ud800 escape: ntfy (Go) and the emulator keep U+FFFD
 ]
+# What a broken server or proxy could send (ntfy itself never writes a lone surrogate escape).
+RAW_FRAME = (
+    '{{"id":"loneSurrog8a","time":{time},"event":"message","topic":"alerts",'
+    '"title":"raw \\ud800 title","message":"raw \\udfff body"}}\n'
+)
 SHOTS = os.environ.get("NTFY_INTAKE_SCREENSHOTS")  # read at import: conftest empties NTFY_INTAKE_*
 PAGES = ["", "incidents", "deliveries", "owner", "quarantine", "audit"]
 
@@ -122,17 +130,30 @@ def test_hostile_titles_render_as_text_and_never_open_a_dialog(
     browser: Any, daemon: tuple[str, Path], emu: NtfyEmulator
 ) -> None:
     base, state = daemon
+    emu.wait_for_subscribers(1)
     for n, title in enumerate(HOSTILE):
-        emu.publish("alerts", title, title=title, priority=3 + n % 2)
-    wait_until(lambda: query(state, "SELECT count(*) FROM inbox") == [(len(HOSTILE),)])
+        # Through the emulator's HTTP JSON publish, as a publisher would (ASCII JSON: a lone
+        # surrogate goes as its \ud800 escape).
+        body = {"topic": "alerts", "title": title, "message": title, "priority": 3 + n % 2}
+        answer = httpx.post(emu.url, content=json.dumps(body, ensure_ascii=True))
+        assert answer.status_code == 200, answer.text
+    assert emu.faults.inject_raw(RAW_FRAME.format(time=int(time.time())).encode()) == 1
+    wait_until(lambda: query(state, "SELECT count(*) FROM inbox") == [(len(HOSTILE) + 1,)])
     page = new_page(browser)
+    answers: list[int] = []
+    page.on("response", lambda r: answers.append(r.status))
     log_in(page, base)
+    for name in ["incidents", "", "audit"]:
+        page.goto(f"{base}/console/{name}")
+        assert "\x1b" not in page.content()
     page.goto(base + "/console/incidents")
     text = page.inner_text("main")
     assert "<script>alert(1)</script>" in text and "<img src=x onerror=alert(1)>" in text
-    assert "\x1b" not in page.content()
+    assert "lone \ufffd surrogate" in text  # the publish: U+FFFD from the emulator on
+    assert "raw \ufffd title" in text and "raw \ufffd body" in text  # the raw frame's escape
     page.wait_for_timeout(300)
     assert page.dialogs == []
+    assert answers and max(answers) < 500, answers
 
 
 def test_no_page_scrolls_sideways_at_390_px_and_dark_mode_is_dark(

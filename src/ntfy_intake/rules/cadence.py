@@ -145,6 +145,14 @@ class CadenceState:
             self._silences.fork(),
         )
 
+    def owner_view(self) -> CadenceState:
+        """A copy of the owner's side alone (the counted owner messages and the silences, no
+        incidents): what `OwnerQueue.view` publishes for readers in other threads. Costs what a
+        day's owner messages and the silences hold, however many incidents the state tracks."""
+        return CadenceState(
+            self._retention, self._clock, OrderedDict(), self._owner.fork(), self._silences.fork()
+        )
+
     @property
     def size(self) -> int:
         """Entries held in memory (incidents, counted owner messages, counted notices)."""

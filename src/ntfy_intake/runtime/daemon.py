@@ -34,7 +34,7 @@ from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, 
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules import health as health_model
-from ntfy_intake.runtime import recovery, supervisor
+from ntfy_intake.runtime import heap, recovery, supervisor
 from ntfy_intake.runtime.clock import TrustedClock
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
@@ -472,7 +472,7 @@ class Daemon:
             wake_relay=lambda: self.relay.wakeup.set() if self.relay is not None else None,
             clock=self.clock,
         )
-        cadence_now = lambda: (self.policy, self.owner_queue.state)  # noqa: E731
+        cadence_now = lambda: (self.policy, self.owner_queue.view)  # noqa: E731
         app = http_api.create_app(
             db_path=self.settings.state.store,
             token=self.settings.http.token,
@@ -487,9 +487,10 @@ class Daemon:
             ],
         )
         try:
-            await http_api.serve(
-                app, self.settings.http.host, self.settings.http.port, stop, self._http_bound
-            )
+            with heap.frozen():  # start-up's objects: never walked by a full collection again
+                await http_api.serve(
+                    app, self.settings.http.host, self.settings.http.port, stop, self._http_bound
+                )
         except OSError as exc:
             # Intake matters more than the HTTP surface: keep recording, say why loudly.
             log.error("http.bind_failed", listen=self.settings.http.listen, detail=str(exc))

@@ -2,12 +2,22 @@
 
 Every function takes a `db.Connection` (the console keeps its own, read-only, in the thread pool:
 the daemon's writer never waits for a page) and returns plain rows for the templates. Each read is
-bounded (`limit`) and served by an index (migration 0005), so a page costs the same with 100,000
-events in the inbox as with ten. Text read here is whatever ntfy sent: the templates escape it.
+bounded (`limit`) and served by an index (migrations 0005 and 0006), so a page costs the same with
+100,000 events in the inbox as with ten. A page reads inside one short read transaction
+(`snapshot`): its rows agree with each other, and the WAL is held only for the page's queries.
+Text read here is whatever ntfy sent: the templates escape it.
+
+The incidents page is three statements, not one per incident: the page of incidents, their
+newest events (a correlated `IN (... LIMIT n)` per incident, by index) and their newest triage
+requests. Dates are formatted by SQLite (`strftime`), where a hostile `time` gives NULL, not an
+exception. Titles and messages are taken out of the raw frame in Python (`json.loads`), not with
+`json_extract`: SQLite turns a lone-surrogate escape (`\\ud800`) into bytes that are not UTF-8,
+which the driver refuses to decode; Python's decoder keeps it, and the templates replace it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -15,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake.store import audit
+from ntfy_intake.store import audit, dialect
 from ntfy_intake.store.db import Connection
 
 PAGE = 50
+INCIDENTS_PAGE = 25  # each with its 5 newest events and requests: "Older incidents" for more
 EVENTS_PER_INCIDENT = 5
 _TAIL_BYTES = 512 * 1024
 _AUDIT_SCAN = 8 * 1024 * 1024  # how far back the audit page searches for a filter
@@ -29,6 +40,7 @@ class EventRow:
     event_id: str
     topic: str
     time: int
+    when: str  # `time`, formatted (empty when SQLite cannot: a hostile value)
     outcome: str
     reason: str
     title: str
@@ -57,6 +69,9 @@ class IncidentRow:
     events: int
     recent: list[EventRow]
     requests: list[RequestRow]
+    first_when: str = ""
+    last_when: str = ""
+    cursor: str = ""  # where the next page starts (`before`): "<last_seen>.<rowid>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +97,18 @@ class QuarantineRow:
     last_seen: float
 
 
+@contextlib.contextmanager
+def snapshot(conn: Connection) -> Iterator[Connection]:
+    """One read transaction around a page's queries: the rows agree, and the WAL snapshot is
+    let go as soon as the page has read (never left open between pages)."""
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:  # SQLite may have ended it on an error: keep that error
+            conn.execute("ROLLBACK")
+
+
 def _title_message(raw: str) -> tuple[str, str]:
     try:
         frame = json.loads(raw)
@@ -96,50 +123,119 @@ def _title_message(raw: str) -> tuple[str, str]:
     )
 
 
+_WHEN = "coalesce(strftime('%Y-%m-%d %H:%M:%SZ', {}, 'unixepoch'), '')"
+# PostgreSQL: to_timestamp refuses what SQLite turns into NULL (a hostile `time`): guarded.
+_WHEN_PG = (
+    "CASE WHEN {0} BETWEEN -62135596800 AND 253402300799 THEN"
+    " to_char(to_timestamp({0}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS\"Z\"') ELSE '' END"
+)
+_REQUEST_COLUMNS = (
+    "delivery_key, incident_key, reason, state, attempts, due_at, last_error, created_at"
+)
+# The page of incidents: newest seen first, ties by rowid, those before the cursor `(?, ?)`;
+# served by incidents_last_seen (an index holds the rowid: no sort).
+# (PostgreSQL's tables have a `rowid` identity column for this: migrations_pg 0006.)
+_PAGE_TEMPLATE = (
+    "SELECT rowid, key, severity, status, first_seen, last_seen, events,"
+    " {first}, {last}"
+    " FROM incidents WHERE (last_seen, rowid) < (?, ?)"
+    " ORDER BY last_seen DESC, rowid DESC LIMIT ?"
+)
+_PAGE = _PAGE_TEMPLATE.format(first=_WHEN.format("first_seen"), last=_WHEN.format("last_seen"))
+_PAGE_PG = _PAGE_TEMPLATE.format(
+    first=_WHEN_PG.format("first_seen"), last=_WHEN_PG.format("last_seen")
+)
+# Each incident's newest events (inbox_incident) and newest requests (outbox_incident_created).
+_PAGE_EVENTS_TEMPLATE = (
+    "WITH page AS ({page}) SELECT e.incident_key, e.event_id, e.topic, e.time,"
+    " {when}, e.outcome, e.reason, e.raw FROM page p"
+    " JOIN inbox e ON e.seq IN (SELECT s.seq FROM inbox s WHERE s.incident_key = p.key"
+    " ORDER BY s.time DESC LIMIT ?)"
+    " ORDER BY e.incident_key, e.time DESC, e.seq DESC"
+)
+_PAGE_EVENTS = _PAGE_EVENTS_TEMPLATE.format(page=_PAGE, when=_WHEN.format("e.time"))
+_PAGE_EVENTS_PG = _PAGE_EVENTS_TEMPLATE.format(page=_PAGE_PG, when=_WHEN_PG.format("e.time"))
+_PAGE_REQUESTS_TEMPLATE = (
+    "WITH page AS ({page}) SELECT {columns}"
+    " FROM page p JOIN outbox o ON o.rowid IN (SELECT s.rowid FROM outbox s"
+    " WHERE s.incident_key = p.key ORDER BY s.created_at DESC LIMIT ?)"
+    " ORDER BY o.incident_key, o.created_at DESC"
+)
+_O_COLUMNS = ", ".join("o." + c for c in _REQUEST_COLUMNS.split(", "))
+_PAGE_REQUESTS = _PAGE_REQUESTS_TEMPLATE.format(page=_PAGE, columns=_O_COLUMNS)
+_PAGE_REQUESTS_PG = _PAGE_REQUESTS_TEMPLATE.format(page=_PAGE_PG, columns=_O_COLUMNS)
+_FIRST_PAGE = (2**63 - 1, 2**63 - 1)
+
+
+def parse_cursor(text: str | None) -> tuple[int, int] | None:
+    """A `before` cursor ("<last_seen>.<rowid>", as `IncidentRow.cursor`), or None."""
+    if not text or len(text) > 40:
+        return None
+    seen, dot, rowid = text.partition(".")
+    if not dot or not seen.removeprefix("-").isdigit() or not rowid.isdigit():
+        return None
+    return int(seen), int(rowid)
+
+
+def _request(r: Any) -> RequestRow:
+    return RequestRow(
+        str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), float(r[5]), r[6], r[7]
+    )
+
+
+def _event(r: Any) -> EventRow:
+    title, message = _title_message(r[7])
+    return EventRow(
+        str(r[1]), str(r[2]), int(r[3]), str(r[4]), str(r[5]), str(r[6]), title, message
+    )
+
+
+def incidents(
+    conn: Connection, *, limit: int = INCIDENTS_PAGE, before: tuple[int, int] | None = None
+) -> list[IncidentRow]:
+    """A page of the most recently seen incidents (those seen before `before`, a cursor from
+    `IncidentRow.cursor`), each with its newest events and its newest triage requests."""
+    page = (*(before or _FIRST_PAGE), limit)
+    pg = dialect.is_postgres(conn)
+    found = conn.execute(_PAGE_PG if pg else _PAGE, page).fetchall()
+    if not found:
+        return []
+    recent: dict[str, list[EventRow]] = {}
+    for r in conn.execute(_PAGE_EVENTS_PG if pg else _PAGE_EVENTS, (*page, EVENTS_PER_INCIDENT)):
+        recent.setdefault(str(r[0]), []).append(_event(r))
+    requests: dict[str, list[RequestRow]] = {}
+    for r in conn.execute(
+        _PAGE_REQUESTS_PG if pg else _PAGE_REQUESTS, (*page, EVENTS_PER_INCIDENT)
+    ):
+        requests.setdefault(str(r[1]), []).append(_request(r))
+    return [
+        IncidentRow(
+            str(r[1]),
+            int(r[2]),
+            str(r[3]),
+            int(r[4]),
+            int(r[5]),
+            int(r[6]),
+            recent.get(str(r[1]), []),
+            requests.get(str(r[1]), []),
+            str(r[7]),
+            str(r[8]),
+            f"{int(r[5])}.{int(r[0])}",
+        )
+        for r in found
+    ]
+
+
 def _requests(
     conn: Connection, where: str, params: tuple[Any, ...], limit: int
 ) -> list[RequestRow]:
     return [
-        RequestRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), float(r[5]), r[6], r[7])
+        _request(r)
         for r in conn.execute(
-            "SELECT delivery_key, incident_key, reason, state, attempts, due_at, last_error,"
-            f" created_at FROM outbox WHERE {where} ORDER BY created_at DESC LIMIT ?",
+            f"SELECT {_REQUEST_COLUMNS} FROM outbox WHERE {where} ORDER BY created_at DESC LIMIT ?",
             (*params, limit),
         )
     ]
-
-
-def incidents(conn: Connection, *, limit: int = PAGE) -> list[IncidentRow]:
-    """The most recently seen incidents, each with its newest events and its triage requests."""
-    found = conn.execute(
-        "SELECT key, severity, status, first_seen, last_seen, events FROM incidents"
-        " ORDER BY last_seen DESC LIMIT ?",
-        (limit,),
-    ).fetchall()
-    rows = []
-    for key, severity, status, first_seen, last_seen, events in found:
-        recent = [
-            EventRow(str(r[0]), str(r[1]), int(r[2]), str(r[3]), str(r[4]), *_title_message(r[5]))
-            for r in conn.execute(
-                "SELECT event_id, topic, time, outcome, reason, raw FROM inbox"
-                " WHERE incident_key = ? ORDER BY time DESC LIMIT ?",
-                (key, EVENTS_PER_INCIDENT),
-            )
-        ]
-        requests = _requests(conn, "incident_key = ?", (key,), EVENTS_PER_INCIDENT)
-        rows.append(
-            IncidentRow(
-                str(key),
-                int(severity),
-                str(status),
-                int(first_seen),
-                int(last_seen),
-                int(events),
-                recent,
-                requests,
-            )
-        )
-    return rows
 
 
 def deliveries(conn: Connection, state: str, *, limit: int = PAGE) -> list[RequestRow]:

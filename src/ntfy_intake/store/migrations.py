@@ -184,6 +184,13 @@ SQLITE: tuple[Migration, ...] = (
             "CREATE INDEX incidents_last_seen ON incidents(last_seen)",
         ],
     ),
+    # The console's incidents page reads each incident's newest triage requests by index: through
+    # outbox_incident (incident_key, state) it sorted all of an incident's requests (one per
+    # cooldown window, for as long as the incident lives) to keep five.
+    (
+        "0006_console_incident_requests",
+        ["CREATE INDEX outbox_incident_created ON outbox(incident_key, created_at)"],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

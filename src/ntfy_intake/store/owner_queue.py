@@ -10,6 +10,8 @@ The live state changes only after the caller's transaction committed (`db.Transa
 .after_commit`, the one rule for in-memory state): a decision made on the live state is folded
 into it then, and a batch that decides on a fork of it has the queue adopt the fork then. A
 rolled-back transaction leaves the live state untouched, so running it again decides the same.
+The live state is the database thread's alone; other threads read `view`, a copy of its owner
+side published after each such change.
 """
 
 from __future__ import annotations
@@ -28,7 +30,33 @@ Record = dict[str, Any]
 class OwnerQueue:
     def __init__(self, policy: cadence.Policy, state: cadence.CadenceState) -> None:
         self.policy = policy
-        self.state = state
+        self._state = state
+        self._view = state.owner_view()
+        # The transaction whose records wait to be folded (in one effect) and those records.
+        self._folding: tuple[db.Transaction, list[Record]] | None = None
+
+    @property
+    def state(self) -> cadence.CadenceState:
+        """The live state. Only the database thread reads or changes it: everyone else reads
+        `view`."""
+        return self._state
+
+    @state.setter
+    def state(self, state: cadence.CadenceState) -> None:
+        self._state = state
+        self._publish()
+
+    @property
+    def view(self) -> cadence.CadenceState:
+        """The owner's side of the live state as of the last COMMIT that changed it (the counted
+        owner messages and the silences: `CadenceState.owner_view`), for the console and the
+        HTTP surface on the event loop. A copy, replaced whole once a transaction's records are
+        all folded and never changed after, so a reader sees every transaction whole or not at
+        all, and never a dict the writer is resizing."""
+        return self._view
+
+    def _publish(self) -> None:
+        self._view = self._state.owner_view()
 
     def fork_for(self, txn: db.Transaction) -> cadence.CadenceState:
         """A copy of the live state for a transaction that makes several decisions (a batch):
@@ -46,9 +74,26 @@ class OwnerQueue:
             self.state = state
 
     def commit(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Fold records whose transaction committed into the live state."""
+        """Fold records whose transaction committed into the live state, then publish `view`."""
         for record in records:
-            self.state.apply(record)
+            self._state.apply(record)
+        self._publish()
+
+    def _after_commit(self, txn: db.Transaction, records: list[Record]) -> None:
+        """Fold `records` into the live state once `txn` commits: every record of one
+        transaction in one effect (the first registered), so `view` is published once, with
+        the whole transaction in it."""
+        if self._folding is not None and self._folding[0] is txn:
+            self._folding[1].extend(records)
+            return
+        pending = list(records)
+        self._folding = (txn, pending)
+
+        def fold() -> None:
+            self._folding = None
+            self.commit(pending)
+
+        txn.after_commit(fold)
 
     def _decided(
         self, txn: db.Transaction, records: list[Record], state: cadence.CadenceState | None
@@ -59,7 +104,7 @@ class OwnerQueue:
             for record in records:
                 state.apply(record)
         else:
-            txn.after_commit(lambda: self.commit(records))
+            self._after_commit(txn, records)
 
     def notice(
         self,
@@ -133,7 +178,7 @@ class OwnerQueue:
         (a silence is an audit record and nothing else: rules/silences.py)."""
         record: Record = {"ts": timestamps.rfc3339(now), "kind": kind, **fields}
         _stage(txn.conn, record, now)
-        txn.after_commit(lambda: self.commit([record]))
+        self._after_commit(txn, [record])
         return record
 
 

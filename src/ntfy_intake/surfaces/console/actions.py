@@ -40,7 +40,9 @@ class Actions:
         self._clock = clock
 
     def active(self) -> list[silences.Silence]:
-        return self._queue.state.silences.active(self._clock())
+        """The silences holding now, as the last COMMIT left them (`OwnerQueue.view`: this
+        runs on the event loop, the live state is the database thread's)."""
+        return self._queue.view.silences.active(self._clock())
 
     async def add_silence(
         self, scope: str, target: str, span: float, reason: str = ""
@@ -59,7 +61,7 @@ class Actions:
 
         await self._run(write)
         await self._flush()
-        made = self._queue.state.silences.get(silence_id)
+        made = self._queue.view.silences.get(silence_id)  # published after the COMMIT
         assert made is not None
         return made
 

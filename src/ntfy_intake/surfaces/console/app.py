@@ -8,8 +8,9 @@ Invariants owned here:
 - every answer has `Content-Security-Policy: default-src 'self'` and `X-Frame-Options: DENY`,
   and is never cached; templates autoescape and strip control characters (`text` filter), so
   a string from ntfy is text, never markup;
-- pages read through their own read-only connection in the thread pool; actions go through
-  the daemon's writer (`Actions`). On a standby, forms post to the leader's console.
+- pages are read (their own read-only connection, one short read transaction) and rendered in
+  the thread pool, never on the daemon's event loop; actions go through the daemon's writer
+  (`Actions`). On a standby, forms post to the leader's console.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ _STATIC_FILES = {"console.css": "text/css", "console.js": "text/javascript"}
 class Config:
     settings: Settings
     health: Callable[[], tuple[bool, Mapping[str, Any]]]
+    # The policy and the owner queue's published view (OwnerQueue.view), never its live state.
     cadence: Callable[[], tuple[cadence.Policy, cadence.CadenceState]]
     actions: Actions | None = None
     leader: Callable[[], str | None] = lambda: None  # the leader's console URL on a standby
@@ -117,37 +119,32 @@ def routes(config: Config) -> list[BaseRoute]:
         }
 
     def viewer(
-        name: str, template: str, load: Callable[[Request], Awaitable[dict[str, Any]]]
+        name: str, template: str, build: Callable[[Request], Callable[[], dict[str, Any]]]
     ) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
             session = session_of(request)
             if session is None:
                 return answer(RedirectResponse("/console/login", 303))
-            context = {**base(request, session, name), **await load(request)}
-            return page(request, template, **context)
+            # Read and rendered in the thread pool (views.Reader.page): not on this loop.
+            return answer(await reader.page(template, base(request, session, name), build(request)))
 
         return handler
 
-    async def overview(request: Request) -> dict[str, Any]:
-        policy, state = config.cadence()
-        return await reader.overview(policy, state)
+    def overview(request: Request) -> Callable[[], dict[str, Any]]:
+        policy, view = config.cadence()  # the published view: a reference, taken here
+        return lambda: reader.overview(policy, view)
 
-    async def incidents(request: Request) -> dict[str, Any]:
-        return await reader.incidents()
-
-    async def deliveries(request: Request) -> dict[str, Any]:
-        return await reader.deliveries()
-
-    async def owner(request: Request) -> dict[str, Any]:
-        return await reader.owner()
-
-    async def quarantine(request: Request) -> dict[str, Any]:
-        return await reader.quarantine()
-
-    async def audit_page(request: Request) -> dict[str, Any]:
+    def audit_page(request: Request) -> Callable[[], dict[str, Any]]:
         kind = request.query_params.get("kind", "")[:40]
         needle = request.query_params.get("id", "")[:200]
-        return await reader.audit(kind, needle)
+        return lambda: reader.audit(kind, needle)
+
+    def incidents(request: Request) -> Callable[[], dict[str, Any]]:
+        before = request.query_params.get("before")
+        return lambda: reader.incidents(before)
+
+    def plain(build: Callable[[], dict[str, Any]]) -> Callable[[Request], Callable[[], Any]]:
+        return lambda request: build
 
     async def login_form(request: Request) -> Response:
         nonce = secrets.token_urlsafe(24)
@@ -248,11 +245,15 @@ def routes(config: Config) -> list[BaseRoute]:
         Route("/console", lambda r: answer(RedirectResponse("/console/", 308)), methods=get),
         Route("/console/incidents", viewer("incidents", "incidents.html", incidents), methods=get),
         Route(
-            "/console/deliveries", viewer("deliveries", "deliveries.html", deliveries), methods=get
+            "/console/deliveries",
+            viewer("deliveries", "deliveries.html", plain(reader.deliveries)),
+            methods=get,
         ),
-        Route("/console/owner", viewer("owner", "owner.html", owner), methods=get),
+        Route("/console/owner", viewer("owner", "owner.html", plain(reader.owner)), methods=get),
         Route(
-            "/console/quarantine", viewer("quarantine", "quarantine.html", quarantine), methods=get
+            "/console/quarantine",
+            viewer("quarantine", "quarantine.html", plain(reader.quarantine)),
+            methods=get,
         ),
         Route("/console/audit", viewer("audit", "audit.html", audit_page), methods=get),
         Route("/console/redrive", action(redrive), methods=post),

@@ -1,9 +1,17 @@
-"""The console's page data and rendering: reads in the thread pool, Jinja2 templates that
-escape everything and strip control characters from every string they print."""
+"""The console's page data and rendering: Jinja2 templates that escape everything and strip
+control characters from every string they print.
+
+A page is read and rendered in one trip to the thread pool (`Reader.page`), never on the event
+loop the daemon's intake runs on: its queries run on the console's own read-only connection
+inside one short read transaction, so the writer neither waits for a page nor loses the loop to
+one. The cadence figures come from the owner queue's published view (`OwnerQueue.view`, a copy
+made after each COMMIT that changed it), never from the live state the writer's thread folds.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,11 +32,22 @@ T = TypeVar("T")
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+# Every character `sanitize.strip_control` (one line) or `valid_utf8` changes: C0, DEL, C1 (which
+# holds the 8-bit escape introducers), the bidi controls and marks, U+2028/9, lone surrogates.
+# A string holding none of them is printed as it is: one scan instead of four.
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
 def _text(value: object) -> str:
     """Any value as one safe line of text: valid UTF-8, no control characters (Jinja escapes)."""
     if value is None:
         return ""
-    return sanitize.strip_control(str(sanitize.valid_utf8(str(value))))
+    text = str(value)
+    if _UNSAFE.search(text) is None:
+        return text
+    return sanitize.strip_control(str(sanitize.valid_utf8(text)))
 
 
 def _when(ts: object) -> str:
@@ -67,7 +86,8 @@ def render(template: str, status_code: int, context: Mapping[str, Any]) -> HTMLR
 
 class Reader:
     """One read-only connection to the daemon's database, opened on first use, used from the
-    thread pool under its own lock (the writer never waits for it: WAL)."""
+    thread pool under its own lock (the writer never waits for it: WAL). The page builders
+    (`overview`, `incidents`, ...) run in the thread pool, called by `page`."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
         self._settings = settings
@@ -75,61 +95,67 @@ class Reader:
         self._conn: db.Connection | None = None
         self._lock = threading.Lock()
 
-    def _run(self, call: Callable[[db.Connection], T]) -> T:
+    def read(self, call: Callable[[db.Connection], T]) -> T:
+        """`call(conn)` inside one read transaction (in the thread pool)."""
         with self._lock:
             if self._conn is None:
                 self._conn = db.connect(self._settings.state.store, readonly=True)
-            return call(self._conn)
+            with console_reads.snapshot(self._conn) as conn:
+                return call(conn)
 
-    async def read(self, call: Callable[[db.Connection], T]) -> T:
-        return await run_in_threadpool(self._run, call)
+    async def page(
+        self, template: str, context: Mapping[str, Any], build: Callable[[], Mapping[str, Any]]
+    ) -> HTMLResponse:
+        """`build()` (a builder below) and the template around it, in one thread-pool trip."""
 
-    async def overview(self, policy: cadence.Policy, state: cadence.CadenceState) -> dict[str, Any]:
+        def work() -> HTMLResponse:
+            return render(template, 200, {**context, **build()})
+
+        return await run_in_threadpool(work)
+
+    def overview(self, policy: cadence.Policy, view: cadence.CadenceState) -> dict[str, Any]:
+        """`view`: a published copy (nothing folds into it while this reads)."""
         now = self._clock()
-        report = await self.read(lambda conn: status.collect(conn, self._settings, now))
-        # The writer thread folds records into this state after each COMMIT: a read that
-        # meets a dict changing size is simply read again.
-        for _ in range(5):
-            try:
-                sent_today = state.triage_messages_today(policy, now)
-                held = [s.to_json(now) for s in state.silences.active(now)]
-                break
-            except RuntimeError:
-                continue
-        else:
-            sent_today, held = -1, []
+        report = self.read(lambda conn: status.collect(conn, self._settings, now))
         return {
             "report": report,
             "cap": policy.daily_cap,
-            "sent_today": sent_today,
+            "sent_today": view.triage_messages_today(policy, now),
             "cap_resets": _next_local_midnight(policy.timezone, now),
-            "silences": held,
+            "silences": [s.to_json(now) for s in view.silences.active(now)],
             "topics": list(self._settings.ntfy.topics),
             "now": now,
         }
 
-    async def incidents(self) -> dict[str, Any]:
-        return {"incidents": await self.read(console_reads.incidents)}
+    def incidents(self, before: str | None = None) -> dict[str, Any]:
+        """A page of incidents; `before`: the cursor of the previous page's last (untrusted)."""
+        cursor = console_reads.parse_cursor(before)
+        found = self.read(lambda conn: console_reads.incidents(conn, before=cursor))
+        full = len(found) >= console_reads.INCIDENTS_PAGE
+        return {
+            "incidents": found,
+            "older": found[-1].cursor if full else None,
+            "paged": cursor is not None,
+        }
 
-    async def deliveries(self) -> dict[str, Any]:
+    def deliveries(self) -> dict[str, Any]:
         def both(conn: db.Connection) -> dict[str, Any]:
             return {
                 "pending": console_reads.deliveries(conn, "pending"),
                 "dead": console_reads.deliveries(conn, "dead"),
             }
 
-        return await self.read(both)
+        return self.read(both)
 
-    async def owner(self) -> dict[str, Any]:
-        return {"messages": await self.read(console_reads.owner_messages)}
+    def owner(self) -> dict[str, Any]:
+        return {"messages": self.read(console_reads.owner_messages)}
 
-    async def quarantine(self) -> dict[str, Any]:
-        return {"frames": await self.read(console_reads.quarantine)}
+    def quarantine(self) -> dict[str, Any]:
+        return {"frames": self.read(console_reads.quarantine)}
 
-    async def audit(self, kind: str, needle: str) -> dict[str, Any]:
-        directory = self._settings.state.audit_dir
-        records = await run_in_threadpool(
-            lambda: console_reads.audit_tail(directory, kind=kind or None, needle=needle or None)
+    def audit(self, kind: str, needle: str) -> dict[str, Any]:
+        records = console_reads.audit_tail(
+            self._settings.state.audit_dir, kind=kind or None, needle=needle or None
         )
         return {"records": records, "kind": kind, "needle": needle}
 

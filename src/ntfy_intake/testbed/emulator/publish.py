@@ -250,6 +250,7 @@ def _decode_json_object(body: bytes) -> dict[str, Any]:
         return {}
     if not isinstance(value, _Pairs):
         raise wire.JSON_INVALID
+    value = _go_strings(value)
     fields: dict[str, Any] = {}
     known = {*_JSON_STRING_FIELDS, "priority", "tags", "markdown", "actions"}
     for key, item in value:
@@ -262,6 +263,18 @@ def _decode_json_object(body: bytes) -> dict[str, Any]:
 
 class _Pairs(list[tuple[str, Any]]):
     """A JSON object as its key/value pairs in order (so later duplicates win, as in Go)."""
+
+
+def _go_strings(value: Any) -> Any:
+    """Decoded JSON with every string (keys too) as Go's decoder leaves it (`wire.go_string`:
+    a lone surrogate escape is U+FFFD)."""
+    if isinstance(value, str):
+        return wire.go_string(value)
+    if isinstance(value, _Pairs):
+        return _Pairs((wire.go_string(key), _go_strings(item)) for key, item in value)
+    if isinstance(value, list):
+        return [_go_strings(item) for item in value]
+    return value
 
 
 def _plain(value: Any) -> Any:

@@ -103,12 +103,13 @@ class NtfyEmulator:
             event=wire.MESSAGE,
             topic=topic,
             expires=int(now + self.config.cache_duration) if cache else 0,
-            title=title,
-            message=go_trim(message) or wire.EMPTY_MESSAGE_BODY,
+            # A str may hold what no HTTP publish can: a lone surrogate is U+FFFD, as in Go.
+            title=wire.go_string(title),
+            message=wire.go_string(go_trim(message)) or wire.EMPTY_MESSAGE_BODY,
             priority=priority,
-            tags=tuple(tags),
-            click=click,
-            icon=icon,
+            tags=tuple(wire.go_string(tag) for tag in tags),
+            click=wire.go_string(click),
+            icon=wire.go_string(icon),
             sequence_id=(sequence_id or event_id) if self.config.sequences else "",
         )
         return self._hub.publish(event, cache=cache, delayed=delay is not None).to_dict()

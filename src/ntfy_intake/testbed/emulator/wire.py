@@ -7,12 +7,15 @@ Pure. Invariants owned here (ntfy-spec.md sections 1.3-1.5):
   `tags`, `click`, `icon`, `actions`, `attachment`, `poll_id`, `content_type`, `encoding` only when
   set;
 - JSON is compact like Go's encoder: `<`, `>`, `&`, U+2028 and U+2029 escaped, other non-ASCII raw;
-- an error body is `{"code","http","error","link"}` (code left out when 0, link when empty) + newline.
+- an error body is `{"code","http","error","link"}` (code left out when 0, link when empty) + newline;
+- no string the emulator holds has a lone surrogate (`go_string`): Go's JSON decoder replaces a
+  `\\ud800` escape with no partner by U+FFFD, and its encoder writes only valid UTF-8.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from dataclasses import dataclass, field, replace
@@ -35,6 +38,13 @@ _GO_HTML_ESCAPES = {
     "\u2029": "\\u2029",
 }
 _GO_ESCAPE_TABLE = str.maketrans(_GO_HTML_ESCAPES)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_string(text: str) -> str:
+    """`text` as a Go string holds it: every lone surrogate (Python's json keeps a `\\ud800` escape
+    with no partner as one; a pair is already one character) is U+FFFD, as Go's decoder makes it."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def new_id() -> str:
