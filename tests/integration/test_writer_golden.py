@@ -224,7 +224,12 @@ def _table(conn: db.Connection, table: str) -> list[list[Any]]:
     """A table's rows in insertion order (SQLite's rowid); PostgreSQL has no such order, so
     there they come sorted and are compared sorted (`_sorted`)."""
     if db.is_postgres(conn):
-        return _sorted([list(row) for row in conn.execute(f"SELECT * FROM {table}")])
+        # Without the `rowid` identity column PostgreSQL's tables carry for the console's
+        # paging (migrations_pg 0006): it stands in for SQLite's hidden rowid, not a value.
+        cursor = conn.execute(f"SELECT * FROM {table}")
+        names = [column.name for column in cursor.description]
+        keep = [i for i, name in enumerate(names) if name != "rowid"]
+        return _sorted([[row[i] for i in keep] for row in cursor])
     return [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
 
 

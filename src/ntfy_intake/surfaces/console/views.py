@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,6 +101,9 @@ class Reader:
         with self._lock:
             if self._conn is None:
                 self._conn = db.connect(self._settings.state.store, readonly=True)
+                # The console lives as long as the HTTP app that holds it: its connection (a
+                # PostgreSQL session) is closed when the app is let go, not left to the driver.
+                weakref.finalize(self, self._conn.close)
             with console_reads.snapshot(self._conn) as conn:
                 return call(conn)
 
