@@ -190,3 +190,32 @@ def test_store_lock_held_past_the_lock_timeout_is_waited_out_and_noticed(
         )
         assert proc.poll() is None
     assert Counter(event_ids(state)) == Counter([first, during])
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [("no_database", "no such database"), ("refused", "database refused the login")],
+)
+def test_a_missing_database_or_refused_login_exits_2_with_one_line_and_no_password(
+    emu: NtfyEmulator, tmp_path: Path, fault: str, cause: str
+) -> None:
+    """Failure mode: a typo in the DSN becomes a restart loop (exit 1, systemd restarts it
+    forever) or a traceback, or the password ends up in the journal."""
+    assert harness.DATABASE is not None
+    parts = urlsplit(harness.DATABASE)
+    if fault == "no_database":
+        dsn = urlunsplit(parts._replace(path="/no_such_database_here"))
+    else:
+        # A role that does not exist is refused at login like a wrong password.
+        netloc = f"nobody_here:hunter2@{parts.netloc.rsplit('@', 1)[-1]}"
+        dsn = urlunsplit(parts._replace(netloc=netloc))
+    env = env_for(emu.url, tmp_path / "state")
+    env["NTFY_INTAKE_STATE_DATABASE"] = dsn
+    with daemon_process(env) as proc:
+        assert proc.wait(timeout=60) == 2
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode()
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert cause in lines[0] and "127.0.0.1" in lines[0]
+    assert "hunter2" not in stderr and "Traceback" not in stderr

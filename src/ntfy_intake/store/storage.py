@@ -121,7 +121,13 @@ def _pg_kind(exc: BaseException) -> Kind:
     if sqlstate in _SQLSTATE_KINDS:
         return _SQLSTATE_KINDS[sqlstate]
     text = str(exc).lower()
-    if "password authentication failed" in text or "no pg_hba.conf entry" in text:
+    # At connect time the server's refusal often comes without a SQLSTATE: read its words.
+    if (
+        "password authentication failed" in text
+        or "no pg_hba.conf entry" in text
+        or ("role" in text and "does not exist" in text)
+        or "authentication failed" in text
+    ):
         return "refused"
     if "database" in text and "does not exist" in text:
         return "no_database"
