@@ -173,7 +173,9 @@ def stamping_receiver(
         proc.stdout.close()
 
 
-def live_latency(workdir: Path, n: int, *, receiver_process: bool = False) -> Latency:
+def live_latency(
+    workdir: Path, n: int, *, receiver_process: bool = False, database: str | None = None
+) -> Latency:
     """`receiver_process`: the receiver runs in its own process (as an agent's endpoint would),
     not in a thread of this one, where it shares the GIL with the emulator and the audit poll."""
     received_at: dict[str, float] = {}
@@ -201,6 +203,8 @@ def live_latency(workdir: Path, n: int, *, receiver_process: bool = False) -> La
         else:
             url = stack.enter_context(receiver.running(rx_db, decide=decide)).url
         env = daemon_env(emu.url, state, relay_url=url, cadence_debounce="0s")
+        if database is not None:  # issue 23: the store on PostgreSQL
+            env["NTFY_INTAKE_STATE_DATABASE"] = database
         stack.enter_context(daemon(env, workdir / "latency.log"))
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
@@ -243,7 +247,9 @@ def live_latency(workdir: Path, n: int, *, receiver_process: bool = False) -> La
     return Latency(recorded, received, durable_floor(floor_dir, n), post_only)
 
 
-def latency_rows(result: Latency, where: str = "") -> list[Row]:
+def latency_rows(
+    result: Latency, where: str = "", *, p99_target: float = TARGET_P99_S
+) -> list[Row]:
     rec50, rec99 = percentile(result.recorded, 50), percentile(result.recorded, 99)
     rx50, rx99 = percentile(result.received, 50), percentile(result.received, 99)
     fl50, fl99 = percentile(result.floor, 50), percentile(result.floor, 99)
@@ -266,8 +272,8 @@ def latency_rows(result: Latency, where: str = "") -> list[Row]:
             ms(rx99),
             f"durable-write floor p99 {ms(fl99)}",
             ratio(rx99, fl99),
-            "<= 10 ms",
-            met(rx99 <= TARGET_P99_S),
+            f"<= {p99_target * 1000:g} ms",
+            met(rx99 <= p99_target),
         ),
         Row(
             "live: publish -> durably recorded, p50 / p99",

@@ -32,6 +32,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 HERE = Path(__file__).resolve().parent
 IDLE_SETTLE_S = 3.0
 TARGET_PEAK_MB = 80.0
+TARGET_PEAK_MB_POSTGRES = 90.0  # issue 23: psycopg and libpq in the process
 
 
 def idle_rss(workdir: Path) -> dict[str, int]:
@@ -51,6 +52,8 @@ def rss_rows(replays: list[bench_replay.Replay], idle: dict[str, int]) -> list[R
     rows = []
     for replay in replays:
         peak_mb = replay.peak_rss_kib * 1024 / 1e6
+        postgres = replay.source == "emulator-postgresql"
+        target = TARGET_PEAK_MB_POSTGRES if postgres else TARGET_PEAK_MB
         backfill = "" if replay.backfill_s is None else ", backfill included"
         rows.append(
             Row(
@@ -59,8 +62,8 @@ def rss_rows(replays: list[bench_replay.Replay], idle: dict[str, int]) -> list[R
                 f"{peak_mb:.1f} MB",
                 f"idle daemon VmRSS {idle_rss_mib * 1.048576:.1f} MB",
                 ratio(replay.peak_rss_kib / 1024, idle_rss_mib),
-                f"< {TARGET_PEAK_MB:g} MB",
-                met(peak_mb < TARGET_PEAK_MB),
+                f"< {target:g} MB",
+                met(peak_mb < target),
             )
         )
     rows.append(
@@ -149,6 +152,15 @@ def main() -> int:
             bench_latency.live_latency(work, events, receiver_process=True),
             "receiver in its own process",
         )
+        server = bench_replay.bench_database()
+        if server is None:
+            rows.append(Row("live on PostgreSQL", "- (skipped: no PostgreSQL server)"))
+        else:
+            step("live latency, the store on PostgreSQL")
+            with bench_replay.fresh_schema(server) as dsn:
+                live_pg = bench_latency.live_latency(work / "pg", events, database=dsn)
+            # Issue 23's bound for PostgreSQL: p99 < 15 ms (a network round trip per COMMIT).
+            rows += bench_latency.latency_rows(live_pg, "store on PostgreSQL", p99_target=0.015)
         step("relay throughput")
         rows += bench_latency.throughput_rows(bench_latency.relay_throughput(work, requests))
         rows += bench_latency.ceiling_rows(
