@@ -270,8 +270,7 @@ class Daemon:
             self.recover, stop, self.storage, self.degraded, self.vitals.notifier, self.boot_id
         ):
             return
-        # READY once local recovery is done, not when ntfy answers: an ntfy outage must never
-        # become a restart loop.
+        # READY once recovered, not when ntfy answers: an ntfy outage is never a restart loop.
         self.vitals.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
         cursor = self.writer.cursor
