@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 
@@ -48,6 +47,7 @@ from _common import (
     wait_for,
 )
 from ntfy_intake.store import db
+from ntfy_intake.testbed import drill_store
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -169,15 +169,8 @@ def bench_database() -> str | None:
 @contextlib.contextmanager
 def fresh_schema(server: str) -> Iterator[str]:
     """A DSN whose search path is a new, empty schema on `server`, dropped afterwards."""
-    schema = f"bench_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
-    admin = db.connect(server)
-    try:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-        joiner = "&" if "?" in server else "?"
-        yield f"{server}{joiner}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        admin.close()
+    with drill_store.own_schema(server, prefix="bench") as (_, dsn):
+        yield dsn
 
 
 def plain_loop_postgresql(dsn: str, frames: list[tuple[str, str]]) -> float:
@@ -298,7 +291,6 @@ def _replay(n: int, workdir: Path, source: str, seed: int, database: str | None)
 PLAIN_CHILD = """
 import sys
 from pathlib import Path
-from urllib.parse import quote
 sys.path.insert(0, sys.argv[1])
 from bench_replay import plain_loop
 n = int(sys.argv[3])

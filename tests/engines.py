@@ -10,11 +10,11 @@ its CLI and the test's own reads all see that test's store and nothing else.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from urllib.parse import quote
 
 from ntfy_intake.store import db
+from ntfy_intake.testbed import drill_store
 
 ENV = "NTFY_INTAKE_TEST_DATABASE"
 ENGINES = ("sqlite", "postgresql")
@@ -33,11 +33,6 @@ def unavailable() -> str:
     )
 
 
-def with_schema(dsn: str, schema: str) -> str:
-    joiner = "&" if "?" in dsn else "?"
-    return f"{dsn}{joiner}options={quote(f'-csearch_path={schema}')}"
-
-
 def with_password(dsn: str, password: str) -> str:
     """The same DSN with a password (the test cluster trusts 127.0.0.1, so it is not checked):
     for tests that the password never reaches a message."""
@@ -48,22 +43,11 @@ def with_password(dsn: str, password: str) -> str:
 
 def create_schema(dsn: str) -> tuple[str, str]:
     """A fresh, empty schema on the test server: (its name, a DSN whose search path is it)."""
-    schema = f"t_{secrets.token_hex(6)}"
-    conn = db.connect(dsn)
-    try:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    finally:
-        conn.close()
-    return schema, with_schema(dsn, schema)
+    return drill_store.create_schema(dsn, prefix="t")
 
 
-def drop_schema(dsn: str, schema: str) -> None:
-    conn = db.connect(dsn)
-    try:
-        conn.execute("SET lock_timeout = '10s'")
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        conn.close()
+drop_schema = drill_store.drop_schema
+with_schema = drill_store.with_schema
 
 
 def target(state_dir: Path, database: str | None) -> db.Target:

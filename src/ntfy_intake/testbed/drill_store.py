@@ -34,24 +34,35 @@ def with_schema(dsn: str, schema: str) -> str:
     return f"{dsn}{joiner}options={quote(f'-csearch_path={schema}')}"
 
 
-@contextlib.contextmanager
-def own_schema(server: str) -> Iterator[tuple[str, str]]:
-    """A fresh, empty schema in `server`'s database: (its name, a DSN naming it); dropped after."""
-    schema = f"drill_{secrets.token_hex(6)}"
+def create_schema(server: str, prefix: str = "drill") -> tuple[str, str]:
+    """A fresh, empty schema in `server`'s database: (its name, a DSN naming it). The drill,
+    the tests (tests/engines.py) and the benches each keep their stores in one of these."""
+    schema = f"{prefix}_{secrets.token_hex(6)}"
     conn = db.connect(server)
     try:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     finally:
         conn.close()
+    return schema, with_schema(server, schema)
+
+
+def drop_schema(server: str, schema: str) -> None:
+    conn = db.connect(server)
     try:
-        yield schema, with_schema(server, schema)
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
-        conn = db.connect(server)
-        try:
-            conn.execute("SET lock_timeout = '10s'")
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            conn.close()
+        conn.close()
+
+
+@contextlib.contextmanager
+def own_schema(server: str, prefix: str = "drill") -> Iterator[tuple[str, str]]:
+    """`create_schema`, dropped after."""
+    schema, dsn = create_schema(server, prefix)
+    try:
+        yield schema, dsn
+    finally:
+        drop_schema(server, schema)
 
 
 class StoreView:
