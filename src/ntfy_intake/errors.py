@@ -8,6 +8,7 @@ IntakeError
 │                      version wrote it)
 ├── StoreError         SQLite refused a statement (wrapped, original in __cause__)
 │   └── InjectedFault  a test-only fault raised between the last statement and COMMIT
+├── Fenced             a write of a leadership term that is over (another node took the lease)
 ├── AuditWriteError    the JSONL audit log could not be appended or fsynced (trips the latch)
 └── FeedError          an agent-feed request that cannot be honoured (ack beyond head, ...)
 """
@@ -49,6 +50,10 @@ class StoreError(IntakeError):
 
 class InjectedFault(StoreError):
     """A fault injected by a test between the last statement and COMMIT."""
+
+
+class Fenced(IntakeError):
+    """This node's leadership term is over: the write was rolled back; step down."""
 
 
 class StateLockedError(IntakeError):

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from ntfy_intake.errors import Fenced
 from ntfy_intake.rules.lease import Action, Seen, decide
-from ntfy_intake.store import db, leadership, postgres
+from ntfy_intake.store import db, leadership, migrations_pg, postgres
 
 from .. import harness
 from ..harness import wait_until
@@ -21,10 +22,6 @@ pytestmark = pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
 
 ROUNDS = 150
 TTL = 8.0
-
-
-class Fenced(Exception):
-    pass
 
 
 @pytest.fixture
@@ -40,8 +37,7 @@ def connect(engine: str) -> Iterator[Callable[[], postgres.PgConnection]]:
         return conn
 
     setup = open_one()
-    for statement in leadership.LEADERSHIP_POSTGRES:
-        setup.execute(statement)
+    setup.execute(migrations_pg.LEADERSHIP)
     setup.execute("CREATE TABLE writes(seq BIGINT GENERATED ALWAYS AS IDENTITY, term BIGINT)")
     yield open_one
     for conn in opened:
@@ -49,10 +45,9 @@ def connect(engine: str) -> Iterator[Callable[[], postgres.PgConnection]]:
 
 
 def write(conn: postgres.PgConnection, term: int) -> None:
-    """One write transaction of a leader of `term`: fenced first, as the daemon's will be."""
+    """One write transaction of a leader of `term`, fenced as the daemon's are."""
+    conn.term = term
     with db.write_txn(conn):
-        if not leadership.fence(conn, term):
-            raise Fenced(term)
         conn.execute("INSERT INTO writes(term) VALUES (?)", (term,))
 
 
@@ -216,8 +211,8 @@ def test_a_takeover_waits_for_the_old_terms_write_and_a_later_write_of_it_rolls_
     old, writer, standby, observer = connect(), connect(), connect(), connect()
     term = leadership.claim(old, "pi", "inst-old", TTL).row.term
     with ThreadPoolExecutor(1) as pool:
+        writer.term = term
         with db.write_txn(writer):
-            assert leadership.fence(writer, term)
             writer.execute("INSERT INTO writes(term) VALUES (?)", (term,))
             expire(observer)  # the old leader's lease ran out, its write still in flight
             takeover = pool.submit(leadership.claim, standby, "nas", "inst-new", TTL)
@@ -244,8 +239,8 @@ def test_a_leaders_renewal_does_not_wait_for_its_own_write_in_flight(
     leader, writer = connect(), connect()
     term = leadership.claim(leader, "pi", "inst", TTL).row.term
     leader.execute("SET lock_timeout = '2s'")
-    with db.write_txn(writer):
-        assert leadership.fence(writer, term)
+    writer.term = term
+    with db.write_txn(writer):  # holds the row FOR KEY SHARE until it ends
         started = time.monotonic()
         assert leadership.claim(leader, "pi", "inst", TTL, holding=term).renewed
         assert time.monotonic() - started < 1.0
@@ -288,8 +283,8 @@ def test_a_takeover_behind_a_process_stopped_inside_a_transaction_gives_up_in_ti
     """Kills a standby that hangs for ever behind a SIGSTOPped leader's open transaction."""
     zombie, standby = connect(), connect()
     term = leadership.claim(zombie, "pi", "inst-old", TTL).row.term
-    zombie.execute("BEGIN")
-    assert leadership.fence(zombie, term)
+    zombie.term = term
+    zombie.begin_write()  # a write transaction's first statement: the fence
     expire(standby)
     started = time.monotonic()
     with pytest.raises(db.ERRORS):
@@ -334,18 +329,18 @@ def test_the_lease_times_are_the_servers_whatever_the_local_clock_says(
         assert leadership.claim(a, "pi", "inst-a", TTL, holding=claimed.row.term).renewed
 
 
-def test_a_fence_outside_a_transaction_is_refused_and_sqlite_needs_no_fence(
+def test_a_fenced_write_on_a_store_that_never_had_a_leader_is_refused(
     connect: Callable[[], postgres.PgConnection], tmp_path: Any
 ) -> None:
+    """Kills a fence that passes when the row is absent (a term no lease ever granted)."""
     conn = connect()
-    leadership.claim(conn, "pi", "inst", TTL)
-    with pytest.raises(RuntimeError):
-        leadership.fence(conn, 1)
+    with pytest.raises(Fenced):
+        write(conn, 1)
+    assert terms_written(conn) == []
     lite = db.connect(tmp_path / "intake.sqlite3")
     try:
-        assert leadership.fence(lite, 1)
         with pytest.raises(TypeError):
-            leadership.read(lite)
+            leadership.read(lite)  # one box on SQLite has no lease
     finally:
         lite.close()
 

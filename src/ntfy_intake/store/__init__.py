@@ -9,9 +9,10 @@ engine is an added module that provides the same names:
   writes fully durable at COMMIT (SQLite: WAL, synchronous=FULL, a busy timeout).
 - `write_txn(conn) -> Transaction` (transaction.py, reached as `db.write_txn`): the write lock,
   taken before the first statement so writers serialize instead of failing at COMMIT (SQLite:
-  BEGIN IMMEDIATE; PostgreSQL: BEGIN, then the leadership row FOR SHARE and the term check, so a
-  fenced node's write rolls back). Any exception rolls back; `Transaction.after_commit(effect)`
-  runs the in-memory changes in order only after COMMIT succeeded.
+  BEGIN IMMEDIATE; PostgreSQL: BEGIN, the advisory lock and, on a leader, the leadership row
+  FOR KEY SHARE and the term check, so a fenced node's write rolls back). Any exception rolls
+  back; `Transaction.after_commit(effect)` runs the in-memory changes in order only after
+  COMMIT succeeded.
 - `commits_without_fsync(conn)`: commits inside may be lost to a power cut, for writes recovery
   derives again (SQLite: synchronous=NORMAL; PostgreSQL: synchronous_commit off for them).
 - `commit_counter(conn) -> int` and `read_only(conn)`: the notification of new rows. A watcher

@@ -10,7 +10,8 @@ Invariants owned here:
   (term + 1), and renews (same term) only the term the caller says it holds, while fresh. The
   take happens under `FOR UPDATE` of the row, re-checked after the lock: two claimants at the
   same instant get one winner;
-- `fence` takes `FOR KEY SHARE` on the row and compares the term. A takeover's `FOR UPDATE`
+- the fence (a leader's `write_txn`, postgres.PgConnection.begin_write, with the connection's
+  `term` set) takes `FOR KEY SHARE` on the row and compares the term. A takeover's `FOR UPDATE`
   conflicts with it, so the takeover waits for every write of the old term already in flight,
   and a write that fences after the takeover reads the new term and is refused: nothing of
   term T commits after term T+1 began. A renewal only updates non-key columns (the lock it takes,
@@ -32,16 +33,6 @@ from ntfy_intake.rules.lease import Seen
 from ntfy_intake.store import postgres
 from ntfy_intake.store.transaction import ERRORS, Connection
 
-# The DDL, for the PostgreSQL migrations list (migrations_pg.py names the step).
-LEADERSHIP_POSTGRES: list[str] = [
-    """CREATE TABLE leadership(
-        id SMALLINT PRIMARY KEY CHECK (id = 1),
-        node TEXT NOT NULL,
-        instance TEXT NOT NULL,
-        term BIGINT NOT NULL CHECK (term >= 1),
-        expires_at TIMESTAMPTZ NOT NULL)""",
-]
-
 # What every statement returns, as `lease.Seen` reads it: the server's instant of expiry, and
 # how far it is from the server's now() (negative once expired).
 _SEEN = """node, instance, term,
@@ -62,7 +53,6 @@ _RELEASE = """WITH released AS (
         UPDATE leadership SET expires_at = now()
         WHERE id = 1 AND node = ? AND instance = ? AND expires_at > now() RETURNING term)
     SELECT pg_notify(?, '') FROM released"""
-_FENCE = "SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,22 +134,6 @@ def release(conn: Connection, node: str, instance: str) -> bool:
     was not this instance's, or had already expired: nothing to give up, no NOTIFY."""
     pg = _pg(conn)
     return pg.execute(_RELEASE, (node, instance, channel(pg))).fetchone() is not None
-
-
-def fence(conn: Connection, term: int) -> bool:
-    """The first statement of a write transaction: True when the row still holds `term` (this
-    transaction may go on), False when another term began (roll back and step down).
-
-    On SQLite there is no second box: the file's lock is the only writer's, so every term is
-    the current one."""
-    if not isinstance(conn, postgres.PgConnection):
-        return True
-    if not conn.in_transaction:
-        # Outside a transaction the shared lock would end with the statement: a check that
-        # holds nothing, which must never pass for a fence.
-        raise RuntimeError("leadership.fence runs inside a write transaction")
-    row = conn.execute(_FENCE).fetchone()
-    return row is not None and int(row[0]) == term
 
 
 class ReleaseListener:

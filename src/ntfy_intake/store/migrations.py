@@ -191,6 +191,10 @@ SQLITE: tuple[Migration, ...] = (
         "0006_console_incident_requests",
         ["CREATE INDEX outbox_incident_created ON outbox(incident_key, created_at)"],
     ),
+    # The standby's lease and the journal's term (DESIGN.md section 9) exist on PostgreSQL only:
+    # one box on SQLite has no second process to fence. The step is named here too, so both
+    # engines' ledgers list the same names.
+    ("0007_leadership", []),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

@@ -33,6 +33,7 @@ from ntfy_intake.settings.schema import Dsn
 
 try:
     import psycopg
+    import psycopg.sql
     from psycopg import pq
 except ImportError:  # pragma: no cover - the postgres extra is not installed
     psycopg = None  # type: ignore[assignment]
@@ -124,6 +125,11 @@ class PgConnection:
         self.timeout = timeout
         self.notifications = 0
         self.reconnects = 0
+        # The leadership term this connection's write transactions are fenced to (DESIGN.md
+        # section 9): set on the leader's connection for intake, relay and owner writes; None
+        # writes unfenced (one daemon alone, the feed's acks, the CLI).
+        self.term: int | None = None
+        self._begins: dict[bool, str] = {}
         self._listening = False
         self._closed = False
         self.raw = _open(dsn, readonly=readonly, timeout=timeout)
@@ -157,6 +163,26 @@ class PgConnection:
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         return self._usable().execute(translate(sql), _params(params))
+
+    def begin_write(self) -> int | None:
+        """BEGIN, the store's write lock, the commit wake-up and, when fenced, the leadership
+        row FOR KEY SHARE with its term: one round trip (a simple-protocol query of literal
+        statements; the lock key and channel are quoted by the driver). Returns the row's term
+        when fenced (None when the row is absent), None otherwise."""
+        fenced = self.term is not None
+        raw = self._usable()
+        begin = self._begins.get(fenced)
+        if begin is None:
+            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
+            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            fence = ", (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)" if fenced else ""
+            lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
+            begin = f"BEGIN; SELECT {lock}{fence}"
+            self._begins[fenced] = begin
+        cursor = raw.execute(begin.encode())
+        cursor.nextset()  # past BEGIN's result to the SELECT's
+        row = cursor.fetchone()
+        return None if not fenced or row is None or row[2] is None else int(row[2])
 
     def executemany(self, sql: str, seq: Any) -> Any:
         cursor = self._usable().cursor()

@@ -8,7 +8,11 @@ Invariants owned here:
   `Transaction.after_commit`, and a rolled-back transaction drops it. A transaction that fails
   and is run again (a transient storage fault) therefore decides from the same memory as the
   first run: nothing is lost or done twice;
-- a connection is left fully synced after every `commits_without_fsync` block, whatever happened.
+- a connection is left fully synced after every `commits_without_fsync` block, whatever happened;
+- on PostgreSQL, a connection fenced to a leadership term (`PgConnection.term`) holds the
+  leadership row FOR KEY SHARE from its first statement and checks the term, so a takeover
+  (FOR UPDATE of the row) waits for the write, and a write that starts after it raises
+  `errors.Fenced` with nothing written: nothing of term T commits after term T+1 began.
 
 Callers outside the store reach these through `db` (`db.write_txn`, `db.Transaction`, ...):
 tests patch `db.write_txn` to fail chosen COMMITs, so every writer looks it up there.
@@ -21,7 +25,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from ntfy_intake.errors import InjectedFault
+from ntfy_intake.errors import Fenced, InjectedFault
 from ntfy_intake.store import postgres
 
 
@@ -93,14 +97,15 @@ def write_txn(
     """
     txn = Transaction(conn)
     if isinstance(conn, postgres.PgConnection):
-        # The store's write lock, and the wake-up its watchers get once this commits (a
-        # rollback drops the NOTIFY with everything else).
-        conn.execute("BEGIN")
+        # The store's write lock, the wake-up its watchers get once this commits (a rollback
+        # drops the NOTIFY with everything else) and, on a leader, the fence.
         try:
-            conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(?)), pg_notify(?, '')",
-                (conn.lock_key, conn.channel),
-            )
+            seen = conn.begin_write()
+            if conn.term is not None and seen != conn.term:
+                raise Fenced(
+                    f"term {conn.term} is over (the leadership row holds"
+                    f" {'no term' if seen is None else f'term {seen}'}): this write is rolled back"
+                )
         except BaseException:
             _rollback(conn)
             raise
