@@ -17,9 +17,8 @@ written (`audit-YYYY-MM-DD.jsonl`); each line's `ts` is when its outcome was rec
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,39 @@ from typing import Any
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.rules.timestamps import rfc3339
 from ntfy_intake.store import db, dialect
+from ntfy_intake.store.audit_files import (
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    log_files,
+    read_records,
+    repair_tails,
+    seqs_above,
+)
 from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire import jsonsafe
 
+# The files as read back live in audit_files; their names are the audit log's API here too.
+__all__ = [
+    "FILE_PREFIX",
+    "FILE_SUFFIX",
+    "FLUSHED_KEY",
+    "SCHEMA_VERSION",
+    "AuditLog",
+    "encode",
+    "flush",
+    "flushed_seq",
+    "journal_seq_at_least",
+    "log_files",
+    "read_records",
+    "recover",
+    "repair_tails",
+    "seqs_above",
+    "stage",
+    "stage_encoded",
+]
+
 SCHEMA_VERSION = 1
 FLUSHED_KEY = "audit_flushed_seq"
-FILE_PREFIX = "audit-"
-FILE_SUFFIX = ".jsonl"
 
 
 # json.dumps(record, separators=(",", ":"), ensure_ascii=True), built once: the same text.
@@ -286,113 +311,3 @@ _PG_SEQ_AT_LEAST = (
     " FROM pg_sequences WHERE schemaname = current_schema()"
     " AND sequencename = 'audit_journal_seq_seq' AND coalesce(last_value, 0) < ?"
 )
-
-
-def repair_tails(directory: Path) -> int:
-    """Cut a torn last line off every audit file; return the highest seq in any of them."""
-    top = 0
-    for path in log_files(directory):
-        _truncate_torn_tail(path)
-        for record in _reverse_records(path):
-            seq = record.get("seq")
-            if isinstance(seq, int):
-                top = max(top, seq)
-                break
-    return top
-
-
-def seqs_above(directory: Path, mark: int) -> set[int]:
-    """Every seq above `mark` in any file (each file's lines are in seq order: read from its
-    end only as far as needed)."""
-    found: set[int] = set()
-    for path in log_files(directory):
-        found.update(_seqs_above(path, mark))
-    return found
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    """A crash mid-write leaves a last line without its newline; it is still in the journal."""
-    with path.open("rb+") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        handle.seek(size - 1)
-        if handle.read(1) == b"\n":
-            return
-        block = 65536
-        position = size
-        while position > 0:
-            start = max(0, position - block)
-            handle.seek(start)
-            chunk = handle.read(position - start)
-            newline = chunk.rfind(b"\n")
-            if newline >= 0:
-                handle.truncate(start + newline + 1)
-                break
-            position = start
-        else:
-            handle.truncate(0)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _seqs_above(path: Path, mark: int) -> set[int]:
-    """Seqs above `mark` at the end of a file, reading backwards only as far as needed."""
-    found: set[int] = set()
-    for record in _reverse_records(path):
-        seq = record.get("seq")
-        if not isinstance(seq, int) or seq <= mark:
-            break
-        found.add(seq)
-    return found
-
-
-def _reverse_records(path: Path) -> Iterator[Mapping[str, Any]]:
-    with path.open("rb") as handle:
-        position = handle.seek(0, os.SEEK_END)
-        tail = b""
-        while position > 0:
-            start = max(0, position - 65536)
-            handle.seek(start)
-            tail = handle.read(position - start) + tail
-            position = start
-            lines = tail.split(b"\n")
-            tail = lines[0]
-            for raw in reversed(lines[1:]):
-                record = _parse(raw)
-                if record is not None:
-                    yield record
-        record = _parse(tail)
-        if record is not None:
-            yield record
-
-
-def _parse(raw: bytes) -> Mapping[str, Any] | None:
-    if not raw.strip():
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def log_files(directory: Path) -> list[Path]:
-    """The audit files, oldest first. Only regular files: anything else (a device, a FIFO) under
-    an audit name is not a log this process wrote, and reading it could block forever."""
-    if not directory.exists():
-        return []
-    return sorted(p for p in directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
-
-
-def read_records(directory: Path, *, since_day: str | None = None) -> Iterator[dict[str, Any]]:
-    """Every record in file order, oldest file first; torn or garbled lines are skipped."""
-    for path in log_files(directory):
-        day = path.name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
-        if since_day is not None and day < since_day:
-            continue
-        with path.open("rb") as handle:
-            for raw in handle:
-                record = _parse(raw)
-                if record is not None:
-                    yield dict(record)
