@@ -3,8 +3,9 @@
 Every reader goes by `seq` across all files, never by file names or the clock (a clock that
 stepped back writes newer lines into an older day's file); each file's lines are in seq order,
 so the newest seqs are found by reading a file from its end only as far as needed. Torn or
-garbled lines are skipped on read, and only regular files count: anything else under an
-audit name is not a log this process wrote.
+garbled lines are skipped on read, unknown keys (`term`, written on PostgreSQL) are kept,
+and only regular files count: anything else under an audit name is not a log this process
+wrote.
 """
 
 from __future__ import annotations
