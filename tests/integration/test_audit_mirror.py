@@ -25,6 +25,7 @@ from ntfy_intake.store import (
     migrations,
     postgres,
     rebuild,
+    retention,
 )
 
 from .. import harness
@@ -445,6 +446,75 @@ def _state(conn: db.Connection) -> dict[str, Any]:
     }
 
 
+@PG
+def test_node_behind_a_rebuild_is_told_what_its_files_lack_not_left_believing_it_is_whole(
+    connect: Connect, tmp_path: Path
+) -> None:
+    """Kills a standby that silently misses lines the rebuilt journal never held: its files
+    stopped at seq 1 and the database was rebuilt from files that went to seq 3."""
+    conn = connect()
+    record(conn, "aaaaaaaaaaa1")
+    with node(tmp_path / "b") as log:
+        audit.mirror(conn, log)
+    record(conn, "bbbbbbbbbbb2", "ccccccccccc3")
+    with node(tmp_path / "a") as log:
+        audit.flush(conn, log)
+    harness.wipe_store(tmp_path)
+    fresh = connect()
+    migrations.apply(fresh)
+    rebuild.from_audit(
+        fresh, tmp_path / "a", NOW, debounce=0.0, relay_enabled=True, feed_append=None
+    )
+    with node(tmp_path / "b") as log:
+        assert audit_mirror.unreachable(fresh, log) == (2, 3)
+        audit.mirror(fresh, log)
+        assert audit_mirror.unreachable(fresh, log) is None  # past it now: only the new rows
+    with node(tmp_path / "a") as log:
+        assert audit_mirror.unreachable(fresh, log) is None
+        audit.mirror(fresh, log)
+    assert_mirrors(fresh, tmp_path / "a", tmp_path / "b")
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+@PG
+def test_journal_is_pruned_past_its_window_never_above_the_mark(
+    connect: Connect, tmp_path: Path
+) -> None:
+    """Kills a journal that grows forever once flush no longer prunes it, and a prune that takes
+    rows the leader's files do not hold yet (above the flushed mark), whatever their age."""
+    conn = connect()
+    record(conn, "old000000001", "old000000002", now=NOW - 8 * DAY)
+    record(conn, "recent000001", now=NOW - 6 * DAY)
+    with node(tmp_path / "a") as log:
+        audit.flush(conn, log)
+    record(conn, "unflushed001", now=NOW - 9 * DAY)  # an old clock, not yet in any file
+    record(conn, "newest000001", now=NOW)
+    pruned = retention.prune(conn, NOW, cache_duration=12 * 3600)
+    assert pruned.journal == 2
+    # The requests' releases at NOW follow: only seqs 1 and 2 went, the old unflushed 4 stays.
+    assert [seq for seq, _ in journal(conn)][:3] == [3, 4, 5]
+    assert audit_mirror.pruned_seq(conn) == 2
+    with node(tmp_path / "late") as log:  # a node with no files: lines 1 and 2 are gone
+        assert audit_mirror.unreachable(conn, log) == (1, 2)
+    assert retention.prune(conn, NOW, cache_duration=12 * 3600).journal == 0
+
+
+@PG
+def test_pruning_node_whose_clock_jumped_ahead_keeps_the_rows_a_standby_needs(
+    connect: Connect, tmp_path: Path
+) -> None:
+    """Kills a prune judged by a local clock that jumped 30 days ahead: every row would be past
+    the window, and a standby a few seconds behind would never get them."""
+    conn = connect()
+    record(conn, "aaaaaaaaaaa1", "bbbbbbbbbbb2")
+    with node(tmp_path / "a") as log:
+        audit.flush(conn, log)
+    assert retention.prune(conn, NOW + 30 * DAY, cache_duration=12 * 3600).journal == 0
+    assert len(journal(conn)) == 2
+
+
 def test_flush_prunes_the_journal_on_sqlite_and_keeps_it_on_postgresql(
     store: db.Connection, tmp_path: Path
 ) -> None:
@@ -455,3 +525,4 @@ def test_flush_prunes_the_journal_on_sqlite_and_keeps_it_on_postgresql(
         audit.flush(store, log)
     rows = store.execute("SELECT count(*) FROM audit_journal").fetchone()[0]
     assert rows == (1 if db.is_postgres(store) else 0)
+    assert retention.prune(store, NOW, cache_duration=12 * 3600).journal == 0
