@@ -6,6 +6,8 @@ is held on SQLite."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -16,6 +18,10 @@ from typing import Any
 import pytest
 
 from ntfy_intake.errors import AuditWriteError
+from ntfy_intake.flow.database import Database, StorageWaits
+from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, Heartbeat
+from ntfy_intake.rules import cadence
 from ntfy_intake.store import (
     audit,
     audit_mirror,
@@ -526,3 +532,83 @@ def test_flush_prunes_the_journal_on_sqlite_and_keeps_it_on_postgresql(
     rows = store.execute("SELECT count(*) FROM audit_journal").fetchone()[0]
     assert rows == (1 if db.is_postgres(store) else 0)
     assert retention.prune(store, NOW, cache_duration=12 * 3600).journal == 0
+
+
+# -- the standby's step (flow/journal.py) ----------------------------------------------------------
+
+
+@PG
+def test_standbys_journal_mirror_catches_up_in_trips_and_writes_nothing_to_the_database(
+    connect: Connect, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kills a standby step that writes (a mark, a latch notice) to the database the leader
+    owns, or holds the worker thread for the whole backlog: `Journal.mirror` appends in trips
+    of MIRROR_LIMIT rows through a read-only connection, and a failing audit write is reported
+    in `mirror_failure` (never latched) until an append works again."""
+    leader = connect()
+    record(leader, *(f"j{n:011d}" for n in range(7)))
+    monkeypatch.setattr("ntfy_intake.flow.journal.MIRROR_LIMIT", 3)
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def scenario(standby: Journal) -> None:
+        trips: list[int] = []
+        real = standby.mirror_sync
+
+        def counted(limit: int = 3) -> int:
+            trips.append(real(limit))
+            return trips[-1]
+
+        standby.mirror_sync = counted  # type: ignore[method-assign]
+        assert await standby.mirror() == 7
+        assert trips == [3, 3, 1]
+        record(leader, "j00000000007")
+        monkeypatch.setattr(audit.os, "write", full)
+        assert await standby.mirror() == 0
+        assert standby.mirror_failure is not None and "No space" in standby.mirror_failure
+        assert not standby.latched
+        monkeypatch.setattr(audit.os, "write", real_write)
+        assert await standby.mirror() == 1
+        assert standby.mirror_failure is None
+
+    with _standby_journal(tmp_path / "b") as standby:
+        asyncio.run(scenario(standby))
+    assert seqs(tmp_path / "b") == list(range(1, 9))
+    assert audit.flushed_seq(leader) == 0  # the standby moved no mark
+    assert leader.execute("SELECT count(*) FROM owner_outbox").fetchone()[0] == 0
+
+
+@contextlib.contextmanager
+def _standby_journal(directory: Path) -> Iterator[Journal]:
+    """A standby's Journal: its own audit files, the shared database through a read-only
+    connection (any write would fail)."""
+
+    class ReadOnly(Database):
+        def open(self) -> db.Connection:
+            self._conn = db.connect(self._path, readonly=True)
+            return self._conn
+
+    database = ReadOnly(
+        db.Dsn(harness.DATABASE or ""),
+        boot_id="standby",
+        waits=StorageWaits(),
+        degraded={},
+        heartbeat=Heartbeat(),
+    )
+    database.open()
+    policy = cadence.Policy()
+    journal_ = Journal(
+        database,
+        audit.AuditLog(directory, lambda: NOW),
+        owner_queue=CountedOwnerQueue(policy, cadence.CadenceState.empty(policy)),
+        counters=Counters(),
+        clock=lambda: NOW,
+        boot_id="standby",
+    )
+    try:
+        yield journal_
+    finally:
+        journal_.close()
+        database.close()
