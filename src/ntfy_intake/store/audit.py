@@ -375,7 +375,10 @@ def recover(conn: Connection, log: AuditLog) -> int:
 def _recover_shared(conn: Connection, log: AuditLog) -> int:
     """PostgreSQL: the node's files catch up with the journal (`mirror`). Through a connection
     that may write, the mark then moves forward to them and new journal rows number above
-    them; each is written only when needed, so a standby's read-only recovery writes nothing."""
+    them (a database restored from an older backup); each is written only when needed, and a
+    read-only connection (a standby's) writes nothing. Files append in seq order only: a line
+    lost below their highest seq (a file deleted while the node was down) is not filled in
+    here; audit_mirror.compare names it."""
     written = mirror(conn, log)
     top = log.last_seq
     if isinstance(conn, postgres.PgConnection) and conn.readonly:

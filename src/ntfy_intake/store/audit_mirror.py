@@ -47,7 +47,8 @@ def unreachable(conn: Connection, log: audit.AuditLog) -> tuple[int, int] | None
     """(first, last): the seqs above this node's files that the journal was pruned of (or a
     rebuild never held), so mirroring cannot bring them; None when it holds all the files lack.
     Some of those numbers may never have been a row (a rolled-back transaction's). The lines
-    are in the files of a node that was up then: copy them over to make this node whole."""
+    are in the files of a node that was up then: with this node stopped, a copy of that node's
+    audit directory in place of its own makes it whole (it mirrors on from the copy's end)."""
     top = log.last_seq
     pruned = pruned_seq(conn)
     return (top + 1, pruned) if pruned > top else None
