@@ -184,6 +184,16 @@ def test_lines_with_a_term_fold_into_the_cadence_as_lines_without_one(
     assert len(with_term.state.snapshot()["incidents"]) == 2
 
 
+@PG
+def test_journal_row_staged_outside_the_write_lock_is_refused(connect: Connect) -> None:
+    """Kills a row that commits out of seq order: staged in autocommit, outside the write lock,
+    it could commit above a seq still in flight, and every mirror would pass that seq by."""
+    conn = connect()
+    with pytest.raises(RuntimeError, match="write_txn"):
+        audit.stage(conn, "notice", NOW, notice="x")
+    assert journal(conn) == []
+
+
 # -- mirroring -------------------------------------------------------------------------------------
 
 

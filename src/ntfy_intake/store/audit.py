@@ -98,6 +98,10 @@ def stage_encoded(conn: Connection, lines: list[str]) -> None:
     """Queue already-encoded records (a batch's, in order) inside the caller's transaction. On
     PostgreSQL each row records the term the transaction is fenced to (0 when unfenced)."""
     if isinstance(conn, postgres.PgConnection):
+        if not conn.in_transaction:
+            # An autocommitted row could commit above a seq still in flight under the write
+            # lock, and every mirror would pass that seq by for good (module doc).
+            raise RuntimeError("audit journal rows are staged inside db.write_txn only")
         term = conn.term or 0
         conn.executemany(
             "INSERT INTO audit_journal(line, term) VALUES (?, ?)", [(line, term) for line in lines]
