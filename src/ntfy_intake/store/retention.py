@@ -16,10 +16,10 @@ week waiting for a replacement SD card; past it the node's files must be copied 
 node's (audit_mirror.unreachable says which seqs). A week of journal is small beside the inbox
 it sits next to, which keeps ids for at least as long. There is no per-node mark in the
 database (a standby writes nothing), so a standby down longer than the window is not waited
-for: that is the simple rule, stated here and said out loud by the node when it comes back.
-The window is judged by the newest row's `ts` as well as by `now`, so a pruning node whose
-clock jumped ahead never prunes rows a standby still needs; the highest seq pruned is noted
-(audit_mirror.PRUNED_KEY).
+for: that is the simple rule, stated here and logged by the node when it comes back
+(`audit.mirror_gap`, flow/journal.py). The window is judged by the newest row's `ts` as well as
+by `now`, so a pruning node whose clock jumped ahead never prunes rows a standby still needs;
+the highest seq pruned is noted (audit_mirror.PRUNED_KEY).
 """
 
 from __future__ import annotations
