@@ -45,6 +45,8 @@ class StateLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        if self._fd is not None:
+            return  # held already: a node's loop holds it across its terms (runtime/node.py)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

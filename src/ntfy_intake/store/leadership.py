@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ntfy_intake.rules.lease import Seen
+from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import postgres
 from ntfy_intake.store.transaction import ERRORS, Connection
 
@@ -67,6 +68,26 @@ class Claimed:
     before: Seen | None = None
 
 
+def connect(dsn: Dsn, ttl: float, renew_every: float) -> postgres.PgConnection:
+    """A connection for the lease alone (renewals and claims never queue behind the writer's
+    transactions on the daemon's connection). Every wait on it is bounded by `renew_every`: the
+    statement timeout on the server, and TCP keepalives plus a user timeout on the socket, so a
+    network that stopped answering fails the call instead of hanging it past the lease."""
+    every = max(1, round(renew_every))
+    return postgres.connect(
+        dsn,
+        timeout=renew_every,
+        libpq={
+            "keepalives": 1,
+            "keepalives_idle": every,
+            "keepalives_interval": 1,
+            "keepalives_count": 2,
+            "tcp_user_timeout": max(1000, round(ttl * 1000 / 2)),
+        },
+        statement_timeout=renew_every,
+    )
+
+
 def channel(conn: Connection) -> str:
     """The release wake-up's channel: one per store (schema), apart from the commit channel."""
     return f"ntfy_intake_lease.{_pg(conn).schema}"
@@ -100,9 +121,9 @@ def claim(
     pg = _pg(conn)
     seconds = float(ttl)
     if holding is not None:
-        renewed = pg.execute(_RENEW, (seconds, instance, holding)).fetchone()
+        renewed = renew(pg, instance, holding, seconds)
         if renewed is not None:
-            return Claimed(won=True, renewed=True, row=_seen(renewed))
+            return Claimed(won=True, renewed=True, row=renewed)
     current = read(pg)
     if current is not None and current.instance != instance and not current.expired:
         return Claimed(won=False, renewed=False, row=current)  # fresh, not mine: no lock taken
@@ -127,6 +148,13 @@ def claim(
         _rollback(pg)
         raise
     return Claimed(won=True, renewed=False, row=taken, before=before)
+
+
+def renew(conn: Connection, instance: str, term: int, ttl: float) -> Seen | None:
+    """Extend this instance's lease of `term` while it is fresh; None when it is not (expired,
+    or another term began): a leader then steps down, it never takes a new term in passing."""
+    row = _pg(conn).execute(_RENEW, (float(ttl), instance, term)).fetchone()
+    return None if row is None else _seen(row)
 
 
 def release(conn: Connection, node: str, instance: str) -> bool:
