@@ -422,11 +422,6 @@ def test_the_mirror_check_finds_a_missing_a_doubled_a_changed_and_a_reordered_li
 
 
 @PG
-@pytest.mark.xfail(
-    strict=True,
-    reason="handed over: runtime/recovery.py folds the journal above the kv mark (another"
-    " node's) instead of above this node's files (journal.last_written_seq on PostgreSQL)",
-)
 def test_new_leaders_cadence_folds_the_rows_its_files_lacked_below_the_other_nodes_mark(
     connect: Connect, tmp_path: Path
 ) -> None:
