@@ -324,7 +324,12 @@ def test_a_host_name_that_cannot_be_read_is_no_node(monkeypatch: pytest.MonkeyPa
 
 def test_redacted_shows_cluster_on_postgresql_in_config_syntax() -> None:
     out = load(None, cluster_env(lease_ttl="1m30s")).redacted()
-    assert out["cluster"] == {"node": "pi-a", "lease_ttl": "1m30s", "renew_every": "2s"}
+    assert out["cluster"] == {
+        "node": "pi-a",
+        "lease_ttl": "1m30s",
+        "renew_every": "2s",
+        "url": None,
+    }
 
 
 def test_redacted_shows_cluster_unset_on_sqlite() -> None:
@@ -332,6 +337,7 @@ def test_redacted_shows_cluster_unset_on_sqlite() -> None:
         "node": None,
         "lease_ttl": None,
         "renew_every": None,
+        "url": None,
     }
 
 
@@ -339,5 +345,20 @@ def test_redacted_cluster_loads_back_to_the_same_values() -> None:
     original = load(None, PG)
     shown = original.redacted()["cluster"]
     assert isinstance(shown, dict)
-    again = load(None, cluster_env(**{key: str(value) for key, value in shown.items()})).cluster
+    given = {key: str(value) for key, value in shown.items() if value is not None}
+    again = load(None, cluster_env(**given)).cluster
     assert dataclasses.replace(again, configured=False) == original.cluster
+
+
+def test_the_advertised_url_is_a_base_url_kept_without_its_trailing_slash() -> None:
+    assert (
+        load(None, cluster_env(url="http://pi-a.lan:8080/")).cluster.url == "http://pi-a.lan:8080"
+    )
+    assert load(None, PG).cluster.url is None
+    error_of(lambda: load(None, cluster_env(url="http://pi-a.lan:8080/console")), "cluster.url")
+    error_of(lambda: load(None, cluster_env(url="pi-a.lan:8080")), "cluster.url")
+
+
+def test_credentials_in_the_advertised_url_never_show_in_the_effective_settings() -> None:
+    shown = load(None, cluster_env(url="http://owner:hunter2@pi-a.lan:8080")).redacted()
+    assert "hunter2" not in str(shown)

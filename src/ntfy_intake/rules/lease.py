@@ -115,6 +115,7 @@ class Seen:
     term: int
     expires_at: float
     remaining: float
+    url: str = ""  # the holder's advertised HTTP surface ("" when it gives none)
 
     @property
     def expired(self) -> bool:

@@ -96,6 +96,7 @@ class Member:
         lease_ttl: float,
         renew_every: float,
         prefix: str,
+        url: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.dsn = dsn
@@ -103,6 +104,7 @@ class Member:
         self.ttl = lease_ttl
         self.renew_every = renew_every
         self.prefix = prefix
+        self.url = url or ""
         self.instance = prefix + secrets.token_hex(6)
         self.local = LocalLease(lease_ttl, renew_every)
         self.term: int | None = None
@@ -137,6 +139,7 @@ class Member:
             "instance": self.instance,
             "term": self.term if self.may_act() else (row.term if row is not None else None),
             "leader": row.node if row is not None and fresh else None,
+            "leader_url": row.url or None if row is not None and fresh else None,
             # How long ago the lease was last renewed (the server set expires_at = now + ttl).
             "lease_age_s": None if remaining is None else round(self.ttl - remaining, 3),
             "lease_remaining_s": None if remaining is None else round(remaining, 3),
@@ -191,7 +194,13 @@ class Member:
             return None, decision.action, decision.wait
         started = self._monotonic()
         claimed = leadership.claim(
-            conn, self.node, self.instance, self.ttl, lock_wait=self.renew_every
+            conn,
+            self.node,
+            self.instance,
+            self.ttl,
+            lock_wait=self.renew_every,
+            url=self.url,
+            predecessor=self.prefix,
         )
         self._saw(claimed.row)
         if not claimed.won or not self.local.acquired(started, self._monotonic()):

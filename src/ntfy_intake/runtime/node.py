@@ -80,6 +80,7 @@ async def serve(
         lease_ttl=cluster.lease_ttl,
         renew_every=cluster.renew_every,
         prefix=directory_prefix(settings.state.dir),
+        url=cluster.url,
     )
     failed = False
     try:

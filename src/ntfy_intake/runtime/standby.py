@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from ntfy_intake.errors import AuditWriteError
+from ntfy_intake.rules import cadence
 from ntfy_intake.runtime.cluster import Holding, Member
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
@@ -112,6 +113,15 @@ class Standby:
             details["reason"] = "; ".join(problems)
         return leader is not None, details
 
+    def leader_console(self) -> str:
+        """Where the console sends the owner: the leader's console, or who leads."""
+        view = self.member.view()
+        if view["leader_url"]:
+            return f"{view['leader_url']}/console"
+        if view["leader"] is None:
+            return "no node (the lease is free; a node takes it within seconds)"
+        return f"node {view['leader']!r} (give it [cluster] url to link its console here)"
+
     def status_line(self) -> str:
         ok, details = self.health()
         if ok:
@@ -141,7 +151,7 @@ class Standby:
             await asyncio.sleep(1.0)
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
-        from ntfy_intake.surfaces import http_api  # noqa: PLC0415
+        from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
 
         async def notify(_text: str, _key: str) -> tuple[int, Mapping[str, Any]]:
             leader = self.member.view()["leader"]
@@ -150,12 +160,22 @@ class Standby:
                 "message": f"this node stands by; send to the leader ({leader or 'none yet'})",
             }
 
+        c = self.settings.cadence
+        policy = cadence.Policy(
+            debounce=c.debounce, cooldown=c.cooldown, daily_cap=c.daily_cap, timezone=c.timezone
+        )
+        idle = cadence.CadenceState.empty(policy)  # a standby decides nothing
         app = http_api.create_app(
             db_path=self.settings.state.store,
             token=self.settings.http.token,
             notify=notify,
             health=self.health,
             metrics_snapshot=self.metrics,
+            extra_routes=console.routes(
+                console.Config(
+                    self.settings, self.health, lambda: (policy, idle), leader=self.leader_console
+                )
+            ),
         )
         try:
             await http_api.serve(app, self.settings.http.host, self.settings.http.port, stop)

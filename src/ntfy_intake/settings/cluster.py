@@ -13,9 +13,10 @@ Invariants owned here:
 from __future__ import annotations
 
 import socket
+from urllib.parse import urlsplit
 
 from ntfy_intake.rules import lease
-from ntfy_intake.settings.rules import _duration, _Reader
+from ntfy_intake.settings.rules import _duration, _Reader, _url
 from ntfy_intake.settings.schema import (
     _SECTIONS,
     DEFAULT_LEASE_TTL,
@@ -36,6 +37,7 @@ def _cluster(r: _Reader, *, postgres: bool) -> ClusterSettings:
         node=_node(r, postgres=postgres),
         lease_ttl=_duration(r, "cluster", "lease_ttl", DEFAULT_LEASE_TTL, 0.0, strict=True),
         renew_every=_duration(r, "cluster", "renew_every", DEFAULT_RENEW_EVERY, 0.0, strict=True),
+        url=_advertised(r),
         configured=bool(_given(r)),
     )
 
@@ -53,6 +55,13 @@ def _cluster_fits(r: _Reader, cluster: ClusterSettings | None, *, postgres: bool
         given_ttl = r.has("cluster", "lease_ttl") or not r.has("cluster", "renew_every")
         key = "lease_ttl" if given_ttl else "renew_every"
         r.fail("cluster", key, problem)
+
+
+def _advertised(r: _Reader) -> str | None:
+    url = _url(r, "cluster", "url", query=False)
+    if url is not None and urlsplit(url).path.strip("/"):
+        r.fail("cluster", "url", "give the base URL (http://host:port): /console is added to it")
+    return None if url is None else url.rstrip("/")
 
 
 def _given(r: _Reader) -> list[str]:

@@ -54,6 +54,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("cluster", "node"): "str",
     ("cluster", "lease_ttl"): "duration",
     ("cluster", "renew_every"): "duration",
+    ("cluster", "url"): "str",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
     ("relay", "max_attempts"): "int",
@@ -86,7 +87,9 @@ SECRET_KEYS = frozenset(
         ("state", "database"),
     }
 )
-_URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
+_URL_KEYS = frozenset(
+    {("ntfy", "url"), ("relay", "url"), ("owner", "signal_url"), ("cluster", "url")}
+)
 _SECTIONS: dict[str, tuple[str, ...]] = {}
 for _section, _key in ALL_KEYS:
     _SECTIONS.setdefault(_section, ())
@@ -201,6 +204,9 @@ class ClusterSettings:
     node: str  # default: the host name
     lease_ttl: float = DEFAULT_LEASE_TTL
     renew_every: float = DEFAULT_RENEW_EVERY
+    # This node's HTTP surface as the other nodes' owners reach it (http://pi.lan:8080): a
+    # standby's console links there and posts its forms there. None: not advertised.
+    url: str | None = None
     # Whether any [cluster] key was given (file or environment): where the values came from,
     # not a key of its own.
     configured: bool = dataclasses.field(default=False, metadata={"key": False})

@@ -36,7 +36,7 @@ from ntfy_intake.store.transaction import ERRORS, Connection
 
 # What every statement returns, as `lease.Seen` reads it: the server's instant of expiry, and
 # how far it is from the server's now() (negative once expired).
-_SEEN = """node, instance, term,
+_SEEN = """node, instance, term, url,
     EXTRACT(EPOCH FROM expires_at)::float8 AS expires_at,
     EXTRACT(EPOCH FROM expires_at - now())::float8 AS remaining"""
 _TTL = "now() + ? * INTERVAL '1 second'"
@@ -45,10 +45,11 @@ _READ = f"SELECT {_SEEN} FROM leadership WHERE id = 1"
 _RENEW = f"""UPDATE leadership SET expires_at = {_TTL}
     WHERE id = 1 AND instance = ? AND term = ? AND expires_at > now()
     RETURNING {_SEEN}"""
-_SEED = f"""INSERT INTO leadership(id, node, instance, term, expires_at)
-    VALUES (1, ?, ?, 1, {_TTL}) ON CONFLICT (id) DO NOTHING RETURNING {_SEEN}"""
+_SEED = f"""INSERT INTO leadership(id, node, instance, term, expires_at, url)
+    VALUES (1, ?, ?, 1, {_TTL}, ?) ON CONFLICT (id) DO NOTHING RETURNING {_SEEN}"""
 _LOCK = f"SELECT {_SEEN} FROM leadership WHERE id = 1 FOR UPDATE"
-_TAKE = f"""UPDATE leadership SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}
+_TAKE = f"""UPDATE leadership
+    SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}, url = ?
     WHERE id = 1 RETURNING {_SEEN}"""
 _RELEASE = """WITH released AS (
         UPDATE leadership SET expires_at = now()
@@ -108,6 +109,8 @@ def claim(
     *,
     holding: int | None = None,
     lock_wait: float | None = None,
+    url: str = "",
+    predecessor: str | None = None,
 ) -> Claimed:
     """Renew the lease (`holding`: the term this instance holds, while its LocalLease is
     valid), or take it when it is absent, expired or this instance's own; else report who holds
@@ -125,24 +128,24 @@ def claim(
         if renewed is not None:
             return Claimed(won=True, renewed=True, row=renewed)
     current = read(pg)
-    if current is not None and current.instance != instance and not current.expired:
+    if current is not None and not _takeable(current, node, instance, predecessor):
         return Claimed(won=False, renewed=False, row=current)  # fresh, not mine: no lock taken
     pg.execute("BEGIN")
     try:
         wait_ms = max(1, round((seconds if lock_wait is None else lock_wait) * 1000))
         pg.execute("SELECT set_config('lock_timeout', ?, true)", (f"{wait_ms}ms",))
         if current is None:
-            seeded = pg.execute(_SEED, (node, instance, seconds)).fetchone()
+            seeded = pg.execute(_SEED, (node, instance, seconds, url)).fetchone()
             if seeded is not None:
                 pg.execute("COMMIT")
                 return Claimed(won=True, renewed=False, row=_seen(seeded))
         # Locked, then looked at again: another claimant may have taken or renewed it since
         # the read above (READ COMMITTED gives the locking read the latest committed row).
         before = _seen(pg.execute(_LOCK).fetchone())
-        if before.instance != instance and not before.expired:
+        if not _takeable(before, node, instance, predecessor):
             pg.execute("COMMIT")
             return Claimed(won=False, renewed=False, row=before)
-        taken = _seen(pg.execute(_TAKE, (node, instance, seconds)).fetchone())
+        taken = _seen(pg.execute(_TAKE, (node, instance, seconds, url)).fetchone())
         pg.execute("COMMIT")
     except BaseException:
         _rollback(pg)
@@ -196,6 +199,14 @@ class ReleaseListener:
         return False
 
 
+def _takeable(row: Seen, node: str, instance: str, predecessor: str | None) -> bool:
+    """Expired, this instance's own, or (`predecessor`: the prefix of this node's dead
+    instances, rules/lease.decide) a crashed predecessor's under this node's name."""
+    if row.expired or row.instance == instance:
+        return True
+    return bool(predecessor) and row.node == node and row.instance.startswith(predecessor or "")
+
+
 def _pg(conn: Connection) -> postgres.PgConnection:
     if not isinstance(conn, postgres.PgConnection):
         # One box needs no leadership; a standby needs a database both boxes reach.
@@ -210,6 +221,7 @@ def _seen(row: Any) -> Seen:
         term=int(row["term"]),
         expires_at=float(row["expires_at"]),
         remaining=float(row["remaining"]),
+        url=str(row["url"]),
     )
 
 

@@ -97,6 +97,8 @@ def _cluster(conn: db.Connection, settings: Settings) -> dict[str, Any] | None:
         row = leadership.read(conn)
     except db.ERRORS:
         row = None  # no lease table yet: no daemon of this version has started
+    if row is None:
+        return None  # no node ever led: nothing to say but what the daemon's snapshot says
     me = settings.cluster.node
     fresh = row is not None and not row.expired
     return {
