@@ -184,6 +184,13 @@ class Vitals:
         it withholds a ping (otherwise it would repeat the state)."""
         assessed = self.assess_health()
         parts = [assessed.line()]
+        if self.cluster_view is not None:
+            view = self.cluster_view()
+            age = view["lease_age_s"]
+            parts.append(
+                f"{view['role']} {view['node']!r} term {view['term']}"
+                + ("" if age is None else f", lease renewed {health_model.ago(age)}")
+            )
         if assessed.intake is health_model.State.LIVE:
             parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
         parts.append(f"{self.counters.recorded} recorded this run")

@@ -50,6 +50,8 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "snapshot_age_s": None if snapshot_age is None else round(snapshot_age, 1),
             "http_port": snapshot.get("http_port") if running else None,
             "http_error": snapshot.get("http_error") if running else None,
+            # The node whose daemon wrote the snapshot: on a standby's box, the leader's.
+            "node": (snapshot.get("cluster") or {}).get("node") if running else None,
         },
         "intake": {
             "state": str(assessed.intake),
@@ -180,7 +182,8 @@ def render(report: dict[str, Any]) -> str:
 def _daemon(daemon: dict[str, Any]) -> str:
     if not daemon["running"]:
         return "not running"
-    text = f"running (pid {daemon['pid']})"
+    where = f" on node {daemon['node']!r}" if daemon.get("node") else ""
+    text = f"running{where} (pid {daemon['pid']})"
     if daemon.get("http_error"):
         return text + f", HTTP surface down: {daemon['http_error']}"
     if daemon.get("http_port"):
