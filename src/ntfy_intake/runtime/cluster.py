@@ -74,7 +74,16 @@ class Holding:
     before: Seen | None
     may_act: Callable[[], bool]
     lapse: Callable[[], None]
+    view: Callable[[], dict[str, Any]]  # Member.view: role, term, leader, lease age
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    # Notices the node owes from before this term (the database waited out at start-up).
+    owed: list[Notice] = field(default_factory=list)
+
+    def owed_notices(self) -> list[Notice]:
+        """What this term's leader records first (once): the owed ones, then the takeover's."""
+        taken, self.owed = self.owed, []
+        takeover = self.takeover_notice()
+        return taken if takeover is None else [*taken, takeover]
 
     def takeover_notice(self) -> Notice | None:
         """The owner's notice of a failover: a term taken from another node (a node restarting
@@ -149,6 +158,20 @@ class Member:
 
     # -- standing by ---------------------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        """Blocking: connect and apply the migrations (the lease table is one of them), under
+        the store's lock. The database not answering is `DatabaseUnreachable` (waited out by
+        the caller); a refused login, a missing database, a newer schema: StartupError."""
+        try:
+            migrations.apply(self._connection())
+        except db.ERRORS as exc:
+            if self._conn is not None:
+                with contextlib.suppress(*db.ERRORS):
+                    self._conn.close()
+                self._conn = None
+            raise storage.startup_error(exc, self.dsn) from exc
+        self._migrated = True
+
     async def campaign(self, stop: asyncio.Event) -> Holding | None:
         """Until this process leads (its Holding) or `stop` (None). A node name another live
         process keeps renewing is a StartupError (exit 2, one line)."""
@@ -216,7 +239,7 @@ class Member:
             before=None if before is None else f"{before.node} term {before.term}",
         )
         return (
-            Holding(self.term, self.node, before, self.may_act, self._lapse),
+            Holding(self.term, self.node, before, self.may_act, self._lapse, self.view),
             Action.TAKE,
             0.0,
         )

@@ -65,7 +65,6 @@ class Daemon:
         watchdog_interval: float | None = None,
         holding: Holding | None = None,
         state_lock: StateLock | None = None,
-        cluster_view: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings
         # A term this process leads (runtime/node.py), None for one daemon alone.
@@ -146,7 +145,7 @@ class Daemon:
             writer=self.writer,
             notifier=notifier or Notifier(None),
             watchdog_interval=watchdog_interval,
-            cluster_view=cluster_view,
+            cluster_view=None if holding is None else holding.view,
         )
         self.supervisor = Supervisor()
         # The node's loop holds the directory's lock for the process's life: not ours to drop.
@@ -265,8 +264,9 @@ class Daemon:
         # READY once recovered, not when ntfy answers: an ntfy outage is never a restart loop.
         self.vitals.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
-        if self.holding is not None and (notice := self.holding.takeover_notice()) is not None:
-            await self.journal.note(notice)
+        if self.holding is not None:  # what standing by owes (a wait for the database), and
+            for notice in self.holding.owed_notices():  # the takeover's own notice
+                await self.journal.note(notice)
         cursor = self.writer.cursor
         log.info(
             "intake.subscribing",

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from ntfy_intake.flow.database import StorageWaits
+from ntfy_intake.runtime import recovery
 from ntfy_intake.runtime.cluster import Holding, Member, directory_prefix
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
@@ -42,8 +44,8 @@ class Leader(Protocol):
 
 
 class MakeLeader(Protocol):
-    """A daemon for one term (the CLI's; tests give their own): `holding`, `state_lock` and
-    `cluster_view` are the Daemon's keyword arguments of those names."""
+    """A daemon for one term (the CLI's; tests give their own): `holding` and `state_lock` are
+    the Daemon's keyword arguments of those names."""
 
     def __call__(self, **cluster: Any) -> Leader: ...
 
@@ -83,12 +85,20 @@ async def serve(
         url=cluster.url,
     )
     failed = False
+    waits = StorageWaits()
     try:
+        # The store first (its migrations hold the lease table): a database still booting is
+        # waited out, degraded, and owes the owner one notice, written by the first leader.
+        if not await recovery.when_reachable(
+            member.prepare, stop, waits, {}, notifier, member.instance
+        ):
+            return 0
         while not stop.is_set():
             holding = await Standby(settings, member, notifier).run(stop)
             if holding is None:
                 break
-            leader = make_leader(holding=holding, state_lock=lock, cluster_view=member.view)
+            holding.owed, waits.notices_owed = waits.notices_owed, []
+            leader = make_leader(holding=holding, state_lock=lock)
             failed = await _lead(leader, member, holding, stop)
             if failed or stop.is_set():
                 break
