@@ -1,0 +1,110 @@
+"""Two nodes on one PostgreSQL store (DESIGN.md section 9), as real `ntfy-intake run`
+subprocesses: the bundled ntfy emulator, the reference receiver as the relay target, lease_ttl
+3 s and renew_every 1 s. Each test is named after the failure it kills; each checks that every
+published id is recorded exactly once (inbox, journal, every node's audit files), that no
+journal row of an older term follows a newer term's first, that every delivery key is delivered
+(a repeat only for a POST in flight at a fault), that each node's audit files equal the journal
+once the run settles, and that the failover took no longer than its bound (printed).
+
+The helpers are tests/standby.py (nodes, cluster, checks, the tagged receiver) and
+tests/standby_proxy.py (the TCP proxy that cuts one node off from PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+
+from .. import harness
+from ..harness import wait_until
+from ..standby import CRASH_BOUND, Cluster, Node, Stream, TaggedReceiver
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
+]
+
+
+@pytest.fixture
+def emu() -> Iterator[NtfyEmulator]:
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def tagged(tmp_path: Path) -> Iterator[TaggedReceiver]:
+    with TaggedReceiver(tmp_path / "receiver.sqlite3").running() as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver) -> Iterator[Cluster]:
+    assert harness.DATABASE is not None
+    nodes = Cluster(tmp_path, harness.DATABASE, emu, tagged)
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+def standing_by(node: Node) -> bool:
+    answer = node.healthz()
+    return answer is not None and answer[1].get("status") == "standby"
+
+
+def leader_and_standby(cluster: Cluster) -> tuple[Node, Node]:
+    """alpha started first and leading, beta standing by."""
+    alpha, beta = cluster.add("alpha"), cluster.add("beta")
+    alpha.start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    beta.start()
+    wait_until(lambda: standing_by(beta), 30, "beta standing by")
+    return alpha, beta
+
+
+def settle(cluster: Cluster, published: list[str], *restart: Node) -> dict[str, int]:
+    """Everything recorded, the stopped nodes back as standbys, the checks every test makes."""
+    cluster.wait_recorded(published)
+    for node in restart:
+        node.start()
+    for node in restart:
+        wait_until(lambda node=node: standing_by(node), 30, f"{node.name} standing by")
+    if cluster.tagged is not None:
+        wait_until(
+            lambda: (
+                cluster.rows("SELECT count(*) FROM outbox WHERE state <> 'delivered'") == [(0,)]
+            ),
+            60,
+            "every delivery settled",
+        )
+    cluster.recorded_once(published)
+    terms = cluster.terms_in_order()
+    repeated = cluster.delivered(cluster.tagged) if cluster.tagged is not None else {}
+    cluster.mirrors_match()
+    print(f"terms in the journal {terms}; repeated keys {repeated}")
+    return repeated
+
+
+def test_kill9_of_the_leader_mid_stream_loses_nothing_and_doubles_nothing(
+    cluster: Cluster,
+) -> None:
+    started = time.monotonic()
+    alpha, _beta = leader_and_standby(cluster)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        fault = cluster.fault(alpha, "kill -9 of the leader mid-stream", alpha.kill9())
+        lease, _ = cluster.failover(fault, 1, CRASH_BOUND)
+        assert lease.node == "beta"
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published, alpha)
+    print(f"{len(published)} published; {time.monotonic() - started:.1f} s")
