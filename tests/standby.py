@@ -319,6 +319,9 @@ class Cluster:
         }
         self.nodes: dict[str, Node] = {}
         self.faults: list[Fault] = []
+        # (a term, the journal rows of older terms when it was first seen): a takeover waits
+        # for the old term's writes in flight, so none may commit after it.
+        self.closed: list[tuple[int, int]] = []
         self._conn: db.Connection | None = None
 
     def add(self, name: str, *, state: str | None = None, **settings: str) -> Node:
@@ -397,9 +400,16 @@ class Cluster:
         """Wait for a term above `term`; print and check the time it took from the fault."""
         lease, seen = self.wait_lease(lambda s: s.term > term, bound + 5, f"a term above {term}")
         took = seen - fault.at
+        self.note_term(lease.term)
         print(f"\n{fault.what}: term {lease.term} on {lease.node!r} after {took:.2f} s")
         assert took <= bound, f"{fault.what}: failover took {took:.2f} s, bound {bound:g} s"
         return lease, took
+
+    def note_term(self, term: int) -> None:
+        """Remember how many journal rows the terms before `term` wrote, as seen now (after
+        `term` began): `terms_in_order` holds them to it."""
+        older = self.rows("SELECT count(*) FROM audit_journal WHERE term > 0 AND term < ?", term)
+        self.closed.append((term, int(older[0][0])))
 
     def recorded(self) -> int:
         found = self.try_rows("SELECT count(*) FROM inbox")
@@ -435,13 +445,17 @@ class Cluster:
             assert set(counts) == set(published), f"{view}: ids nobody published"
 
     def terms_in_order(self) -> list[int]:
-        """No journal row of an older term after a newer term's first; the terms seen."""
+        """No journal row of an older term after a newer term's first, nor committed after the
+        newer term began (`note_term`); the terms seen."""
         highest, late = 0, []
         for term, seq in self.rows("SELECT term, seq FROM audit_journal ORDER BY seq"):
             if term and term < highest:
                 late.append((seq, term, highest))
             highest = max(highest, term)
         assert late == [], f"(seq, term, after term): {late[:10]}"
+        for term, older in self.closed:
+            now = self.rows("SELECT count(*) FROM audit_journal WHERE term > 0 AND term < ?", term)
+            assert int(now[0][0]) == older, f"rows of terms before {term} committed after it began"
         return sorted({int(r[0]) for r in self.rows("SELECT DISTINCT term FROM audit_journal")})
 
     def delivered(self, tagged: TaggedReceiver) -> dict[str, int]:

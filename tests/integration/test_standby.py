@@ -12,6 +12,7 @@ tests/standby_proxy.py (the TCP proxy that cuts one node off from PostgreSQL).
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,10 +84,10 @@ def settle(cluster: Cluster, published: list[str], *restart: Node) -> dict[str, 
             60,
             "every delivery settled",
         )
+    cluster.mirrors_match()
     cluster.recorded_once(published)
     terms = cluster.terms_in_order()
     repeated = cluster.delivered(cluster.tagged) if cluster.tagged is not None else {}
-    cluster.mirrors_match()
     print(f"terms in the journal {terms}; repeated keys {repeated}")
     return repeated
 
@@ -108,3 +109,69 @@ def test_kill9_of_the_leader_mid_stream_loses_nothing_and_doubles_nothing(
         published = stream.stop()
     settle(cluster, published, alpha)
     print(f"{len(published)} published; {time.monotonic() - started:.1f} s")
+
+
+def test_kill9_of_the_leader_mid_post_redelivers_that_key_once_under_the_same_key(
+    cluster: Cluster,
+) -> None:
+    alpha, _beta = leader_and_standby(cluster)
+    tagged = cluster.tagged
+    assert tagged is not None
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: len(tagged.snapshot()) >= 10, 30, "deliveries flowing")
+        # The receiver commits the next receipt and holds its answer: the POST stays open.
+        tagged.faults.commit_then_stall(4.0)
+        held: list[str] = []
+
+        def holding() -> bool:
+            now = time.monotonic()
+            held[:] = [p.key for p in tagged.in_flight("alpha") if now - p.started > 0.5]
+            return bool(held)
+
+        wait_until(holding, 30, "a POST of alpha held open")
+        fault = cluster.fault(alpha, "kill -9 of the leader mid-POST", alpha.kill9())
+        lease, _ = cluster.failover(fault, 1, CRASH_BOUND)
+        assert lease.node == "beta"
+        wait_until(
+            lambda: any(p.node == "beta" and p.key == held[0] for p in tagged.snapshot()),
+            30,
+            "beta sending the held key again",
+        )
+    finally:
+        published = stream.stop()
+    repeated = settle(cluster, published, alpha)
+    assert repeated.get(held[0]) == 2, repeated  # the held one, once more, under its own key
+
+
+def test_sigstop_of_the_leader_past_the_ttl_then_sigcont_commits_and_sends_nothing_more(
+    cluster: Cluster,
+) -> None:
+    alpha, beta = leader_and_standby(cluster)
+    tagged = cluster.tagged
+    assert tagged is not None
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: len(tagged.snapshot()) >= 10, 30, "deliveries flowing")
+        tagged.faults.commit_then_stall(1.5)  # answered while alpha is stopped
+        wait_until(lambda: tagged.in_flight("alpha"), 30, "a POST of alpha in flight")
+        stopped = alpha.send(signal.SIGSTOP)
+        fault = cluster.fault(alpha, "SIGSTOP of the leader past the TTL", stopped)
+        lease, _ = cluster.failover(fault, 1, CRASH_BOUND)
+        assert lease.node == "beta"
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+        alpha.send(signal.SIGCONT)
+        wait_until(lambda: alpha.status()["cluster"]["role"] == "standby", 30, "alpha standby")
+        wait_until(lambda: standing_by(alpha), 30, "alpha's /healthz standing by")
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta still recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published)
+    assert alpha.alive, "the paused leader died instead of standing by"
+    late = [p for p in tagged.snapshot() if p.node == "alpha" and p.started >= stopped]
+    assert late == [], f"alpha sent after it was stopped: {late}"
+    assert cluster.lease() is not None
+    assert beta.alive
+    assert [e["term"] for e in alpha.events("cluster.leading")] == [1]
