@@ -4,12 +4,15 @@ holds it while it leads, and says the moment its side effects must stop.
 The rules are rules/lease.py's and the statements store/leadership.py's; this module gives them
 a thread and a clock. Every lease statement runs on a connection of its own, in a thread of its
 own (`lease`), so a renewal never queues behind the writer's transactions or the event loop,
-and each is bounded on the server and on the socket (leadership.connect).
+and each is bounded on the server and on the socket (leadership.connect). The leader's renewals
+are timed in that thread too, not on the loop: a loop that stalls (the imports at the start of
+a term on a busy box, a slow callback) delays no renewal, so it costs no term.
 
 Invariants owned here:
 - `may_act()` is what every side effect asks right before it acts (a relay POST, an owner send):
   True only while the LocalLease is valid on the monotonic clock. Once False it stays False for
-  this holding (a lapsed holding is never resumed: the next one is a new term);
+  this holding (a lapsed holding is never resumed: the next one is a new term). The loop reads
+  the LocalLease and the lease thread renews it: every use of it is under one lock;
 - `hold` ends (sets `Holding.lost`) at the first of: a renewal refused (the row is not ours any
   more), a renewal that came back after the local deadline, the deadline passing with no
   renewal (the database is unreachable, the process was paused), a fence that saw another term;
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +120,7 @@ class Member:
         self.url = url or ""
         self.instance = prefix + secrets.token_hex(6)
         self.local = LocalLease(lease_ttl, renew_every)
+        self._local_lock = threading.Lock()  # the loop reads `local`, the lease thread renews it
         self.term: int | None = None
         self.row: Seen | None = None  # the last read of the row
         self.row_read_at: float | None = None  # monotonic
@@ -130,7 +135,8 @@ class Member:
     # -- what the rest of the daemon asks ------------------------------------------------------------
 
     def may_act(self) -> bool:
-        return self.local.is_valid(self._monotonic())
+        with self._local_lock:
+            return self.local.is_valid(self._monotonic())
 
     @property
     def role(self) -> str:
@@ -226,7 +232,9 @@ class Member:
             predecessor=self.prefix,
         )
         self._saw(claimed.row)
-        if not claimed.won or not self.local.acquired(started, self._monotonic()):
+        with self._local_lock:
+            acquired = claimed.won and self.local.acquired(started, self._monotonic())
+        if not acquired:
             return None, Action.STAND_BY, 0.0  # another claimant won, or the claim was too slow
         self.term = claimed.row.term
         before = claimed.before
@@ -270,26 +278,32 @@ class Member:
     # -- leading -------------------------------------------------------------------------------------
 
     async def hold(self, holding: Holding) -> None:
-        """Renew every `renew_every` until the holding is lost (module doc); then `lost` is set.
-        The caller cancels it at a graceful stop (and then calls `release`)."""
+        """Renew every `renew_every`, timed in the lease thread (module doc), until the holding
+        is lost; then `lost` is set. The caller cancels it at a graceful stop (and then calls
+        `release`)."""
+        done = threading.Event()
         watcher = asyncio.create_task(self._watch_deadline(holding), name="lease-deadline")
         try:
-            while self.may_act():
-                await asyncio.sleep(self.renew_every)
-                try:
-                    kept = await self._in_thread(self._renew, holding.term)
-                except db.ERRORS as exc:
-                    self._failed(exc)  # the deadline decides: one failed renewal costs nothing
-                    continue
-                self.problem = None
-                if not kept:
-                    log.error("cluster.lease_lost", node=self.node, term=holding.term)
-                    self._lapse()
+            await self._in_thread(self._renew_while_held, holding.term, done)
             holding.lost.set()
         finally:
+            done.set()  # cancelled: the thread ends at its next wait
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    def _renew_while_held(self, term: int, done: threading.Event) -> None:
+        """In the lease thread: a renewal every `renew_every` while the holding may act."""
+        while self.may_act() and not done.wait(self.renew_every):
+            try:
+                kept = self._renew(term)
+            except db.ERRORS as exc:
+                self._failed(exc)  # the deadline decides: one failed renewal costs nothing
+                continue
+            self.problem = None
+            if not kept:
+                log.error("cluster.lease_lost", node=self.node, term=term)
+                self._lapse()
 
     def _renew(self, term: int) -> bool:
         started = self._monotonic()
@@ -298,15 +312,18 @@ class Member:
             self._saw(leadership.read(self._connection()))
             return False
         self._saw(row)
-        return self.local.renewed(started, self._monotonic())
+        with self._local_lock:
+            return self.local.renewed(started, self._monotonic())
 
     async def _watch_deadline(self, holding: Holding) -> None:
         """The local deadline, watched on the loop: the moment it passes without a renewal the
         holding is over, whatever the lease thread is stuck in."""
         while True:
-            deadline = self.local.deadline
-            now = self._monotonic()
-            if deadline is None or not self.local.is_valid(now):
+            with self._local_lock:
+                deadline = self.local.deadline
+                now = self._monotonic()
+                valid = self.local.is_valid(now)
+            if deadline is None or not valid:
                 if not holding.lost.is_set():
                     log.error("cluster.deadline_passed", node=self.node, term=holding.term)
                 holding.lost.set()
@@ -314,13 +331,15 @@ class Member:
             await asyncio.sleep(deadline - now)
 
     def _lapse(self) -> None:
-        self.local.lapse()
+        with self._local_lock:
+            self.local.lapse()
 
     async def release(self) -> None:
         """Graceful stop: give the lease up now and wake the standbys (bounded; a failure only
         means the standby waits the lease out)."""
-        held = self.local.deadline is not None
-        self.local.lapse()
+        with self._local_lock:
+            held = self.local.deadline is not None
+            self.local.lapse()
         if not held:
             return
         try:
