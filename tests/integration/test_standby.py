@@ -16,14 +16,16 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from ntfy_intake.rules import lease as lease_rules
 from ntfy_intake.runtime.cluster import Member
-from ntfy_intake.store import db
+from ntfy_intake.store import db, leadership, migrations
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .. import harness
@@ -234,3 +236,55 @@ def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> 
         member.close()
     assert (may_act, lost) == (True, False), "the stalled loop cost the lease"
     assert term == 1
+
+
+def test_a_takeover_is_not_held_off_for_ever_by_a_paused_leaders_write_in_flight() -> None:
+    """In-process, on the lease's SQL: the old leader paused (SIGSTOP, a frozen VM, a dead link)
+    in the middle of a fenced write sent as a pipeline (psycopg's executemany): BEGIN and the
+    fence's FOR KEY SHARE of the leadership row reached the server, the rest never comes. The
+    server waits for the client inside the transaction ('active', ClientRead), so neither
+    idle_in_transaction_session_timeout nor statement_timeout ends it, and the takeover's
+    FOR UPDATE would wait for it as long as the pause lasts. The standby must take over anyway,
+    and the paused write must never commit."""
+    assert harness.DATABASE is not None
+    dsn = db.Dsn(harness.DATABASE)
+    setup = db.connect(dsn)
+    migrations.apply(setup)
+    setup.close()
+    old = leadership.connect(dsn, TTL, RENEW)
+    new = leadership.connect(dsn, TTL, RENEW)
+    paused = psycopg.connect(harness.DATABASE, autocommit=True, application_name="ntfy-intake")
+    try:
+        assert leadership.claim(old, "alpha", "inst-a", 1.0).row.term == 1  # expires in 1 s
+        paused.execute(f"SET idle_in_transaction_session_timeout = {round(TTL * 500)}")
+        paused_pid = paused.info.backend_pid
+        pipe = paused.pgconn
+        pipe.enter_pipeline_mode()
+        pipe.send_query_params(b"BEGIN", None)
+        pipe.send_query_params(b"SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE", None)
+        pipe.send_flush_request()
+        pipe.flush()
+        started = time.monotonic()
+        won, failures = None, Counter[str]()
+        while won is None and time.monotonic() - started < CRASH_BOUND:
+            try:
+                claimed = leadership.claim(new, "beta", "inst-b", TTL, lock_wait=RENEW)
+            except db.ERRORS as exc:
+                failures[type(exc).__name__] += 1
+                time.sleep(RENEW)
+                continue
+            if claimed.won:
+                won = claimed
+            else:
+                time.sleep(min(RENEW, max(0.05, claimed.row.remaining)))
+        took = time.monotonic() - started
+        print(f"\ntakeover past a paused write: {took:.2f} s; failed claims {dict(failures)}")
+        assert won is not None, f"no takeover in {CRASH_BOUND:g} s: {dict(failures)}"
+        assert won.row.term == 2
+        sessions = new.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ?", (paused_pid,))
+        assert sessions.fetchone()[0] == 0, "the paused write's session lives on"
+    finally:
+        for conn in (old, new):
+            conn.close()
+        with contextlib.suppress(psycopg.Error):
+            paused.close()

@@ -14,7 +14,11 @@ Invariants owned here:
   `term` set) takes `FOR KEY SHARE` on the row and compares the term. A takeover's `FOR UPDATE`
   conflicts with it, so the takeover waits for every write of the old term already in flight,
   and a write that fences after the takeover reads the new term and is refused: nothing of
-  term T commits after term T+1 began. A renewal only updates non-key columns (the lock it takes,
+  term T commits after term T+1 began. That wait is bounded: a takeover that waited `lock_wait`
+  in vain ends the old term's transactions still open on the row (`_OLD_TERM`), because a
+  process paused in the middle of one (SIGSTOP, a frozen VM, a dead link; between two
+  messages of a pipeline the server waits for the client, so neither its idle-in-transaction
+  nor its statement timeout applies) would hold the row for as long as the pause lasts. A renewal only updates non-key columns (the lock it takes,
   FOR NO KEY UPDATE, does not conflict with KEY SHARE), so the leader's renewals never wait for
   its own writes, and the standby's polls read without locking. That is why the table has no
   unique index but its primary key: one on `term` or `node` would make every renewal a key
@@ -51,6 +55,16 @@ _LOCK = f"SELECT {_SEEN} FROM leadership WHERE id = 1 FOR UPDATE"
 _TAKE = f"""UPDATE leadership
     SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}, url = ?
     WHERE id = 1 RETURNING {_SEEN}"""
+# The old term's transactions still holding the table when its lease has expired: begun before
+# that expiry (a claimant's begin after it), so under the old term; ended, they roll back.
+_OLD_TERM = """SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+    SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+    WHERE l.locktype = 'relation' AND l.granted AND l.relation = 'leadership'::regclass
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND a.pid <> pg_backend_pid() AND a.xact_start < to_timestamp(?)) AS old_term"""
+# What a lock wait that ran out raises: lock_timeout, or the lease connection's statement_timeout
+# when that comes first.
+_WAITED_OUT = frozenset({"55P03", "57014"})
 _RELEASE = """WITH released AS (
         UPDATE leadership SET expires_at = now()
         WHERE id = 1 AND node = ? AND instance = ? AND expires_at > now() RETURNING term)
@@ -118,8 +132,9 @@ def claim(
 
     A take waits for the old term's writes in flight (that wait is the fence), at most
     `lock_wait` seconds (default: ttl): a process stopped inside a transaction would otherwise
-    hold it forever. Past it the driver's lock timeout is raised (one of `db.ERRORS`): try again
-    at the next poll.
+    hold it forever. Past it the old term's transactions still open on the row are ended (module
+    doc; a role that may not end them leaves the take waiting, as before) and the driver's lock
+    timeout is raised (one of `db.ERRORS`): try again at the next poll.
     """
     pg = _pg(conn)
     seconds = float(ttl)
@@ -147,10 +162,23 @@ def claim(
             return Claimed(won=False, renewed=False, row=before)
         taken = _seen(pg.execute(_TAKE, (node, instance, seconds, url)).fetchone())
         pg.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         _rollback(pg)
+        if current is not None and current.expired and _waited_out(exc):
+            _end_old_term(pg, current)
         raise
     return Claimed(won=True, renewed=False, row=taken, before=before)
+
+
+def _waited_out(exc: BaseException) -> bool:
+    return getattr(exc, "sqlstate", None) in _WAITED_OUT
+
+
+def _end_old_term(conn: postgres.PgConnection, expired: Seen) -> None:
+    """End the transactions of the term whose lease `expired` still holding the row (module
+    doc). Outside a transaction; a failure (no right to end them) changes nothing."""
+    with contextlib.suppress(*ERRORS):
+        conn.execute(_OLD_TERM, (expired.expires_at,))
 
 
 def renew(conn: Connection, instance: str, term: int, ttl: float) -> Seen | None:
