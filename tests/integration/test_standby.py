@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +29,7 @@ import pytest
 from ntfy_intake.rules import lease as lease_rules
 from ntfy_intake.runtime.cluster import Member
 from ntfy_intake.store import db, leadership, migrations
+from ntfy_intake.testbed import drill_store
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .. import harness
@@ -37,8 +41,11 @@ from ..standby import (
     Cluster,
     Node,
     Stream,
+    StreamLeftOpen,
+    Subscribers,
     TaggedReceiver,
 )
+from ..standby_proxy import Proxy
 
 # How long a leader may act after its last renewal began (rules/lease.py: ttl - margin).
 LOCAL_WINDOW = lease_rules.LocalLease(TTL, RENEW).window
@@ -204,6 +211,155 @@ def test_sigstop_of_the_leader_past_the_ttl_then_sigcont_commits_and_sends_nothi
     assert cluster.lease() is not None
     assert beta.alive
     assert [e["term"] for e in alpha.events("cluster.leading")] == [1]
+
+
+def test_pg_terminate_backend_of_the_leaders_sessions_loses_and_doubles_nothing(
+    cluster: Cluster,
+) -> None:
+    leader_and_standby(cluster)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        for n in range(3):
+            lease, _ = cluster.wait_lease(lambda _: True, 30, "a leader")
+            leader = cluster.node_named(lease.node)
+            # Without its own ports, terminate() would end every daemon's sessions on the server.
+            assert drill_store.tcp_ports(leader.pid), "the leader's sockets cannot be read"
+            at = time.monotonic()
+            ended = drill_store.terminate(cluster.dsn, leader.pid)
+            cluster.fault(leader, f"pg_terminate_backend #{n + 1} of {leader.name}", at)
+            count = cluster.recorded()
+            wait_until(lambda count=count: cluster.recorded() >= count + 20, 30, "recording")
+            after, _ = cluster.wait_lease(lambda _: True, 30, "a leader")
+            took = time.monotonic() - at
+            print(
+                f"\nterminate #{n + 1}: {ended} sessions of {leader.name} (term {lease.term});"
+                f" {after.node} leads term {after.term}; recording again within {took:.2f} s"
+            )
+            if after.term != lease.term:
+                cluster.note_term(after.term)
+            assert took <= CRASH_BOUND
+    finally:
+        published = stream.stop()
+    settle(cluster, published)
+    assert all(node.alive for node in cluster.nodes.values())
+
+
+@pytest.fixture
+def own_server() -> Iterator[tuple[str, Path]]:
+    """A PostgreSQL cluster of this test's own (scripts/pg-cluster): (a DSN of a fresh schema
+    in it, its data dir). Others share the suite's server; only this one may be restarted."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "pg-cluster"
+    directory = Path(tempfile.mkdtemp(prefix="standby-pg-", dir="/tmp"))
+    started = subprocess.run(
+        [str(script), "start", str(directory)], capture_output=True, text=True, check=False
+    )
+    try:
+        if started.returncode == 3:
+            pytest.skip(f"scripts/pg-cluster: {started.stderr.strip()}")
+        assert started.returncode == 0, started.stderr
+        _, dsn = drill_store.create_schema(started.stdout.strip().splitlines()[-1], prefix="t")
+        yield dsn, directory / "data"
+    finally:
+        subprocess.run([str(script), "stop", str(directory)], check=False, timeout=90)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_immediate_postgresql_restart_both_wait_one_leads_after_nothing_lost(
+    tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver, own_server: tuple[str, Path]
+) -> None:
+    dsn, data_dir = own_server
+    cluster = Cluster(tmp_path, dsn, emu, tagged)
+    try:
+        leader_and_standby(cluster)
+        stream = Stream(emu).start()
+        try:
+            wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+            before = cluster.lease()
+            assert before is not None
+            at = time.monotonic()
+            problem = drill_store.restart(data_dir)
+            assert problem is None, problem
+            back = time.monotonic() - at
+            leader = cluster.node_named(before.node)
+            cluster.fault(leader, "immediate PostgreSQL restart", at, until=at + back)
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 60, "recording again")
+            took = time.monotonic() - at
+            after, _ = cluster.wait_lease(lambda _: True, 30, "a leader")
+            print(
+                f"\nPostgreSQL back after {back:.2f} s; {after.node} leads term {after.term}"
+                f" (before: {before.node}, term {before.term}); recording again after {took:.2f} s"
+            )
+            if after.term != before.term:
+                cluster.note_term(after.term)
+            assert took <= back + CRASH_BOUND
+        finally:
+            published = stream.stop()
+        settle(cluster, published)
+        assert all(node.alive for node in cluster.nodes.values()), "a node exited"
+        answers = {n.name: n.healthz() for n in cluster.nodes.values()}
+        leader = cluster.leader().name
+        assert [name for name, a in answers.items() if a and a[1].get("status") == "standby"] == [
+            name for name in answers if name != leader
+        ], answers
+    finally:
+        cluster.close()
+
+
+@pytest.mark.xfail(raises=StreamLeftOpen, strict=True, reason=STREAM_LEAK)
+def test_leader_cut_off_from_postgresql_stops_by_its_deadline_and_stands_by_when_back(
+    cluster: Cluster,
+) -> None:
+    with Proxy.before(cluster.dsn).running() as proxy:
+        alpha = cluster.add("alpha", state_database=proxy.dsn(cluster.dsn))
+        beta = cluster.add("beta")
+        alpha.start()
+        assert cluster.leader().name == "alpha"
+        cluster.emu.wait_for_subscribers(1, timeout=30)
+        beta.start()
+        wait_until(lambda: standing_by(beta), 30, "beta standing by")
+        tagged = cluster.tagged
+        assert tagged is not None
+        streams = Subscribers(cluster.emu).start()
+        stream = Stream(cluster.emu).start()
+        try:
+            wait_until(lambda: len(tagged.snapshot()) >= 10, 30, "deliveries flowing")
+            proxy.cut()
+            # It may act until its local deadline (it cannot tell a cut from a slow renewal):
+            # a POST of that time may be repeated too.
+            cut = time.monotonic()
+            fault = cluster.fault(
+                alpha, "the leader cut off from PostgreSQL", cut, cut + LOCAL_WINDOW
+            )
+            lease, _ = cluster.failover(fault, 1, CRASH_BOUND)
+            assert lease.node == "beta"
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+            proxy.restore()
+            restored = time.monotonic()
+            wait_until(lambda: standing_by(alpha), 60, "alpha standing by once it is back")
+            print(f"alpha stands by {time.monotonic() - restored:.2f} s after the link is back")
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta still recording")
+        finally:
+            published = stream.stop()
+            streams.stop()
+        settle(cluster, published)
+        deadline = fault.at + LOCAL_WINDOW
+        late = [p for p in tagged.snapshot() if p.node == "alpha" and p.started > deadline]
+        assert late == [], f"alpha POSTed after its local deadline: {cluster.timeline(late)}"
+        assert alpha.alive
+        assert alpha.status()["cluster"]["role"] == "standby"
+        # Its stream closed by its local deadline, before the standby could take over (the
+        # lease expires a margin later): for a while, no stream at all.
+        closed = streams.first(0, fault.at)
+        print(f"streams open: {[(round(t - fault.at, 2), n) for t, n in streams.changes]}")
+        if closed is None or closed - fault.at > LOCAL_WINDOW + 1.0:
+            raise StreamLeftOpen(
+                f"alpha's stream still open {LOCAL_WINDOW + 1.0:g} s after the cut"
+            )
+        streams.only_the_leader()
 
 
 def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> None:
