@@ -362,11 +362,10 @@ def test_leader_cut_off_from_postgresql_stops_by_its_deadline_and_stands_by_when
         streams.only_the_leader()
 
 
-def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> None:
-    """In-process (a real PostgreSQL, no daemon): the leader's event loop blocked for longer
-    than its local window, as the HTTP surface's imports at the start of a term block it for
-    about a second on a busy 2-core box. The lease is held off the loop (runtime/cluster.py):
-    the renewals go on meanwhile, and the holding survives the stall."""
+def lead_in_process(*, before_hold: float, in_term: float) -> tuple[bool, bool, int]:
+    """A Member of this test's store wins a term; its event loop is blocked `before_hold`
+    seconds before the term starts (hold) and `in_term` seconds after a renewal or so. What the
+    holding says then: (may act, lost, term)."""
     assert harness.DATABASE is not None
     member = Member(
         db.Dsn(harness.DATABASE), node="alpha", lease_ttl=TTL, renew_every=RENEW, prefix="x."
@@ -375,9 +374,10 @@ def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> 
     async def lead() -> tuple[bool, bool, int]:
         holding = await member.campaign(asyncio.Event())
         assert holding is not None
+        time.sleep(before_hold)
         keeper = asyncio.create_task(member.hold(holding))
         await asyncio.sleep(RENEW * 1.5)  # renewing on schedule
-        time.sleep(LOCAL_WINDOW + 0.5)
+        time.sleep(in_term)
         await asyncio.sleep(0.1)  # the deadline's watcher runs now, if it is due
         kept = (member.may_act(), holding.lost.is_set())
         keeper.cancel()
@@ -387,10 +387,28 @@ def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> 
         return (*kept, holding.term)
 
     try:
-        may_act, lost, term = asyncio.run(lead())
+        return asyncio.run(lead())
     finally:
         member.close()
+
+
+def test_a_leader_whose_event_loop_stalls_past_renew_every_keeps_its_lease() -> None:
+    """In-process (a real PostgreSQL, no daemon): the leader's event loop blocked for longer
+    than its local window, as the HTTP surface's imports at the start of a term block it for
+    about a second on a busy 2-core box. The lease is held off the loop (runtime/cluster.py):
+    the renewals go on meanwhile, and the holding survives the stall."""
+    may_act, lost, term = lead_in_process(before_hold=0.0, in_term=LOCAL_WINDOW + 0.5)
     assert (may_act, lost) == (True, False), "the stalled loop cost the lease"
+    assert term == 1
+
+
+def test_a_leader_slow_to_start_its_term_keeps_its_lease() -> None:
+    """In-process: between the claim that won the term and the term's start (the standby
+    winding down: its HTTP server stopping, the mirror catching up; the term's Daemon built)
+    the loop is busy for three quarters of the local window, as it was for about a second in
+    the subprocess tests. The term's renewals start with the claim, not with the daemon."""
+    may_act, lost, term = lead_in_process(before_hold=LOCAL_WINDOW * 0.75, in_term=0.0)
+    assert (may_act, lost) == (True, False), "a slow start cost the new term"
     assert term == 1
 
 

@@ -5,8 +5,10 @@ The rules are rules/lease.py's and the statements store/leadership.py's; this mo
 a thread and a clock. Every lease statement runs on a connection of its own, in a thread of its
 own (`lease`), so a renewal never queues behind the writer's transactions or the event loop,
 and each is bounded on the server and on the socket (leadership.connect). The leader's renewals
-are timed in that thread too, not on the loop: a loop that stalls (the imports at the start of
-a term on a busy box, a slow callback) delays no renewal, so it costs no term.
+are timed in that thread too, not on the loop, and start the moment the claim wins: a loop that
+stalls (the imports at the start of a term on a busy box, a slow callback) or is slow to start
+the term (the standby winding down, the term's daemon being built) delays no renewal, so it
+costs no term.
 
 Invariants owned here:
 - `may_act()` is what every side effect asks right before it acts (a relay POST, an owner send):
@@ -121,6 +123,8 @@ class Member:
         self.instance = prefix + secrets.token_hex(6)
         self.local = LocalLease(lease_ttl, renew_every)
         self._local_lock = threading.Lock()  # the loop reads `local`, the lease thread renews it
+        # The won term's renewals, running in the lease thread, and what ends them.
+        self._renewals: tuple[asyncio.Future[None], threading.Event] | None = None
         self.term: int | None = None
         self.row: Seen | None = None  # the last read of the row
         self.row_read_at: float | None = None  # monotonic
@@ -194,6 +198,7 @@ class Member:
                 continue
             self.problem = None
             if won is not None:
+                self._start_renewals(won.term)  # now, not when the term's daemon is ready
                 return won
             if action is Action.WAIT_OWN and first_own is None:
                 first_own = self.row
@@ -281,16 +286,26 @@ class Member:
         """Renew every `renew_every`, timed in the lease thread (module doc), until the holding
         is lost; then `lost` is set. The caller cancels it at a graceful stop (and then calls
         `release`)."""
-        done = threading.Event()
+        if self._renewals is None:
+            self._start_renewals(holding.term)
+        assert self._renewals is not None
+        renewals, done = self._renewals
         watcher = asyncio.create_task(self._watch_deadline(holding), name="lease-deadline")
         try:
-            await self._in_thread(self._renew_while_held, holding.term, done)
+            await renewals
             holding.lost.set()
         finally:
             done.set()  # cancelled: the thread ends at its next wait
+            self._renewals = None
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+    def _start_renewals(self, term: int) -> None:
+        done = threading.Event()
+        loop = asyncio.get_running_loop()
+        renewals = loop.run_in_executor(self._pool, self._renew_while_held, term, done)
+        self._renewals = (renewals, done)
 
     def _renew_while_held(self, term: int, done: threading.Event) -> None:
         """In the lease thread: a renewal every `renew_every` while the holding may act."""
@@ -340,6 +355,8 @@ class Member:
         with self._local_lock:
             held = self.local.deadline is not None
             self.local.lapse()
+        if self._renewals is not None:  # a term that never got to hold(): its renewals end too
+            self._renewals[1].set()
         if not held:
             return
         try:
@@ -352,6 +369,8 @@ class Member:
         log.info("cluster.released", node=self.node, term=self.term, released=released)
 
     def close(self) -> None:
+        if self._renewals is not None:
+            self._renewals[1].set()
         for conn in (self._conn, self._listener.conn if self._listener is not None else None):
             if conn is not None:
                 with contextlib.suppress(*db.ERRORS):
