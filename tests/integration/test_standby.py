@@ -24,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.testbed import drill_store
+from ntfy_intake.testbed import drill_store, receiver, signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .. import harness
 from ..harness import wait_until
 from ..standby import (
     CRASH_BOUND,
+    GRACEFUL_BOUND,
     LOCAL_WINDOW,
     Cluster,
     leader_and_standby,
@@ -47,6 +48,8 @@ STREAM_LEAK = (
     " cancelled: a daemon that steps down (Supervisor.abandon cancels every task) leaves its"
     " ntfy stream open, feeding a queue nobody reads"
 )
+
+BACKLOG = 3000
 
 pytestmark = [
     pytest.mark.slow,
@@ -311,3 +314,98 @@ def test_leader_cut_off_from_postgresql_stops_by_its_deadline_and_stands_by_when
                 f"alpha's stream still open {LOCAL_WINDOW + 1.0:g} s after the cut"
             )
         streams.only_the_leader()
+
+
+def test_failover_during_a_backlog_replay_the_standby_finishes_it_once(cluster: Cluster) -> None:
+    alpha, beta = leader_and_standby(cluster)
+    emu = cluster.emu
+    first = emu.publish("alerts", "before the backlog", title="warm-up")["id"]
+    cluster.wait_recorded([first])
+    # The leader's stream goes silent (its watchdog drops it, its reconnects get nothing) while
+    # a backlog builds up; back, it replays all of it at once.
+    emu.faults.silence()
+    topics = ("backups", "alerts")
+    backlog = [
+        emu.publish(topics[n % 2], f"backlog #{n}", title=f"backlog {n % 5}")["id"]
+        for n in range(BACKLOG)
+    ]
+    emu.faults.silence(on=False)
+    before = cluster.recorded()
+    wait_until(lambda: cluster.recorded() >= before + BACKLOG // 10, 60, "the replay under way")
+    fault = cluster.fault(alpha, "kill -9 of the leader mid-replay", alpha.kill9())
+    at_kill = cluster.recorded() - before
+    print(f"\n{at_kill} of {BACKLOG} replayed when alpha was killed")
+    assert at_kill < BACKLOG, "the replay was over before the kill: the test proves nothing"
+    lease, _ = cluster.failover(fault, 1, CRASH_BOUND)
+    assert lease.node == beta.name
+    settle(cluster, [first, *backlog], alpha)
+
+
+def test_daily_cap_holds_across_three_failovers(
+    tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver
+) -> None:
+    """The cadence is rebuilt from the journal at every term: the owner gets daily_cap
+    triage messages in all, whoever leads and however the last leader ended."""
+    assert harness.DATABASE is not None
+    with signal_standin.running() as sig:
+        owner = {
+            "owner_signal_url": sig.url,
+            "owner_signal_number": "+31600000000",
+            "owner_recipients": "+31600000001",
+            "cadence_daily_cap": "2",
+        }
+        cluster = Cluster(tmp_path, harness.DATABASE, emu, tagged, **owner)
+        try:
+            leader, standby = leader_and_standby(cluster)
+            published: list[str] = []
+            for n, how in enumerate(["kill9", "sigterm", "kill9", None]):
+                published.append(
+                    emu.publish("alerts", f"#{n} on fire", title=f"fire {n}", priority=5)["id"]
+                )
+                wait_until(
+                    lambda n=n: len(receiver.receipts(tagged.db_path)) == n + 1, 30, "triaged"
+                )
+                wait_until(
+                    lambda n=n: owner_settled(cluster, "triage") == n + 1, 30, "the reply, capped"
+                )
+                if how is None:
+                    break
+                term = cluster.lease().term  # type: ignore[union-attr]
+                if how == "kill9":
+                    fault = cluster.fault(leader, f"kill -9 of {leader.name}", leader.kill9())
+                    bound = CRASH_BOUND
+                else:
+                    at, code = leader.terminate()
+                    assert code == 0
+                    fault = cluster.fault(leader, f"SIGTERM of {leader.name}", at)
+                    bound = GRACEFUL_BOUND
+                lease, _ = cluster.failover(fault, term, bound)
+                assert lease.node == standby.name
+                leader, standby = standby, leader
+                standby.start()
+                wait_until(lambda s=standby: standing_by(s), 30, f"{standby.name} standing by")
+            settle(cluster, published)
+            wait_until(lambda: owner_settled(cluster, "notice") >= 3, 30, "the notices sent")
+            triage = [m.message for m in sig.messages() if m.message.startswith("[sev")]
+            takeovers = [m.message for m in sig.messages() if m.message.startswith("Failover")]
+            print(f"owner got {len(triage)} triage messages, {len(takeovers)} takeover notices")
+            assert len(triage) == 2, triage  # daily_cap, across four terms
+            assert cluster.rows(
+                "SELECT state, count(*) FROM owner_outbox WHERE kind = 'triage'"
+                " GROUP BY state ORDER BY state"
+            ) == [("sent", 2), ("suppressed", 2)]
+            assert len(takeovers) == 3, takeovers  # one per failover
+            keys = cluster.rows("SELECT key FROM owner_outbox WHERE key LIKE 'takeover:%'")
+            assert sorted(k for (k,) in keys) == ["takeover:2", "takeover:3", "takeover:4"]
+        finally:
+            cluster.close()
+
+
+def owner_settled(cluster: Cluster, kind: str) -> int:
+    """Owner messages of `kind` settled (sent, suppressed or dead); -1 while one is pending."""
+    rows = dict(
+        cluster.rows("SELECT state, count(*) FROM owner_outbox WHERE kind = ? GROUP BY state", kind)
+    )
+    if rows.get("pending") or rows.get("leased"):
+        return -1
+    return int(sum(rows.values()))
