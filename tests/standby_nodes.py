@@ -272,10 +272,10 @@ class Node:
             f"http://127.0.0.1:{self.port}{path}", headers=headers, timeout=5, **kwargs
         )
 
-    def post(self, path: str, body: object) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
+    def post(self, path: str, body: object, **headers: str) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {TOKEN}", **headers}
         url = f"http://127.0.0.1:{self.port}{path}"
-        return httpx.post(url, headers=headers, json=body, timeout=5)
+        return httpx.post(url, headers=sent, json=body, timeout=5)
 
     def healthz(self) -> tuple[int, dict[str, Any]] | None:
         """(status, body) of this node's /healthz, None while nothing answers on its port."""
@@ -285,19 +285,23 @@ class Node:
             return None
         return response.status_code, response.json()
 
-    def status(self) -> dict[str, Any]:
-        """`ntfy-intake status --json` with this node's environment."""
+    def command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`ntfy-intake <args>` with this node's environment."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
         env["PYTHONPATH"] = str(SRC)
         env.update(self.env)
-        done = subprocess.run(
-            [sys.executable, "-m", "ntfy_intake", "status", "--json"],
+        return subprocess.run(
+            [sys.executable, "-m", "ntfy_intake", *args],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
+
+    def status(self) -> dict[str, Any]:
+        """`ntfy-intake status --json` with this node's environment."""
+        done = self.command("status", "--json")
         assert done.returncode == 0, done.stderr
         report: dict[str, Any] = json.loads(done.stdout)
         return report
