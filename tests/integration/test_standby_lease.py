@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections import Counter
 
@@ -16,6 +17,7 @@ import pytest
 
 from ntfy_intake.runtime.cluster import Member
 from ntfy_intake.store import db, leadership, migrations
+from ntfy_intake.testbed import drill_store
 
 from .. import harness
 from ..standby import CRASH_BOUND, LOCAL_WINDOW, RENEW, TTL
@@ -123,3 +125,51 @@ def test_a_takeover_is_not_held_off_for_ever_by_a_paused_leaders_write_in_flight
             conn.close()
         with contextlib.suppress(psycopg.Error):
             paused.close()
+
+
+def test_one_failed_renewal_costs_no_term() -> None:
+    """In-process: the lease's session ended once mid-term (pg_terminate_backend, as
+    test_standby's terminate test does to a whole daemon): that renewal fails, the next one
+    reconnects. At the smallest timing allowed (lease_ttl = 3 x renew_every) the local window is
+    two periods, so a retry a whole period later starts after the deadline: the retry must
+    come sooner, and the term survive."""
+    assert harness.DATABASE is not None
+    dsn = db.Dsn(harness.DATABASE)
+    member = Member(dsn, node="alpha", lease_ttl=TTL, renew_every=RENEW, prefix="x.")
+    observer = db.connect(dsn)
+
+    async def lead() -> tuple[bool, bool, int, int]:
+        holding = await member.campaign(asyncio.Event())
+        assert holding is not None
+        keeper = asyncio.create_task(member.hold(holding))
+        await asyncio.sleep(RENEW * 1.5)  # a renewal done, the next half a period away
+        ended = await asyncio.to_thread(end_the_lease_session, observer)
+        await asyncio.sleep(LOCAL_WINDOW + RENEW)  # past the deadline the failure would cost
+        kept = (member.may_act(), holding.lost.is_set(), holding.term, ended)
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        await member.release()
+        return kept
+
+    try:
+        may_act, lost, term, ended = asyncio.run(lead())
+    finally:
+        member.close()
+        observer.close()
+    assert ended == 1, "no lease session to end: the test proves nothing"
+    assert (may_act, lost, term) == (True, False, 1), "one failed renewal cost the term"
+
+
+def end_the_lease_session(observer: db.Connection) -> int:
+    """pg_terminate_backend of this process's session whose last statement renewed the lease
+    (by its client port: other tests share the server)."""
+    ports = sorted(drill_store.tcp_ports(os.getpid()))
+    assert ports, "this process's sockets cannot be read"
+    row = observer.execute(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE query LIKE 'UPDATE leadership SET expires_at%' AND pid <> pg_backend_pid()"
+        f" AND state = 'idle' AND client_port IN ({', '.join('?' for _ in ports)})",
+        tuple(ports),
+    ).fetchone()
+    return int(row[0])

@@ -50,6 +50,7 @@ log = structlog.get_logger("ntfy_intake.cluster")
 
 PREFIX_FILE = "cluster-instance-prefix"
 LISTEN_SLICE_S = 0.5  # a standby's wait on the release NOTIFY, in slices a stop can cut
+RETRY_FRACTION = 0.25  # of renew_every: how soon a failed renewal is tried again
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -308,12 +309,18 @@ class Member:
         self._renewals = (renewals, done)
 
     def _renew_while_held(self, term: int, done: threading.Event) -> None:
-        """In the lease thread: a renewal every `renew_every` while the holding may act."""
-        while self.may_act() and not done.wait(self.renew_every):
+        """In the lease thread: a renewal every `renew_every` while the holding may act; a
+        failed one is tried again after RETRY_FRACTION of that. The local window can be as
+        short as two periods (lease_ttl = 3 x renew_every): a retry a whole period later would
+        start at the deadline, and one failed renewal would cost the term."""
+        wait = self.renew_every
+        while self.may_act() and not done.wait(wait):
+            wait = self.renew_every
             try:
                 kept = self._renew(term)
             except db.ERRORS as exc:
                 self._failed(exc)  # the deadline decides: one failed renewal costs nothing
+                wait = self.renew_every * RETRY_FRACTION
                 continue
             self.problem = None
             if not kept:
