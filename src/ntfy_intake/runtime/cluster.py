@@ -5,10 +5,10 @@ The rules are rules/lease.py's and the statements store/leadership.py's; this mo
 a thread and a clock. Every lease statement runs on a connection of its own, in a thread of its
 own (`lease`), so a renewal never queues behind the writer's transactions or the event loop,
 and each is bounded on the server and on the socket (leadership.connect). The leader's renewals
-are timed in that thread too, not on the loop, and start the moment the claim wins: a loop that
-stalls (the imports at the start of a term on a busy box, a slow callback) or is slow to start
-the term (the standby winding down, the term's daemon being built) delays no renewal, so it
-costs no term.
+are timed in that thread too, not on the loop, and queued there right behind the claim that won
+the term: a loop that stalls (imports on a busy box, a slow callback), that is busy when the
+claim wins, or slow to start the term (the standby winding down, the term's daemon being built)
+delays no renewal, so it costs no term.
 
 Invariants owned here:
 - `may_act()` is what every side effect asks right before it acts (a relay POST, an owner send):
@@ -32,6 +32,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +126,7 @@ class Member:
         self.local = LocalLease(lease_ttl, renew_every)
         self._local_lock = threading.Lock()  # the loop reads `local`, the lease thread renews it
         # The won term's renewals, running in the lease thread, and what ends them.
-        self._renewals: tuple[asyncio.Future[None], threading.Event] | None = None
+        self._renewals: tuple[futures.Future[None], threading.Event] | None = None
         self.term: int | None = None
         self.row: Seen | None = None  # the last read of the row
         self.row_read_at: float | None = None  # monotonic
@@ -199,7 +200,6 @@ class Member:
                 continue
             self.problem = None
             if won is not None:
-                self._start_renewals(won.term)  # now, not when the term's daemon is ready
                 return won
             if action is Action.WAIT_OWN and first_own is None:
                 first_own = self.row
@@ -246,6 +246,7 @@ class Member:
         before = claimed.before
         if before is not None and before.instance != self.instance:
             self.takeovers += 1
+        self._start_renewals(self.term)  # in this thread, behind this claim: the loop may be busy
         log.warning(
             "cluster.leading",
             node=self.node,
@@ -293,7 +294,7 @@ class Member:
         renewals, done = self._renewals
         watcher = asyncio.create_task(self._watch_deadline(holding), name="lease-deadline")
         try:
-            await renewals
+            await asyncio.wrap_future(renewals)
             holding.lost.set()
         finally:
             done.set()  # cancelled: the thread ends at its next wait
@@ -303,10 +304,9 @@ class Member:
                 await watcher
 
     def _start_renewals(self, term: int) -> None:
+        """Queue the term's renewals in the lease thread (from it, or from the loop)."""
         done = threading.Event()
-        loop = asyncio.get_running_loop()
-        renewals = loop.run_in_executor(self._pool, self._renew_while_held, term, done)
-        self._renewals = (renewals, done)
+        self._renewals = (self._pool.submit(self._renew_while_held, term, done), done)
 
     def _renew_while_held(self, term: int, done: threading.Event) -> None:
         """In the lease thread: a renewal every `renew_every` while the holding may act; a
