@@ -313,7 +313,8 @@ def leader_and_standby(cluster: Cluster) -> tuple[Node, Node]:
 
 def settle(cluster: Cluster, published: list[str], *restart: Node) -> dict[str, int]:
     """Everything recorded, the stopped nodes back as standbys, then the checks every test
-    makes; the repeated delivery keys with their count of POSTs."""
+    makes (and one ntfy stream open: the leader's); the repeated delivery keys with their count
+    of POSTs."""
     cluster.wait_recorded(published)
     for node in restart:
         node.start()
@@ -328,6 +329,7 @@ def settle(cluster: Cluster, published: list[str], *restart: Node) -> dict[str, 
             "every delivery settled",
         )
     cluster.mirrors_match()
+    wait_until(lambda: cluster.emu.subscriber_count() == 1, 10, "only the leader subscribing")
     cluster.recorded_once(published)
     terms = cluster.terms_in_order()
     repeated = cluster.delivered(cluster.tagged) if cluster.tagged is not None else {}

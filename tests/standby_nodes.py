@@ -148,10 +148,6 @@ class Stream:
             return list(self.ids)
 
 
-class StreamLeftOpen(AssertionError):
-    """A node that stepped down still holds its ntfy stream (only the leader subscribes)."""
-
-
 class Subscribers:
     """The emulator's count of open streams, sampled every 20 ms from `start` to `stop`: when
     it changed, on the test's monotonic clock."""
@@ -180,12 +176,6 @@ class Subscribers:
     def first(self, count: int, after: float) -> float | None:
         """When the count was first `count` after `after` (None: never)."""
         return next((t for t, n in self.changes if t >= after and n == count), None)
-
-    def only_the_leader(self) -> None:
-        """One stream open now: the leader's (StreamLeftOpen otherwise)."""
-        count = self.emu.subscriber_count()
-        if count != 1:
-            raise StreamLeftOpen(f"{count} ntfy streams open, only the leader's should be")
 
 
 # -- one node --------------------------------------------------------------------------------------
