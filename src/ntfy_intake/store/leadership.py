@@ -55,11 +55,14 @@ _LOCK = f"SELECT {_SEEN} FROM leadership WHERE id = 1 FOR UPDATE"
 _TAKE = f"""UPDATE leadership
     SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}, url = ?
     WHERE id = 1 RETURNING {_SEEN}"""
-# The old term's transactions still holding the table when its lease has expired: begun before
-# that expiry (a claimant's begin after it), so under the old term; ended, they roll back.
+# The old term's transactions still locking rows of the table when its lease has expired (the
+# modes of FOR KEY SHARE / FOR UPDATE and of UPDATE; a plain read never stands in a take's way):
+# begun before that expiry (a claimant's begin after it), so under the old term; ended, they
+# roll back.
 _OLD_TERM = """SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
     SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
     WHERE l.locktype = 'relation' AND l.granted AND l.relation = 'leadership'::regclass
+      AND l.mode IN ('RowShareLock', 'RowExclusiveLock')
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND a.pid <> pg_backend_pid() AND a.xact_start < to_timestamp(?)) AS old_term"""
 # What a lock wait that ran out raises: lock_timeout, or the lease connection's statement_timeout
