@@ -224,16 +224,26 @@ def render(
         f"{len(written)} ({written[0]}..{written[-1]})" if written else "0",
     )
     notices = journal.takeovers()
-    taken = _taken_over(tally)
+    history = _history(tally, journal)
+    taken = {t for t, node in history.items() if t - 1 in history and history[t - 1] != node}
     unnoticed = sorted(t for t in taken if not notices[t])
     twice = sorted(t for t, n in notices.items() if n > 1)
+    wrong = sorted(t for t in notices if t not in taken and t - 1 in history and t in history)
     row(
         "takeover notices / terms seen taken from another node",
         f"{sum(notices.values())} / {len(taken)}"
         + (f" (no notice: terms {unnoticed[:10]})" if unnoticed else "")
-        + (f" (twice: terms {twice[:10]})" if twice else ""),
-        bool(unnoticed or twice),
+        + (f" (twice: terms {twice[:10]})" if twice else "")
+        + (f" (not a takeover: terms {wrong[:10]})" if wrong else ""),
+        bool(unnoticed or twice or wrong),
         "takeover notices not one per takeover",
+    )
+    unplanned = _unplanned(tally)
+    row(
+        "terms no fault explains (a lease lost on its own)",
+        len(unplanned)
+        if not unplanned
+        else f"{len(unplanned)} (terms {', '.join(map(str, unplanned[:10]))})",
     )
     for name in names:
         mismatch = tally.mirrors.get(name, "not compared")
@@ -287,9 +297,29 @@ def render(
     return not why
 
 
-def _taken_over(tally: StandbyTally) -> set[int]:
-    """Terms the drill saw taken from another node: in its rounds, and wherever it read the
-    lease row with term T and earlier with term T - 1 held by another node."""
-    terms = tally.terms
-    seen = {t for t, node in terms.items() if t - 1 in terms and terms[t - 1] != node}
-    return seen | {r.term_after for r in tally.rounds if r.failover and r.term_after is not None}
+def _history(tally: StandbyTally, journal: Journal) -> dict[int, str]:
+    """Each term's node, as far as the drill knows it: every read of the lease row, and each
+    takeover notice's own account (the node that took the term, the one that held the term
+    before)."""
+    history = dict(tally.terms)
+    for r in journal.rows:
+        if r.notice and r.notice.get("node") and r.notice.get("previous_node"):
+            term = int(r.notice.get("term", r.term))
+            history.setdefault(term, r.notice["node"])
+            history.setdefault(term - 1, r.notice["previous_node"])
+    return history
+
+
+def _unplanned(tally: StandbyTally) -> list[int]:
+    """Terms begun beyond one per fault: within a round (a new leader that lost its term at
+    once) or between rounds."""
+    out: list[int] = []
+    previous = min(tally.terms, default=1)  # the first leader's term
+    for r in tally.rounds:
+        out += range(previous + 1, r.term_before + 1)  # begun between rounds
+        if r.term_after is not None:
+            out += range(r.term_before + 2, r.term_after + 1)  # more than one in the round
+            previous = r.term_after
+        else:
+            previous = r.term_before
+    return out
