@@ -15,13 +15,14 @@ against the node that leads at that moment:
   every session);
 - `sigterm`: a graceful stop (exit 0), the lease released; the node is started again.
 
-Each round waits for a leader to be back and measures the failover time two ways: fault -> the
-lease row written after the fault (a new term for the process faults; a renewal or a new term
-for the database ones, where the leader may well keep its term), and fault -> the first event
-recorded after the fault (a journal row of that term). At the end publishing stops, the leader
-catches up, every triage request is receipted, both nodes' audit files must equal the journal
-(store/audit_mirror.compare), and the verdict is drill_standby_report.py's. Exit 0 only on PASS.
-See docs/drill.md and docs/standby.md.
+Each round waits for a leader to be back, settled (`_await_leader`), and measures the failover
+time two ways: fault -> the lease row written after the fault (a new term for the process
+faults; a renewal or a new term for the database ones, where the leader may well keep its
+term), and fault -> the first event recorded after the fault (a journal row of that term). At
+the end publishing stops, the leader catches up, every triage request is receipted, both
+nodes' audit files must equal the journal (store/audit_mirror.compare), and the verdict is
+drill_standby_report.py's; the plan, the nodes and what the drill reads of the cluster are in
+drill_standby_parts.py. Exit 0 only on PASS. See docs/drill.md and docs/standby.md.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -39,7 +42,7 @@ from typing import Any, TextIO
 
 from ntfy_intake.rules.lease import check_timing
 from ntfy_intake.store import audit_mirror, db
-from ntfy_intake.testbed import drill, drill_parts, drill_store, receiver
+from ntfy_intake.testbed import drill_parts, drill_store, receiver
 from ntfy_intake.testbed.drill_standby_parts import (
     KINDS,
     PROCESS_FAULTS,
@@ -421,7 +424,9 @@ def prepared(
     if seed is None:
         seed = random.SystemRandom().randrange(1, 1_000_000)
     with contextlib.ExitStack() as stack:
-        workdir = stack.enter_context(drill._workdir(keep))
+        workdir = Path(tempfile.mkdtemp(prefix="ntfy-intake-drill-"))
+        if not keep:
+            stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         schema, schema_dsn = stack.enter_context(drill_store.own_schema(database))
         receiver_server = drill_parts.ReceiverServer(workdir / "receiver.sqlite3")
         receiver_server.start()
