@@ -282,16 +282,31 @@ def _options_of(dsn: Dsn) -> list[str]:
     return [str(given)] if given else []
 
 
+# A server that stopped answering (a network cut, a box that froze) fails the session within
+# about half a minute instead of the kernel's two hours, so a node cut off from the database
+# stands by instead of hanging in a statement: TCP keepalives and a user timeout, unless the DSN
+# names its own or the caller tightens them (the lease's connection).
+_DEAD_PEER: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
 def _open(
     dsn: Dsn, *, readonly: bool, timeout: float, libpq: Mapping[str, Any]
 ) -> psycopg.Connection[Any]:
+    given = psycopg.conninfo.conninfo_to_dict(dsn.conninfo)
+    defaults = {key: value for key, value in _DEAD_PEER.items() if key not in given}
     raw = psycopg.connect(
         dsn.conninfo,
         autocommit=True,
         row_factory=_rows,
         connect_timeout=max(1, round(timeout)),
         application_name="ntfy-intake",
-        **libpq,
+        **{**defaults, **libpq},
     )
     try:
         raw.execute("SET synchronous_commit = on")
