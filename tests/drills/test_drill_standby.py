@@ -1,12 +1,6 @@
 """`drill --standby`, short: two nodes on one PostgreSQL, three faults against the leader (a fixed
 seed: SIGTERM, kill -9 and, on a server of the test's own, an immediate restart; without one,
-SIGSTOP instead). It must pass, and its table must carry every figure it promises.
-
-The lease is 4 s / 1 s here, not the drill's default 3 s / 1 s: at 3 s / 1 s a new leader's
-first renewal lands 1.5-1.9 s into its 2 s window, and a busy second of its start-up (the
-overlap backfill holding the event loop, measured on a loaded 2-vCPU machine) costs it the
-fresh term and the graceful round its 2 s bound (docs/drill.md, the 50-round run). 4 s gives
-that start-up a second more without changing what is proved."""
+SIGSTOP instead). It must pass, and its table must carry every figure it promises."""
 
 from __future__ import annotations
 
@@ -33,8 +27,7 @@ from .test_drill import children_of, value
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 7
-TTL, RENEW = 4, 1
-CRASH_BOUND = TTL + RENEW + 5
+CRASH_BOUND = 3 + 1 + 5  # the drill's default lease: lease_ttl + renew_every + 5 s
 
 
 @pytest.fixture
@@ -86,7 +79,6 @@ def test_standby_drill_of_three_rounds_passes_with_every_figure(
     )
     children_before = set(children_of(os.getpid()))
     argv = ["drill", "--standby", "--rounds", "3", "--seed", str(SEED), "--database", server]
-    argv += ["--lease-ttl", str(TTL), "--renew-every", str(RENEW)]
     code = cli.main([*argv, *(["--pg-data", str(pg_data)] if pg_data else [])])
     table = capsys.readouterr().out
     assert code == 0, table
