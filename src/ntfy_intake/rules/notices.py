@@ -165,5 +165,6 @@ def takeover(node: str, before_node: str, term: int, previous_term: int) -> Noti
         f" {previous_term}) gave the lease up or stopped renewing it. Intake resumes from the"
         " durable cursor with an overlap backfill: nothing recorded is lost or counted twice.",
         key=f"takeover:{term}",
-        fields={"node": node, "previous_node": before_node, "term": str(term)},
+        # No `term` field: the audit line's envelope carries the term it was written under.
+        fields={"node": node, "previous_node": before_node, "previous_term": str(previous_term)},
     )
