@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from ntfy_intake.rules import sanitize
 from ntfy_intake.store import audit, db, dialect
-from ntfy_intake.store.transaction import Connection
+from ntfy_intake.store.transaction import Connection, Cursor
 from ntfy_intake.wire import frames
 
 SCHEMA = "ntfy-intake.triage/1"
@@ -46,15 +46,36 @@ def create(
     )
 
 
+_NEXT_RELEASE = "SELECT min(due_at) FROM outbox WHERE state = 'collecting'"
+
+
 def next_release_at(conn: Connection) -> float | None:
-    row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
+    return _release_at(conn.execute(_NEXT_RELEASE).fetchone())
+
+
+def _release_at(row: Any) -> float | None:
     return None if row[0] is None else float(row[0])
+
+
+def ask_next_release(conn: Connection) -> Callable[[], float | None]:
+    """`next_release_at`, asked inside the caller's write transaction after its last change to
+    the outbox and read by calling the result once the transaction committed. PostgreSQL: the
+    answer comes with the COMMIT's, no round trip of its own. SQLite reads it at once (a
+    statement left stepping would hold its COMMIT back)."""
+    cursor = conn.execute(_NEXT_RELEASE)
+    if dialect.is_postgres(conn):
+        return lambda: _release_at(cursor.fetchone())
+    at = _release_at(cursor.fetchone())
+    return lambda: at
 
 
 def release_due(
     conn: Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
 ) -> list[str]:
-    """Freeze the payload of every request whose window closed; call inside a write txn."""
+    """Freeze the payload of every request whose window closed; call inside a write txn.
+    Payloads are read ahead, up to `_READ_AHEAD` at a time (their reads asked together: one
+    answer to wait for on PostgreSQL), before those requests are written: no write here changes
+    what another request's payload reads."""
     keys = [
         row[0]
         for row in conn.execute(
@@ -63,8 +84,13 @@ def release_due(
             (now,),
         )
     ]
-    for key in keys:
-        payload, summary, version = build_payload(conn, key)
+    built: list[tuple[dict[str, Any], str, int]] = []
+    for index, key in enumerate(keys):
+        if index == len(built):
+            ahead = keys[index : index + _READ_AHEAD]
+            asked = [_ask_payload(conn, k) for k in ahead]
+            built += [_payload_from(k, *answers) for k, answers in zip(ahead, asked, strict=True)]
+        payload, summary, version = built[index]
         conn.execute(
             "UPDATE outbox SET state = ?, payload = ?, incident_version = ? WHERE delivery_key = ?",
             (
@@ -79,6 +105,10 @@ def release_due(
         # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
         audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
     return keys
+
+
+# Requests whose payload reads are asked at once (a backlog releases one per incident).
+_READ_AHEAD = 64
 
 
 def event_view(frame: dict[str, Any]) -> dict[str, Any]:
@@ -100,32 +130,43 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
 
 def build_payload(conn: Connection, key: str) -> tuple[dict[str, Any], str, int]:
     """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
-    row = conn.execute(
+    return _payload_from(key, *_ask_payload(conn, key))
+
+
+def _ask_payload(conn: Connection, key: str) -> tuple[Cursor, Cursor, Cursor]:
+    """The three reads a payload is built from, asked (not yet read)."""
+    head = conn.execute(
         "SELECT o.reason, i.key, i.severity, i.status, i.version"
         " FROM outbox o JOIN incidents i ON i.key = o.incident_key WHERE o.delivery_key = ?",
         (key,),
-    ).fetchone()
-    reason, incident_key, severity, status, version = row
-    events = []
-    for (raw,) in conn.execute(
+    )
+    events = conn.execute(
         "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
         " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
         (key,),
-    ):
-        # The raw frame is kept as received; what reaches an agent obeys the decode rule.
-        events.append(event_view(sanitize.valid_utf8(json.loads(raw))))
+    )
     # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
     # agent, never a resolution: the request goes out all the same.
+    actions = conn.execute(
+        "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+        " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+        " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+        " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
+        " ORDER BY a.time, a.seq",
+        (key,),
+    )
+    return head, events, actions
+
+
+def _payload_from(
+    key: str, head: Cursor, events_rows: Cursor, actions: Cursor
+) -> tuple[dict[str, Any], str, int]:
+    reason, incident_key, severity, status, version = head.fetchone()
+    # The raw frame is kept as received; what reaches an agent obeys the decode rule.
+    events = [event_view(sanitize.valid_utf8(json.loads(raw))) for (raw,) in events_rows]
     device_actions = [
         {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
-        for row in conn.execute(
-            "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
-            " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
-            " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
-            " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
-            " ORDER BY a.time, a.seq",
-            (key,),
-        )
+        for row in actions
     ]
     payload = {
         "schema": SCHEMA,
