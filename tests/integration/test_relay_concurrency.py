@@ -407,7 +407,7 @@ def test_claim_alone_skips_its_fsync_and_the_connection_is_back_at_full_even_whe
         clock=lambda: 100.0,
         flush_audit=_flushed,
     )
-    monkeypatch.setattr(outbox, "lease_due", failing_lease)
+    monkeypatch.setattr(outbox, "ask_lease", failing_lease)
     with pytest.raises(sqlite3.OperationalError):
         r._settle_and_claim([], 8, (), ())
     claim = outbox.Claim("triage_x", "{}", 1, "alerts:x")

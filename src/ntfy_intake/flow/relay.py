@@ -376,6 +376,7 @@ class Relay:
         # next start releases every lease). The next FULL commit makes it durable with the rest.
         # One fsync less between a release and its POST.
         claim_only = not settlements and not unstarted
+        claims: Callable[[], list[outbox.Claim]] | None = None
         with (
             db.commits_without_fsync(self.conn) if claim_only else contextlib.nullcontext(),
             db.write_txn(self.conn) as txn,
@@ -385,17 +386,38 @@ class Relay:
                 # takes them after COMMIT. (No copy for a claim alone: it decides nothing.)
                 work = self.owner_queue.fork_for(txn)
                 streak = self.unauthorized_streak
-                for claim, outcome in settlements:
-                    streak = self._settle_one(txn, claim, outcome, now, work, streak)
+                # Every row's settle first, their answers then (one wait on PostgreSQL), each
+                # acted on in order as before.
+                marks = [self._mark_for(claim, outcome, now) for claim, outcome in settlements]
+                settled = outbox.settle_all(self.conn, [mark for _, mark in marks])
+                for (claim, outcome), (result, _), done in zip(
+                    settlements, marks, settled, strict=True
+                ):
+                    streak = self._settle_one(txn, claim, outcome, now, work, streak, result, done)
                 txn.after_commit(lambda: setattr(self, "unauthorized_streak", streak))
             if unstarted:
                 outbox.unclaim(self.conn, unstarted)
-            claims = (
-                outbox.lease_due(self.conn, now, limit=want, lease=self.lease, holding=holding)
-                if want > 0
-                else []
+            if want > 0:
+                # Read once committed (PostgreSQL: with the COMMIT's answer), never acted on
+                # before: a claim alone is one round trip.
+                claims = outbox.ask_lease(
+                    self.conn, now, limit=want, lease=self.lease, holding=holding
+                )
+        return [] if claims is None else claims()
+
+    def _mark_for(
+        self, claim: outbox.Claim, outcome: Outcome, now: float
+    ) -> tuple[Literal["delivered", "retry", "dead"], outbox.Mark]:
+        """What an attempt settles its row as (pure but for the retry's jitter)."""
+        key = claim.delivery_key
+        if outcome.kind == "delivered":
+            return "delivered", outbox.Mark.delivered(key, outcome.detail, now)
+        if outcome.kind == "retry" and claim.attempt < self.max_attempts:
+            due = now + retry_delay(
+                claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
             )
-        return claims
+            return "retry", outbox.Mark.retry(key, due, outcome.detail)
+        return "dead", outbox.Mark.dead(key, outcome.detail, now)
 
     def _settle_one(
         self,
@@ -405,40 +427,31 @@ class Relay:
         now: float,
         work: cadence.CadenceState,
         streak: bool,
+        result: Literal["delivered", "retry", "dead"],
+        settled: bool,
     ) -> bool:
-        """Inside `txn`: settle one attempt. `streak`: whether a 401 streak is running (its
+        """Inside `txn`: what one attempt's settle (`result`, `settled`: the row was still
+        leased and is now marked) leads to. `streak`: whether a 401 streak is running (its
         notice sent) as of the batch's earlier settlements; returns it after this one."""
         key = claim.delivery_key
-        if outcome.kind == "delivered":
-            settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
-            result = "delivered"
-            if settled and outcome.notify_text is not None:
-                # The agent's reply: one owner message per delivery key, under the cap.
-                self.owner_queue.triage_message(
-                    txn, f"notify:{key}", outcome.notify_text, now, state=work
-                )
-        elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
-            due = now + retry_delay(
-                claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
-            )
-            settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
-            result = "retry"
-            if settled and outcome.status == 401 and not streak:
-                self.owner_queue.notice(
-                    txn,
-                    notices.relay_unauthorized(key, claim.attempt, outcome.detail),
-                    now,
-                    state=work,
-                )
-        else:
-            settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
-            result = "dead"
-            if settled:
-                self.owner_queue.notice(
-                    txn, notices.dead_row(key, outcome.detail, claim.attempt), now, state=work
-                )
         if not settled:
             return streak
+        if result == "delivered" and outcome.notify_text is not None:
+            # The agent's reply: one owner message per delivery key, under the cap.
+            self.owner_queue.triage_message(
+                txn, f"notify:{key}", outcome.notify_text, now, state=work
+            )
+        elif result == "retry" and outcome.status == 401 and not streak:
+            self.owner_queue.notice(
+                txn,
+                notices.relay_unauthorized(key, claim.attempt, outcome.detail),
+                now,
+                state=work,
+            )
+        elif result == "dead":
+            self.owner_queue.notice(
+                txn, notices.dead_row(key, outcome.detail, claim.attempt), now, state=work
+            )
         audit.stage(
             self.conn,
             "delivery",

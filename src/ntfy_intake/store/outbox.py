@@ -232,10 +232,31 @@ def lease_due(
     """`claim_due` inside the caller's write transaction. `holding`: keys the caller already
     holds (claimed, not yet settled); their lease may run out while they wait their turn, and
     they must not be claimed twice."""
-    rows = conn.execute(
+    return ask_lease(conn, now, limit=limit, lease=lease, holding=holding)()
+
+
+def ask_lease(
+    conn: Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> Callable[[], list[Claim]]:
+    """`lease_due`, its claims read by calling the result: after the transaction's COMMIT when
+    nothing in it needs them sooner (PostgreSQL: the claims come with the COMMIT's answer, a
+    claim alone is one round trip). SQLite reads them at once, as `ask_next_release`."""
+    cursor = conn.execute(
         dialect.pick(conn, sqlite=_LEASE_DUE_SQLITE, postgresql=_LEASE_DUE_PG),
         {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
-    ).fetchall()
+    )
+    if dialect.is_postgres(conn):
+        return lambda: _claims(cursor.fetchall())
+    claims = _claims(cursor.fetchall())
+    return lambda: claims
+
+
+def _claims(rows: list[Any]) -> list[Claim]:
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.
     rows.sort(key=lambda row: (row[4], row[5], row[0]))
@@ -286,36 +307,64 @@ def next_due_at(conn: Connection, table: Table = "outbox") -> float | None:
 
 def mark_delivered(conn: Connection, key: str, response: str, now: float) -> bool:
     """Only a leased row settles: a row redriven or already settled meanwhile is left alone."""
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
-            " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'",
-            (now, response, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.delivered(key, response, now)).rowcount == 1
 
 
 def mark_retry(conn: Connection, key: str, due_at: float, error: str) -> bool:
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
-            " WHERE delivery_key = ? AND state = 'leased'",
-            (due_at, error, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.retry(key, due_at, error)).rowcount == 1
 
 
 def mark_dead(conn: Connection, key: str, error: str, now: float) -> bool:
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
-            " WHERE delivery_key = ? AND state = 'leased'",
-            (error, now, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.dead(key, error, now)).rowcount == 1
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One settle of a leased row, as `mark_delivered`, `mark_retry` or `mark_dead` make it."""
+
+    sql: str
+    params: tuple[object, ...]
+
+    @classmethod
+    def delivered(cls, key: str, response: str, now: float) -> Mark:
+        return cls(_MARK_DELIVERED, (now, response, key))
+
+    @classmethod
+    def retry(cls, key: str, due_at: float, error: str) -> Mark:
+        return cls(_MARK_RETRY, (due_at, error, key))
+
+    @classmethod
+    def dead(cls, key: str, error: str, now: float) -> Mark:
+        return cls(_MARK_DEAD, (error, now, key))
+
+
+_MARK_DELIVERED = (
+    "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
+    " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'"
+)
+_MARK_RETRY = (
+    "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
+    " WHERE delivery_key = ? AND state = 'leased'"
+)
+_MARK_DEAD = (
+    "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
+    " WHERE delivery_key = ? AND state = 'leased'"
+)
+
+
+def ask_mark(conn: Connection, mark: Mark) -> Cursor:
+    """Send one settle; its `rowcount` (1: the row was still this lease's) is read from the
+    result. Several asked before the first is read wait for one answer on PostgreSQL."""
+    return conn.execute(mark.sql, mark.params)
+
+
+def settle_all(conn: Connection, marks: Sequence[Mark]) -> list[bool]:
+    """Inside the caller's write transaction: every settle sent, then each one's rowcount read
+    (one answer to wait for on PostgreSQL): whether each row was still leased and now settled.
+    The server runs them in order as before, so each answer is the one it gave when read at
+    once; what the caller does with an answer writes other tables (owner outbox, journal)."""
+    asked = [ask_mark(conn, mark) for mark in marks]
+    return [cursor.rowcount == 1 for cursor in asked]
 
 
 def redrive(conn: Connection, keys: Sequence[str] | None, now: float) -> list[str]:
