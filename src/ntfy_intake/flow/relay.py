@@ -15,7 +15,7 @@ each incident's claimed rows go out one after another, oldest due first. Claims 
 earlier attempts are still in flight; what finished is settled in one transaction per turn and
 the audit flushed once for it.
 
-`classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
+`classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
 """
 
 from __future__ import annotations
@@ -32,67 +32,21 @@ import httpx
 import structlog
 
 from ntfy_intake import __version__
-from ntfy_intake.rules import backoff, cadence, notices
+from ntfy_intake.flow import relay_outcome
+from ntfy_intake.flow.relay_outcome import Outcome, classify, retry_delay
+from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
-from ntfy_intake.wire import http_post, jsonsafe, signing
+from ntfy_intake.wire import http_post, signing
 
 log = structlog.get_logger("ntfy_intake.relay")
 
-RETRY_BASE = 2.0
-RETRY_CAP = 300.0
+RETRY_BASE = relay_outcome.RETRY_BASE  # callers name it relay.RETRY_BASE
+
 CLAIM_BATCH = 16
 CLAIMS_PER_LANE = 8  # a claim batch holds this many per connection, so none sits idle
 DEFAULT_CONCURRENCY = 4  # deliveries in flight at once (to different incidents)
 MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    kind: Literal["delivered", "retry", "permanent"]
-    detail: str
-    status: int | None = None
-    retry_after: float | None = None
-    notify_text: str | None = None
-
-
-def classify(
-    status: int | None, headers: httpx.Headers | None, body: bytes, error: str | None, now: float
-) -> Outcome:
-    """What an attempt's result means. `status` is None when no response arrived."""
-    if status is None:
-        return Outcome("retry", error or "no response")
-    if 200 <= status < 300:
-        return Outcome("delivered", f"HTTP {status}", status, notify_text=_notify_text(body))
-    retry_after = backoff.parse_retry_after(headers.get("Retry-After") if headers else None, now)
-    if status in (401, 408, 429) or status >= 500:
-        # 401: the receiver refused the signature or token. Its clock may not be synced yet or a
-        # secret may be mid-rotation, both of which heal; `Relay` tells the owner once.
-        return Outcome("retry", f"HTTP {status}", status, retry_after=retry_after)
-    return Outcome("permanent", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}", status)
-
-
-def _notify_text(body: bytes) -> str | None:
-    try:
-        parsed = jsonsafe.loads(body) if body else None  # strings come back valid UTF-8
-    except jsonsafe.BadJson:
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    notify = parsed.get("notify")
-    if isinstance(notify, dict) and isinstance(notify.get("text"), str) and notify["text"].strip():
-        return str(notify["text"])
-    return None
-
-
-def retry_delay(
-    attempt: int,
-    retry_after: float | None,
-    rng: Callable[[], float],
-    *,
-    base: float = RETRY_BASE,
-) -> float:
-    return backoff.delay(attempt - 1, base=base, cap=RETRY_CAP, rng=rng, retry_after=retry_after)
 
 
 @dataclass(slots=True)
