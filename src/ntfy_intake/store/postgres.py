@@ -96,10 +96,12 @@ class Row(Sequence[Any]):
 
 
 def _rows(cursor: Any) -> Any:
-    description = cursor.description
-    if description is None:
+    # The column names from the result itself: `cursor.description` builds a Column object per
+    # field (type lookups included), ten times the cost, for every statement's result.
+    result = cursor.pgresult
+    if result is None or not result.nfields:
         return tuple
-    index = {column.name: i for i, column in enumerate(description)}
+    index = {result.fname(i).decode(): i for i in range(result.nfields)}
     return functools.partial(Row, index=index)
 
 
@@ -349,7 +351,10 @@ class PgConnection:
 def _params(params: Sequence[Any] | Mapping[str, Any]) -> Any:
     if isinstance(params, Mapping):
         return {name: _text(value) for name, value in params.items()}
-    return tuple(_text(value) for value in params)
+    for value in params:  # most statements have nothing to map: passed on as they are
+        if isinstance(value, list) or (isinstance(value, str) and "\x00" in value):
+            return tuple(_text(value) for value in params)
+    return params
 
 
 def _text(value: Any) -> Any:
