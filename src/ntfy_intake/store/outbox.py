@@ -298,11 +298,21 @@ def release_leases(conn: Connection, table: Table = "outbox") -> int:
 
 def next_due_at(conn: Connection, table: Table = "outbox") -> float | None:
     """When the next row falls due: a pending row's due time, or a lease running out."""
-    row = conn.execute(
+    return ask_next_due(conn, table)()
+
+
+def ask_next_due(conn: Connection, table: Table = "outbox") -> Callable[[], float | None]:
+    """`next_due_at` asked inside the caller's write transaction, read by calling the result
+    once it committed (PostgreSQL: with the COMMIT's answer; SQLite: read at once, as
+    `ask_next_release`)."""
+    cursor = conn.execute(
         "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
         f" FROM {table} WHERE state IN ('pending', 'leased')"
-    ).fetchone()
-    return None if row[0] is None else float(row[0])
+    )
+    if dialect.is_postgres(conn):
+        return lambda: _release_at(cursor.fetchone())
+    at = _release_at(cursor.fetchone())
+    return lambda: at
 
 
 def mark_delivered(conn: Connection, key: str, response: str, now: float) -> bool:
