@@ -87,7 +87,7 @@ def test_an_idle_relay_posts_what_a_trip_claimed_for_it_and_claims_nothing_itsel
 ) -> None:
     """Two releases, each taken by its trip (a thread standing in for the writer's): the relay
     posts both, once each, and after its start-up claim makes no claim of its own, not even
-    when a finished attempt wakes it to settle."""
+    when a finished attempt wakes it to settle, nor a next-due query before it waits."""
     posted: list[str] = []
     own_claims: list[int] = []
     stop = asyncio.Event()
@@ -95,6 +95,8 @@ def test_an_idle_relay_posts_what_a_trip_claimed_for_it_and_claims_nothing_itsel
     async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
         if getattr(fn, "__func__", None) is relay.Relay._settle_and_claim and args[1] > 0:
             own_claims.append(args[1])
+        if fn is outbox.next_due_at:
+            own_claims.append(-1)  # a query of its own before waiting: asked in the turn now
         return fn(*args, **kwargs)
 
     def handler(request: httpx.Request) -> httpx.Response:
