@@ -122,6 +122,7 @@ def test_an_idle_relay_posts_what_a_trip_claimed_for_it_and_claims_nothing_itsel
                 max_attempts=3,
                 clock=time.time,
                 flush_audit=_flushed,
+                offer_claims=True,  # the default on PostgreSQL only
             )
             running = asyncio.create_task(r.run(stop))
             for key in ("triage_trip1", "triage_trip2"):
@@ -167,6 +168,7 @@ def test_a_taken_offer_is_never_claimed_beside_the_relays_own(store: db.Connecti
                 max_attempts=3,
                 clock=time.time,
                 flush_audit=_flushed,
+                offer_claims=True,
             )
             real = r._settle_and_claim
 
@@ -200,6 +202,22 @@ def test_a_taken_offer_is_never_claimed_beside_the_relays_own(store: db.Connecti
     assert asyncio.run(scenario()) is True
     assert posted == ["triage_slow"]
     assert _attempts(store, "triage_slow") == 1
+
+
+def test_the_relay_offers_its_claim_by_default_on_postgresql_only(store: db.Connection) -> None:
+    """SQLite's audit flush is a local fsync: the claim waits behind it, as before."""
+    r = relay.Relay(
+        store,
+        httpx.AsyncClient(),
+        run_db=db.run_inline,
+        owner_queue=owner_queue(),
+        url="http://receiver.invalid/triage",
+        timeout=5,
+        max_attempts=3,
+        clock=time.time,
+        flush_audit=_flushed,
+    )
+    assert r.offer_claims == db.is_postgres(store)
 
 
 async def _flushed() -> bool:

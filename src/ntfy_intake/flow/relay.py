@@ -28,7 +28,6 @@ import functools
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import httpx
@@ -36,7 +35,7 @@ import structlog
 
 from ntfy_intake import __version__
 from ntfy_intake.flow import relay_outcome, relay_wakeup
-from ntfy_intake.flow.relay_outcome import Outcome, classify, retry_delay
+from ntfy_intake.flow.relay_outcome import Outcome, RelayStats, classify, retry_delay
 from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
@@ -50,14 +49,6 @@ CLAIM_BATCH = 16
 CLAIMS_PER_LANE = 8  # a claim batch holds this many per connection, so none sits idle
 DEFAULT_CONCURRENCY = 4  # deliveries in flight at once (to different incidents)
 MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
-
-
-@dataclass(slots=True)
-class RelayStats:
-    attempts: int = 0
-    delivered: int = 0
-    retries: int = 0
-    dead: int = 0
 
 
 class Relay:
@@ -90,6 +81,7 @@ class Relay:
         token: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         poster: http_post.KeepAlivePoster | None = None,
+        offer_claims: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("relay concurrency must be at least 1")
@@ -134,7 +126,11 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         # When the next row falls due, as the last claim or settle transaction left the outbox.
         self._next_due: float | None = None
-        # Our claim, offered to the trip that releases the next request (relay_wakeup.py).
+        # Our claim, offered to the trip that releases the next request (relay_wakeup.py). By
+        # default on PostgreSQL only, where the audit flush it would wait behind is 3-4 round
+        # trips; on SQLite that flush is a local fsync, and claiming ahead of it delayed the
+        # durable record more than it brought the POST forward (docs/performance.md).
+        self.offer_claims = db.is_postgres(conn) if offer_claims is None else offer_claims
         self._offers: relay_wakeup.Offers[list[outbox.Claim] | None] = relay_wakeup.Offers()
         self._settling: tuple[str, ...] = ()  # finished, taken off `_held`, being settled
         self._look_later = False  # asked to look while a trip's claims were on their way
@@ -204,7 +200,8 @@ class Relay:
     def _offer(self) -> None:
         """Offer our claim to the next releasing trip while no attempt is in flight or waiting
         its turn (finished ones, settled or not, are held: never claimed twice)."""
-        if len(self._held) > len(self._finished) or self._loop is None or self._stopping():
+        busy = len(self._held) > len(self._finished)
+        if not self.offer_claims or busy or self._loop is None or self._stopping():
             return
         holding = (*self._held, *self._settling)
         claim = functools.partial(self._claim_in_trip, holding)
@@ -320,8 +317,11 @@ class Relay:
                 queue.popleft()
                 self.after_post()
                 self._finished.append((claim, outcome))
-                self._offer()  # the last in flight ended: the next release may claim for us
-                relay_wakeup.poke(self.wakeup)  # something to settle, nothing new to claim
+                if self.offer_claims:
+                    self._offer()  # the last in flight ended: the next release claims for us
+                    relay_wakeup.poke(self.wakeup)  # something to settle, nothing to claim
+                else:
+                    self.wakeup.set()  # settle, and claim first what was released meanwhile
         finally:
             if not queue:
                 del self._lanes[lane_key]

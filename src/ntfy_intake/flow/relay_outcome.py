@@ -1,4 +1,5 @@
-"""What a relay attempt's answer means, and when to try again: pure (relay.py is the loop).
+"""What a relay attempt's answer means, when to try again, what was counted: pure (relay.py is
+the loop).
 
 `classify` reads a status, the headers, the body (or the error when no response came) into an
 `Outcome`; 2xx delivers (its `notify.text`, when the agent sent one, goes to the owner), 401, 408,
@@ -19,6 +20,16 @@ from ntfy_intake.wire import jsonsafe
 
 RETRY_BASE = 2.0
 RETRY_CAP = 300.0
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """The relay's counters (status, metrics)."""
+
+    attempts: int = 0
+    delivered: int = 0
+    retries: int = 0
+    dead: int = 0
 
 
 @dataclass(frozen=True, slots=True)
