@@ -5,7 +5,9 @@ and their rowcounts read then (one wait), each acted on in order."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -118,3 +120,51 @@ def test_a_delivery_settles_in_two_round_trips(store: db.Connection) -> None:
     ]
     if db.is_postgres(store):
         assert waited == [2]
+
+
+def test_the_idle_wait_uses_the_due_time_its_last_transaction_saw(store: db.Connection) -> None:
+    """No query of its own before each wait: a retry's due time comes from the settle that set
+    it, and the relay wakes for it (not before, not a second later) and delivers."""
+    _pending(store, "triage_a")
+    answers = iter([httpx.Response(503), httpx.Response(200, json={"accepted": True})])
+    posted_at: list[float] = []
+    queried: list[object] = []
+    stop = asyncio.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted_at.append(time.monotonic())
+        return next(answers)
+
+    async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if fn is outbox.next_due_at:
+            queried.append(fn)
+        return fn(*args, **kwargs)
+
+    async def scenario() -> relay.Relay:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            r = relay.Relay(
+                store,
+                client,
+                run_db=run_db,
+                owner_queue=owner_queue(),
+                url="http://receiver.invalid/triage",
+                timeout=5,
+                max_attempts=3,
+                clock=time.time,
+                flush_audit=_flushed,
+                rng=lambda: 0.5,
+                retry_base=0.4,
+            )
+            running = asyncio.create_task(r.run(stop))
+            deadline = time.monotonic() + 10
+            while r.stats.delivered < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            stop.set()
+            r.wakeup.set()
+            await running
+            return r
+
+    r = asyncio.run(scenario())
+    assert r.stats.delivered == 1 and len(posted_at) == 2
+    assert 0.15 <= posted_at[1] - posted_at[0] < 0.9  # woke for the due time it was told
+    assert queried == []

@@ -13,9 +13,7 @@ UTF-8 where it is decoded: no value a receiver sends can stop the relay.
 Up to `concurrency` attempts are in flight at once (4 by default), never two of one incident:
 each incident's claimed rows go out one after another, oldest due first. Claims are made while
 earlier attempts are still in flight; what finished is settled in one transaction per turn and
-the audit flushed once for it. A relay waiting with nothing claimed offers its claim to the trip
-that releases the next request (relay_wakeup.py): its rows are claimed there, right after that
-COMMIT, and go out while the writer writes the audit line.
+the audit flushed once for it.
 
 `classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
 """
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -34,7 +31,7 @@ import httpx
 import structlog
 
 from ntfy_intake import __version__
-from ntfy_intake.flow import relay_outcome, relay_wakeup
+from ntfy_intake.flow import relay_outcome
 from ntfy_intake.flow.relay_outcome import Outcome, RelayStats, classify, retry_delay
 from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
@@ -81,7 +78,6 @@ class Relay:
         token: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         poster: http_post.KeepAlivePoster | None = None,
-        offer_claims: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("relay concurrency must be at least 1")
@@ -104,7 +100,7 @@ class Relay:
         self.signing_key = signing_key
         self.token = token
         self.unauthorized_streak = False
-        self.wakeup: asyncio.Event = relay_wakeup.Wakeup()
+        self.wakeup = asyncio.Event()
         self.stats = RelayStats()
         self.lease = timeout * 2 + 5.0
         self._timeout = {"timeout": httpx.Timeout(timeout).as_dict()}
@@ -123,17 +119,8 @@ class Relay:
         self._finished: list[tuple[outbox.Claim, Outcome]] = []
         self._stop: asyncio.Event | None = None  # run()'s: no attempt starts once it is set
         self._failure: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         # When the next row falls due, as the last claim or settle transaction left the outbox.
         self._next_due: float | None = None
-        # Our claim, offered to the trip that releases the next request (relay_wakeup.py). By
-        # default on PostgreSQL only, where the audit flush it would wait behind is 3-4 round
-        # trips; on SQLite that flush is a local fsync, and claiming ahead of it delayed the
-        # durable record more than it brought the POST forward (docs/performance.md).
-        self.offer_claims = db.is_postgres(conn) if offer_claims is None else offer_claims
-        self._offers: relay_wakeup.Offers[list[outbox.Claim] | None] = relay_wakeup.Offers()
-        self._settling: tuple[str, ...] = ()  # finished, taken off `_held`, being settled
-        self._look_later = False  # asked to look while a trip's claims were on their way
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.signing_key is None:
@@ -143,7 +130,6 @@ class Relay:
                 "tell them from forgeries (docs/triage-contract.md, section 5)",
             )
         self._stop = stop
-        self._loop = asyncio.get_running_loop()
         await self.run_db(outbox.release_leases, self.conn)
         look = True  # rows may be due: a claim is worth its query
         try:
@@ -153,9 +139,7 @@ class Relay:
                 # the wakeup from the event loop between our awaits) must not wait out the poll.
                 if self.wakeup.is_set():
                     self.wakeup.clear()
-                    look = relay_wakeup.asked(self.wakeup) or look
-                if look and self._offers.coming:  # a trip claims for us: look once that came
-                    self._look_later, look = True, False
+                    look = True
                 # A turn (a claim, one settle transaction, one audit flush) when the lanes run dry
                 # or half the window waits to be settled: not one per delivery under load, and
                 # at once for a lone delivery.
@@ -168,62 +152,22 @@ class Relay:
                     # Fewer than asked: nothing more is due until a release or a due time.
                     look = not running_dry or len(claims) == want
                     continue
-                look = await self._wait(look)
+                if self._held:
+                    wait = 1.0  # an attempt in flight sets the wakeup when it ends
+                else:
+                    # As the last transaction left the outbox (asked in it: no query of its own).
+                    due = self._next_due
+                    wait = 1.0 if due is None else min(1.0, max(0.0, due - self.clock()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+                look = True
         except BaseException:
-            self._offers.withdraw()
             for task in self._tasks:  # a failure or a cancel: no attempt outlives the relay
                 task.cancel()
             raise
         # Stopping: in-flight attempts finish (bounded by the timeout) and are settled; claimed
         # rows whose attempt never started go back to pending.
         await self._settle_in_flight()
-
-    async def _wait(self, look: bool) -> bool:
-        """Until woken, or the poll: whether to look for rows then. With nothing in flight our
-        claim is offered meanwhile (`_offer`); `run` does not look while a trip's claims for us
-        are on their way (`_adopt`)."""
-        if self._held:
-            wait = 1.0  # an attempt in flight pokes the wakeup when it ends
-        else:
-            # The next due time as the last transaction left it (asked in it: no query here).
-            due = self._next_due
-            wait = 1.0 if due is None else min(1.0, max(0.0, due - self.clock()))
-        self._offer()
-        try:
-            await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
-        except TimeoutError:
-            look = True  # the poll: a due time passed, or another process changed the outbox
-        finally:
-            self._offers.withdraw()
-        return look
-
-    def _offer(self) -> None:
-        """Offer our claim to the next releasing trip while no attempt is in flight or waiting
-        its turn (finished ones, settled or not, are held: never claimed twice)."""
-        busy = len(self._held) > len(self._finished)
-        if not self.offer_claims or busy or self._loop is None or self._stopping():
-            return
-        holding = (*self._held, *self._settling)
-        claim = functools.partial(self._claim_in_trip, holding)
-        self._offers.make(self.wakeup, self._loop, claim, self._adopt)
-
-    def _claim_in_trip(self, holding: tuple[str, ...]) -> list[outbox.Claim] | None:
-        """In the worker thread, in the trip that released requests (the database lock held):
-        our offered claim. None on a storage fault: our own claim meets it and waits it out."""
-        try:
-            return self._settle_and_claim([], self.window, holding, ())
-        except db.ERRORS:
-            return None
-
-    def _adopt(self, claims: list[outbox.Claim] | None) -> None:
-        """On the event loop: the claims a releasing trip made for us start now (None: its
-        claim failed, so look for rows ourselves)."""
-        look, self._look_later = self._look_later, False
-        if claims is None or len(claims) == self.window or look:
-            self.wakeup.set()  # look: more may be due
-        else:
-            relay_wakeup.poke(self.wakeup)
-        self._dispatch(claims or [])
 
     async def run_once(self) -> bool:
         """Claim a batch, POST it over at most `concurrency` connections, settle it in one
@@ -242,18 +186,13 @@ class Relay:
         row's POST never waits for the settle's fsync. Returns the new claims."""
         claims: list[outbox.Claim] = []
         if want > 0:
-            self._offers.withdraw()  # our own claim now
             holding = tuple(self._held)  # finished rows too: still leased until settled
             claims = await self.run_db(self._settle_and_claim, [], want, holding, ())
             self._dispatch(claims)
         if finished:
-            self._settling = tuple(claim.delivery_key for claim, _ in finished)
-            self._held.difference_update(self._settling)
-            # A release while we settle and write the lines is claimed in its own trip, not
-            # behind this settle and this flush (when nothing is in flight).
-            self._offer()
+            for claim, _ in finished:
+                self._held.discard(claim.delivery_key)
             await self.run_db(self._settle_and_claim, finished, 0, (), ())
-            self._settling = ()
             # A delivery is marked only after its 2xx; a crash before this settle re-sends the
             # same keys (at-least-once, absorbed by the receiver's dedup).
             await self.flush_audit()
@@ -262,10 +201,6 @@ class Relay:
     async def _settle_in_flight(self) -> None:
         """Wait for every lane to finish, then settle what it did (and put back what it never
         started, when stopping) in one transaction and flush the audit."""
-        self._offers.withdraw()
-        while self._offers.coming:  # a trip's claims for us, on their way: settled below
-            self.wakeup.clear()
-            await self.wakeup.wait()  # set or poked once they came
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._raise_lane_failure()
@@ -317,11 +252,7 @@ class Relay:
                 queue.popleft()
                 self.after_post()
                 self._finished.append((claim, outcome))
-                if self.offer_claims:
-                    self._offer()  # the last in flight ended: the next release claims for us
-                    relay_wakeup.poke(self.wakeup)  # something to settle, nothing to claim
-                else:
-                    self.wakeup.set()  # settle, and claim first what was released meanwhile
+                self.wakeup.set()
         finally:
             if not queue:
                 del self._lanes[lane_key]
@@ -330,7 +261,7 @@ class Relay:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
-            relay_wakeup.poke(self.wakeup)
+            self.wakeup.set()
 
     def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
         """This attempt's headers, signed now (a retry carries a fresh timestamp)."""
@@ -420,7 +351,7 @@ class Relay:
                 claims = outbox.ask_lease(
                     self.conn, now, limit=want, lease=self.lease, holding=holding
                 )
-            next_due = outbox.ask_next_due(self.conn)  # for the idle wait (`_wait`)
+            next_due = outbox.ask_next_due(self.conn)  # for the idle wait in `run`
         self._next_due = next_due()
         return [] if claims is None else claims()
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from ntfy_intake.flow import intake, relay_wakeup
+from ntfy_intake.flow import intake
 from ntfy_intake.flow.database import Database
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import (
@@ -206,12 +206,9 @@ class Writer:
             # before the flush (which may queue a notice) decides on them.
             write.result = result
             self._crash.hit("after_inbox_commit")
-            # The rows are durable. A relay waiting with nothing claimed claims them here,
-            # before the audit flush: the POST goes out while the lines are written. Else it
-            # is woken, and queues for the lock.
-            wakeup = self._relay_wakeup
-            if result.released and wakeup is not None and not relay_wakeup.claim_in_trip(wakeup):
-                loop.call_soon_threadsafe(wakeup.set)
+            if result.released and self._relay_wakeup is not None:
+                # The rows are durable: the relay queues for the lock while the audit is written.
+                loop.call_soon_threadsafe(self._relay_wakeup.set)
         if write.result.recorded and not write.release_known:
             # Read in the batch's transaction when it could be (not one by one, after a value
             # broke the batch): no statement of its own then.
