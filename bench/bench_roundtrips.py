@@ -47,7 +47,7 @@ _out = open(os.environ["NTFY_TRACE_FILE"], "a", buffering=1)
 _lock = threading.Lock()
 _local = threading.local()
 _PATHS = (
-    ("_write_batch", "writer: batch"), ("flush_sync", "writer: audit flush"),
+    ("_write_batch", "writer: batch"), ("flush_sync", "audit flush (writer, relay)"),
     ("_settle_and_claim", "relay"), ("next_due_at", "relay: next due"),
     ("settle_cursor", "ticker: cursor"), ("save_last_frame_time", "ticker: frame time"),
     ("release_due", "writer: release"), ("heartbeat", "vitals"),
