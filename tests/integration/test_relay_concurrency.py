@@ -142,12 +142,12 @@ def test_row_released_while_the_relay_looks_for_work_does_not_wait_out_the_poll(
     store: sqlite3.Connection,
 ) -> None:
     """The writer releases a row (and sets the wakeup) while the relay is between its claim and
-    its next-due query: the relay must go again at once, not sleep its 1 s poll first."""
+    its wait: the relay must go again at once, not sleep its 1 s poll first."""
     released = {"done": False}
 
     async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
         result = fn(*args, **kwargs)
-        if fn is outbox.next_due_at and not released["done"]:
+        if getattr(fn, "__func__", None) is relay.Relay._settle_and_claim and not released["done"]:
             released["done"] = True
             with db.write_txn(store):
                 outbox.create(store, "triage_late", "alerts:late", "new_incident", 0.0, 1.0)
@@ -407,7 +407,7 @@ def test_claim_alone_skips_its_fsync_and_the_connection_is_back_at_full_even_whe
         clock=lambda: 100.0,
         flush_audit=_flushed,
     )
-    monkeypatch.setattr(outbox, "lease_due", failing_lease)
+    monkeypatch.setattr(outbox, "ask_lease", failing_lease)
     with pytest.raises(sqlite3.OperationalError):
         r._settle_and_claim([], 8, (), ())
     claim = outbox.Claim("triage_x", "{}", 1, "alerts:x")

@@ -44,6 +44,15 @@ def test_nul_in_text_is_stored_as_replacement_not_refused() -> None:
     assert postgres._params({"k": "\x00"}) == {"k": "\ufffd"}
 
 
+def test_array_parameters_map_each_string_and_plain_parameters_pass_as_they_are() -> None:
+    """An array parameter (the delete/clear link's unnest) holds text too: its NULs are mapped
+    as a scalar's, or a lookup would miss the row stored with U+FFFD. Parameters with nothing to
+    map go to the driver as they came (no copy per statement)."""
+    assert postgres._params((["a\x00", "b"], 1)) == (["a\ufffd", "b"], 1)
+    plain = ("a", 1, None, 2.5)
+    assert postgres._params(plain) is plain
+
+
 def test_a_dsn_is_shown_without_its_password() -> None:
     dsn = Dsn("postgresql://intake:hunter2@nas.lan:5433/alerts?sslmode=require")
     assert str(dsn) == "postgresql://intake@nas.lan:5433/alerts"

@@ -15,7 +15,7 @@ each incident's claimed rows go out one after another, oldest due first. Claims 
 earlier attempts are still in flight; what finished is settled in one transaction per turn and
 the audit flushed once for it.
 
-`classify()` and `retry_delay()` are pure; `Relay` is the loop around them.
+`classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
 """
 
 from __future__ import annotations
@@ -25,82 +25,27 @@ import contextlib
 import random
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 import structlog
 
 from ntfy_intake import __version__
-from ntfy_intake.rules import backoff, cadence, notices
+from ntfy_intake.flow import relay_outcome
+from ntfy_intake.flow.relay_outcome import Outcome, RelayStats, classify, retry_delay
+from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
-from ntfy_intake.wire import http_post, jsonsafe, signing
+from ntfy_intake.wire import http_post, signing
 
 log = structlog.get_logger("ntfy_intake.relay")
 
-RETRY_BASE = 2.0
-RETRY_CAP = 300.0
+RETRY_BASE = relay_outcome.RETRY_BASE  # callers name it relay.RETRY_BASE
+
 CLAIM_BATCH = 16
 CLAIMS_PER_LANE = 8  # a claim batch holds this many per connection, so none sits idle
 DEFAULT_CONCURRENCY = 4  # deliveries in flight at once (to different incidents)
 MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    kind: Literal["delivered", "retry", "permanent"]
-    detail: str
-    status: int | None = None
-    retry_after: float | None = None
-    notify_text: str | None = None
-
-
-def classify(
-    status: int | None, headers: httpx.Headers | None, body: bytes, error: str | None, now: float
-) -> Outcome:
-    """What an attempt's result means. `status` is None when no response arrived."""
-    if status is None:
-        return Outcome("retry", error or "no response")
-    if 200 <= status < 300:
-        return Outcome("delivered", f"HTTP {status}", status, notify_text=_notify_text(body))
-    retry_after = backoff.parse_retry_after(headers.get("Retry-After") if headers else None, now)
-    if status in (401, 408, 429) or status >= 500:
-        # 401: the receiver refused the signature or token. Its clock may not be synced yet or a
-        # secret may be mid-rotation, both of which heal; `Relay` tells the owner once.
-        return Outcome("retry", f"HTTP {status}", status, retry_after=retry_after)
-    return Outcome("permanent", f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}", status)
-
-
-def _notify_text(body: bytes) -> str | None:
-    try:
-        parsed = jsonsafe.loads(body) if body else None  # strings come back valid UTF-8
-    except jsonsafe.BadJson:
-        return None
-    if not isinstance(parsed, dict):
-        return None
-    notify = parsed.get("notify")
-    if isinstance(notify, dict) and isinstance(notify.get("text"), str) and notify["text"].strip():
-        return str(notify["text"])
-    return None
-
-
-def retry_delay(
-    attempt: int,
-    retry_after: float | None,
-    rng: Callable[[], float],
-    *,
-    base: float = RETRY_BASE,
-) -> float:
-    return backoff.delay(attempt - 1, base=base, cap=RETRY_CAP, rng=rng, retry_after=retry_after)
-
-
-@dataclass(slots=True)
-class RelayStats:
-    attempts: int = 0
-    delivered: int = 0
-    retries: int = 0
-    dead: int = 0
 
 
 class Relay:
@@ -178,6 +123,8 @@ class Relay:
         self._finished: list[tuple[outbox.Claim, Outcome]] = []
         self._stop: asyncio.Event | None = None  # run()'s: no attempt starts once it is set
         self._failure: BaseException | None = None
+        # When the next row falls due, as the last claim or settle transaction left the outbox.
+        self._next_due: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.signing_key is None:
@@ -212,8 +159,9 @@ class Relay:
                 if self._held:
                     wait = 1.0  # an attempt in flight sets the wakeup when it ends
                 else:
-                    next_due = await self.run_db(outbox.next_due_at, self.conn)
-                    wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
+                    # As the last transaction left the outbox (asked in it: no query of its own).
+                    due = self._next_due
+                    wait = 1.0 if due is None else min(1.0, max(0.0, due - self.clock()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
                 look = True
@@ -380,6 +328,7 @@ class Relay:
         # next start releases every lease). The next FULL commit makes it durable with the rest.
         # One fsync less between a release and its POST.
         claim_only = not settlements and not unstarted
+        claims: Callable[[], list[outbox.Claim]] | None = None
         with (
             db.commits_without_fsync(self.conn) if claim_only else contextlib.nullcontext(),
             db.write_txn(self.conn) as txn,
@@ -389,17 +338,40 @@ class Relay:
                 # takes them after COMMIT. (No copy for a claim alone: it decides nothing.)
                 work = self.owner_queue.fork_for(txn)
                 streak = self.unauthorized_streak
-                for claim, outcome in settlements:
-                    streak = self._settle_one(txn, claim, outcome, now, work, streak)
+                # Every row's settle first, their answers then (one wait on PostgreSQL), each
+                # acted on in order as before.
+                marks = [self._mark_for(claim, outcome, now) for claim, outcome in settlements]
+                settled = outbox.settle_all(self.conn, [mark for _, mark in marks])
+                for (claim, outcome), (result, _), done in zip(
+                    settlements, marks, settled, strict=True
+                ):
+                    streak = self._settle_one(txn, claim, outcome, now, work, streak, result, done)
                 txn.after_commit(lambda: setattr(self, "unauthorized_streak", streak))
             if unstarted:
                 outbox.unclaim(self.conn, unstarted)
-            claims = (
-                outbox.lease_due(self.conn, now, limit=want, lease=self.lease, holding=holding)
-                if want > 0
-                else []
+            if want > 0:
+                # Read once committed (PostgreSQL: with the COMMIT's answer), never acted on
+                # before: a claim alone is one round trip.
+                claims = outbox.ask_lease(
+                    self.conn, now, limit=want, lease=self.lease, holding=holding
+                )
+            next_due = outbox.ask_next_due(self.conn)  # for the idle wait in `run`
+        self._next_due = next_due()
+        return [] if claims is None else claims()
+
+    def _mark_for(
+        self, claim: outbox.Claim, outcome: Outcome, now: float
+    ) -> tuple[Literal["delivered", "retry", "dead"], outbox.Mark]:
+        """What an attempt settles its row as (pure but for the retry's jitter)."""
+        key = claim.delivery_key
+        if outcome.kind == "delivered":
+            return "delivered", outbox.Mark.delivered(key, outcome.detail, now)
+        if outcome.kind == "retry" and claim.attempt < self.max_attempts:
+            due = now + retry_delay(
+                claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
             )
-        return claims
+            return "retry", outbox.Mark.retry(key, due, outcome.detail)
+        return "dead", outbox.Mark.dead(key, outcome.detail, now)
 
     def _settle_one(
         self,
@@ -409,40 +381,31 @@ class Relay:
         now: float,
         work: cadence.CadenceState,
         streak: bool,
+        result: Literal["delivered", "retry", "dead"],
+        settled: bool,
     ) -> bool:
-        """Inside `txn`: settle one attempt. `streak`: whether a 401 streak is running (its
+        """Inside `txn`: what one attempt's settle (`result`, `settled`: the row was still
+        leased and is now marked) leads to. `streak`: whether a 401 streak is running (its
         notice sent) as of the batch's earlier settlements; returns it after this one."""
         key = claim.delivery_key
-        if outcome.kind == "delivered":
-            settled = outbox.mark_delivered(self.conn, key, outcome.detail, now)
-            result = "delivered"
-            if settled and outcome.notify_text is not None:
-                # The agent's reply: one owner message per delivery key, under the cap.
-                self.owner_queue.triage_message(
-                    txn, f"notify:{key}", outcome.notify_text, now, state=work
-                )
-        elif outcome.kind == "retry" and claim.attempt < self.max_attempts:
-            due = now + retry_delay(
-                claim.attempt, outcome.retry_after, self.rng, base=self.retry_base
-            )
-            settled = outbox.mark_retry(self.conn, key, due, outcome.detail)
-            result = "retry"
-            if settled and outcome.status == 401 and not streak:
-                self.owner_queue.notice(
-                    txn,
-                    notices.relay_unauthorized(key, claim.attempt, outcome.detail),
-                    now,
-                    state=work,
-                )
-        else:
-            settled = outbox.mark_dead(self.conn, key, outcome.detail, now)
-            result = "dead"
-            if settled:
-                self.owner_queue.notice(
-                    txn, notices.dead_row(key, outcome.detail, claim.attempt), now, state=work
-                )
         if not settled:
             return streak
+        if result == "delivered" and outcome.notify_text is not None:
+            # The agent's reply: one owner message per delivery key, under the cap.
+            self.owner_queue.triage_message(
+                txn, f"notify:{key}", outcome.notify_text, now, state=work
+            )
+        elif result == "retry" and outcome.status == 401 and not streak:
+            self.owner_queue.notice(
+                txn,
+                notices.relay_unauthorized(key, claim.attempt, outcome.detail),
+                now,
+                state=work,
+            )
+        elif result == "dead":
+            self.owner_queue.notice(
+                txn, notices.dead_row(key, outcome.detail, claim.attempt), now, state=work
+            )
         audit.stage(
             self.conn,
             "delivery",

@@ -210,7 +210,12 @@ class Writer:
                 # The rows are durable: the relay queues for the lock while the audit is written.
                 loop.call_soon_threadsafe(self._relay_wakeup.set)
         if write.result.recorded and not write.release_known:
-            write.next_release = outbox.next_release_at(conn)
+            # Read in the batch's transaction when it could be (not one by one, after a value
+            # broke the batch): no statement of its own then.
+            known = write.result.release_known
+            write.next_release = (
+                write.result.next_release if known else outbox.next_release_at(conn)
+            )
             write.release_known = True
         write.audit_written = self._journal.flush_sync()
 

@@ -96,9 +96,7 @@ def _record_batch(
         batch = Batch(conn, now, queue.policy, queue.fork_for(txn))
         batch.note_append = note_append
         events = [f for f in frames if isinstance(f, _EVENT_TYPES)]
-        batch.prefetch([f.id for f in events])
-        batch.prefetch_sequences(events)
-        batch.prefetch_incidents(events)
+        batch.prefetch(events)
         for index, frame in enumerate(frames):
             if isinstance(frame, Message):
                 batch.message(index, frame)
@@ -114,7 +112,12 @@ def _record_batch(
         batch.result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
+        # Answered with the COMMIT's answer on PostgreSQL: no wait of its own after it.
+        next_release = outbox.ask_next_release(conn) if batch.result.recorded else None
     batch.result.state = batch.work
+    if next_release is not None:
+        batch.result.next_release = next_release()
+        batch.result.release_known = True
     return batch.result
 
 

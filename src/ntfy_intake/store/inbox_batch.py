@@ -4,6 +4,11 @@ it gathers, written together at the end (`Batch.write`).
 A backlog repeats a few incidents many times, so each incident is read once and written once per
 batch (`store/incident_rows.py`), and known ids are fetched in one query. The transaction itself,
 and the one-by-one fallback, are `store/inbox.py`; ntfy's delete/clear, `store/device_actions.py`.
+
+On PostgreSQL every wait for an answer is a round trip (the transaction is pipelined:
+postgres.py), so the reads are asked together wherever one does not need another's answer (known
+ids with the sequences, `prefetch`), and the writes are sent without a probe first: linking the
+delete/clears a batch's messages name is one statement that nothing waits for.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ class BatchResult:
     quarantined: int = 0
     released: list[str] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)  # cadence records written this batch
+    # When the next debounce window closes, as the batch's transaction left the outbox (read
+    # in it when it recorded something): `release_known` False when not read.
+    next_release: float | None = None
+    release_known: bool = False
     # The cadence state with them folded in: the queue's live state once the batch committed.
     state: cadence.CadenceState | None = None
 
@@ -58,7 +67,19 @@ UNLINKED_PROBE = (
     "SELECT 1 FROM inbox INDEXED BY inbox_unlinked"
     " WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
 )
-UNLINKED_PROBE_PG = UNLINKED_PROBE.replace(" INDEXED BY inbox_unlinked", "")
+# SQLite: the probe, then one UPDATE per new sequence only when something waits.
+_LINK = (
+    "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
+    " AND incident_key = '' AND event != 'message'"
+)
+# PostgreSQL: one statement for the batch, with no probe (a round trip): the join starts from
+# the partial index inbox_unlinked (the few unlinked rows, `incident_key = ''`).
+_LINK_PG = (
+    "UPDATE inbox SET incident_key = u.key"
+    " FROM unnest(CAST(? AS text[]), CAST(? AS text[]), CAST(? AS text[])) AS u(key, topic, seq)"
+    " WHERE inbox.incident_key = '' AND inbox.topic = u.topic AND inbox.sequence_id = u.seq"
+    " AND inbox.event != 'message'"
+)
 
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
@@ -100,17 +121,17 @@ class Batch:
         # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
         self.fold_ts = timestamps.parse_ts(self.ts_text)
 
-    def prefetch(self, ids: list[str]) -> None:
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            self.known.update(
-                self.conn.execute(
-                    f"SELECT event_id, raw_sha256 FROM inbox WHERE event_id IN ({marks})", chunk
-                ).fetchall()
+    def prefetch(self, events: Sequence[Event]) -> None:
+        """What the batch reads before deciding: the ids already recorded and the incident of
+        every sequence the events name, asked together (one answer to wait for on PostgreSQL),
+        then every incident they name (`prefetch_incidents`)."""
+        ids = [e.id for e in events]
+        known = [
+            self.conn.execute(
+                f"SELECT event_id, raw_sha256 FROM inbox WHERE event_id IN ({_marks(chunk)})", chunk
             )
-
-    def prefetch_sequences(self, events: Sequence[Event]) -> None:
+            for chunk in _chunks(ids)
+        ]
         wanted = sorted(
             {
                 e.sequence if isinstance(e, Message) else e.sequence_id
@@ -118,15 +139,20 @@ class Batch:
                 if not isinstance(e, Ignored)
             }
         )
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for topic, sequence, key in self.conn.execute(
+        sequences = [
+            self.conn.execute(
                 "SELECT topic, sequence_id, incident_key FROM inbox"
-                f" WHERE sequence_id IN ({marks}) AND event = 'message' ORDER BY seq",
+                f" WHERE sequence_id IN ({_marks(chunk)}) AND event = 'message' ORDER BY seq",
                 chunk,
-            ):
+            )
+            for chunk in _chunks(wanted)
+        ]
+        for cursor in known:
+            self.known.update(cursor.fetchall())
+        for cursor in sequences:
+            for topic, sequence, key in cursor:
                 self.sequences.setdefault((topic, sequence), key)
+        self.prefetch_incidents(events)
 
     def prefetch_incidents(self, events: Sequence[Event]) -> None:
         """The signal of each message this batch will record, and every incident they name, in
@@ -147,10 +173,12 @@ class Batch:
                     keys.add(joined)
         wanted = sorted(keys)
         self.stored.update(dict.fromkeys(wanted))
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for row in self.conn.execute(f"{incident_rows.SELECT} WHERE key IN ({marks})", chunk):
+        found = [
+            self.conn.execute(f"{incident_rows.SELECT} WHERE key IN ({_marks(chunk)})", chunk)
+            for chunk in _chunks(wanted)
+        ]
+        for cursor in found:
+            for row in cursor:
                 self.stored[row[0]] = incident_rows.from_row(row)
 
     def seen(self, index: int, event: Event) -> bool:
@@ -271,18 +299,13 @@ class Batch:
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
         self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
-        if (
-            self.new_sequences
-            and self.conn.execute(
-                dialect.pick(self.conn, sqlite=UNLINKED_PROBE, postgresql=UNLINKED_PROBE_PG)
-            ).fetchone()
-        ):
+        if self.new_sequences:
             # Deletes/clears that arrived before the message they name: link them now.
-            self.conn.executemany(
-                "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
-                " AND incident_key = '' AND event != 'message'",
-                [(key, topic, seq) for (topic, seq), key in self.new_sequences.items()],
-            )
+            links = [(key, topic, seq) for (topic, seq), key in self.new_sequences.items()]
+            if dialect.is_postgres(self.conn):
+                self.conn.execute(_LINK_PG, [list(column) for column in zip(*links, strict=True)])
+            elif self.conn.execute(UNLINKED_PROBE).fetchone():
+                self.conn.executemany(_LINK, links)
         self.conn.executemany(
             "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
             self.attach_rows,
@@ -313,3 +336,12 @@ class Batch:
                 sha256=junk.raw_sha256,
             )
             self.result.quarantined += 1
+
+
+def _chunks(values: list[str]) -> list[list[str]]:
+    """At most 500 values per `IN (...)` (SQLite's limit on host parameters is far above)."""
+    return [values[start : start + 500] for start in range(0, len(values), 500)]
+
+
+def _marks(chunk: list[str]) -> str:
+    return ",".join("?" * len(chunk))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from ntfy_intake.rules import sanitize
 from ntfy_intake.store import audit, db, dialect
-from ntfy_intake.store.transaction import Connection
+from ntfy_intake.store.transaction import Connection, Cursor
 from ntfy_intake.wire import frames
 
 SCHEMA = "ntfy-intake.triage/1"
@@ -46,15 +46,36 @@ def create(
     )
 
 
+_NEXT_RELEASE = "SELECT min(due_at) FROM outbox WHERE state = 'collecting'"
+
+
 def next_release_at(conn: Connection) -> float | None:
-    row = conn.execute("SELECT min(due_at) FROM outbox WHERE state = 'collecting'").fetchone()
+    return _release_at(conn.execute(_NEXT_RELEASE).fetchone())
+
+
+def _release_at(row: Any) -> float | None:
     return None if row[0] is None else float(row[0])
+
+
+def ask_next_release(conn: Connection) -> Callable[[], float | None]:
+    """`next_release_at`, asked inside the caller's write transaction after its last change to
+    the outbox and read by calling the result once the transaction committed. PostgreSQL: the
+    answer comes with the COMMIT's, no round trip of its own. SQLite reads it at once (a
+    statement left stepping would hold its COMMIT back)."""
+    cursor = conn.execute(_NEXT_RELEASE)
+    if dialect.is_postgres(conn):
+        return lambda: _release_at(cursor.fetchone())
+    at = _release_at(cursor.fetchone())
+    return lambda: at
 
 
 def release_due(
     conn: Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
 ) -> list[str]:
-    """Freeze the payload of every request whose window closed; call inside a write txn."""
+    """Freeze the payload of every request whose window closed; call inside a write txn.
+    Payloads are read ahead, up to `_READ_AHEAD` at a time (their reads asked together: one
+    answer to wait for on PostgreSQL), before those requests are written: no write here changes
+    what another request's payload reads."""
     keys = [
         row[0]
         for row in conn.execute(
@@ -63,8 +84,13 @@ def release_due(
             (now,),
         )
     ]
-    for key in keys:
-        payload, summary, version = build_payload(conn, key)
+    built: list[tuple[dict[str, Any], str, int]] = []
+    for index, key in enumerate(keys):
+        if index == len(built):
+            ahead = keys[index : index + _READ_AHEAD]
+            asked = [_ask_payload(conn, k) for k in ahead]
+            built += [_payload_from(k, *answers) for k, answers in zip(ahead, asked, strict=True)]
+        payload, summary, version = built[index]
         conn.execute(
             "UPDATE outbox SET state = ?, payload = ?, incident_version = ? WHERE delivery_key = ?",
             (
@@ -79,6 +105,10 @@ def release_due(
         # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
         audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
     return keys
+
+
+# Requests whose payload reads are asked at once (a backlog releases one per incident).
+_READ_AHEAD = 64
 
 
 def event_view(frame: dict[str, Any]) -> dict[str, Any]:
@@ -100,32 +130,43 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
 
 def build_payload(conn: Connection, key: str) -> tuple[dict[str, Any], str, int]:
     """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
-    row = conn.execute(
+    return _payload_from(key, *_ask_payload(conn, key))
+
+
+def _ask_payload(conn: Connection, key: str) -> tuple[Cursor, Cursor, Cursor]:
+    """The three reads a payload is built from, asked (not yet read)."""
+    head = conn.execute(
         "SELECT o.reason, i.key, i.severity, i.status, i.version"
         " FROM outbox o JOIN incidents i ON i.key = o.incident_key WHERE o.delivery_key = ?",
         (key,),
-    ).fetchone()
-    reason, incident_key, severity, status, version = row
-    events = []
-    for (raw,) in conn.execute(
+    )
+    events = conn.execute(
         "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
         " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
         (key,),
-    ):
-        # The raw frame is kept as received; what reaches an agent obeys the decode rule.
-        events.append(event_view(sanitize.valid_utf8(json.loads(raw))))
+    )
     # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
     # agent, never a resolution: the request goes out all the same.
+    actions = conn.execute(
+        "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+        " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+        " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+        " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
+        " ORDER BY a.time, a.seq",
+        (key,),
+    )
+    return head, events, actions
+
+
+def _payload_from(
+    key: str, head: Cursor, events_rows: Cursor, actions: Cursor
+) -> tuple[dict[str, Any], str, int]:
+    reason, incident_key, severity, status, version = head.fetchone()
+    # The raw frame is kept as received; what reaches an agent obeys the decode rule.
+    events = [event_view(sanitize.valid_utf8(json.loads(raw))) for (raw,) in events_rows]
     device_actions = [
         {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
-        for row in conn.execute(
-            "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
-            " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
-            " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
-            " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
-            " ORDER BY a.time, a.seq",
-            (key,),
-        )
+        for row in actions
     ]
     payload = {
         "schema": SCHEMA,
@@ -191,10 +232,31 @@ def lease_due(
     """`claim_due` inside the caller's write transaction. `holding`: keys the caller already
     holds (claimed, not yet settled); their lease may run out while they wait their turn, and
     they must not be claimed twice."""
-    rows = conn.execute(
+    return ask_lease(conn, now, limit=limit, lease=lease, holding=holding)()
+
+
+def ask_lease(
+    conn: Connection,
+    now: float,
+    *,
+    limit: int,
+    lease: float,
+    holding: Collection[str] = (),
+) -> Callable[[], list[Claim]]:
+    """`lease_due`, its claims read by calling the result: after the transaction's COMMIT when
+    nothing in it needs them sooner (PostgreSQL: the claims come with the COMMIT's answer, a
+    claim alone is one round trip). SQLite reads them at once, as `ask_next_release`."""
+    cursor = conn.execute(
         dialect.pick(conn, sqlite=_LEASE_DUE_SQLITE, postgresql=_LEASE_DUE_PG),
         {"until": now + lease, "now": now, "holding": json.dumps(list(holding)), "limit": limit},
-    ).fetchall()
+    )
+    if dialect.is_postgres(conn):
+        return lambda: _claims(cursor.fetchall())
+    claims = _claims(cursor.fetchall())
+    return lambda: claims
+
+
+def _claims(rows: list[Any]) -> list[Claim]:
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.
     rows.sort(key=lambda row: (row[4], row[5], row[0]))
@@ -236,45 +298,83 @@ def release_leases(conn: Connection, table: Table = "outbox") -> int:
 
 def next_due_at(conn: Connection, table: Table = "outbox") -> float | None:
     """When the next row falls due: a pending row's due time, or a lease running out."""
-    row = conn.execute(
+    return ask_next_due(conn, table)()
+
+
+def ask_next_due(conn: Connection, table: Table = "outbox") -> Callable[[], float | None]:
+    """`next_due_at` asked inside the caller's write transaction, read by calling the result
+    once it committed (PostgreSQL: with the COMMIT's answer; SQLite: read at once, as
+    `ask_next_release`)."""
+    cursor = conn.execute(
         "SELECT min(CASE state WHEN 'pending' THEN due_at ELSE lease_until END)"
         f" FROM {table} WHERE state IN ('pending', 'leased')"
-    ).fetchone()
-    return None if row[0] is None else float(row[0])
+    )
+    if dialect.is_postgres(conn):
+        return lambda: _release_at(cursor.fetchone())
+    at = _release_at(cursor.fetchone())
+    return lambda: at
 
 
 def mark_delivered(conn: Connection, key: str, response: str, now: float) -> bool:
     """Only a leased row settles: a row redriven or already settled meanwhile is left alone."""
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
-            " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'",
-            (now, response, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.delivered(key, response, now)).rowcount == 1
 
 
 def mark_retry(conn: Connection, key: str, due_at: float, error: str) -> bool:
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
-            " WHERE delivery_key = ? AND state = 'leased'",
-            (due_at, error, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.retry(key, due_at, error)).rowcount == 1
 
 
 def mark_dead(conn: Connection, key: str, error: str, now: float) -> bool:
-    return (
-        conn.execute(
-            "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
-            " WHERE delivery_key = ? AND state = 'leased'",
-            (error, now, key),
-        ).rowcount
-        == 1
-    )
+    return ask_mark(conn, Mark.dead(key, error, now)).rowcount == 1
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One settle of a leased row, as `mark_delivered`, `mark_retry` or `mark_dead` make it."""
+
+    sql: str
+    params: tuple[object, ...]
+
+    @classmethod
+    def delivered(cls, key: str, response: str, now: float) -> Mark:
+        return cls(_MARK_DELIVERED, (now, response, key))
+
+    @classmethod
+    def retry(cls, key: str, due_at: float, error: str) -> Mark:
+        return cls(_MARK_RETRY, (due_at, error, key))
+
+    @classmethod
+    def dead(cls, key: str, error: str, now: float) -> Mark:
+        return cls(_MARK_DEAD, (error, now, key))
+
+
+_MARK_DELIVERED = (
+    "UPDATE outbox SET state = 'delivered', settled_at = ?, response = ?,"
+    " lease_until = NULL, last_error = NULL WHERE delivery_key = ? AND state = 'leased'"
+)
+_MARK_RETRY = (
+    "UPDATE outbox SET state = 'pending', due_at = ?, last_error = ?, lease_until = NULL"
+    " WHERE delivery_key = ? AND state = 'leased'"
+)
+_MARK_DEAD = (
+    "UPDATE outbox SET state = 'dead', last_error = ?, settled_at = ?, lease_until = NULL"
+    " WHERE delivery_key = ? AND state = 'leased'"
+)
+
+
+def ask_mark(conn: Connection, mark: Mark) -> Cursor:
+    """Send one settle; its `rowcount` (1: the row was still this lease's) is read from the
+    result. Several asked before the first is read wait for one answer on PostgreSQL."""
+    return conn.execute(mark.sql, mark.params)
+
+
+def settle_all(conn: Connection, marks: Sequence[Mark]) -> list[bool]:
+    """Inside the caller's write transaction: every settle sent, then each one's rowcount read
+    (one answer to wait for on PostgreSQL): whether each row was still leased and now settled.
+    The server runs them in order as before, so each answer is the one it gave when read at
+    once; what the caller does with an answer writes other tables (owner outbox, journal)."""
+    asked = [ask_mark(conn, mark) for mark in marks]
+    return [cursor.rowcount == 1 for cursor in asked]
 
 
 def redrive(conn: Connection, keys: Sequence[str] | None, now: float) -> list[str]:

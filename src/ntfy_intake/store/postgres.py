@@ -15,7 +15,16 @@ Invariants owned here:
   BEGIN: as SQLite's BEGIN IMMEDIATE, a writer waits for the previous one instead of racing it
   (the feed's `max(seq) + 1`, the cursor's forward-only rules rely on that);
 - every committed write transaction NOTIFYs the store's channel, so a watcher (the doorbell)
-  wakes without polling the tables: `commit_counter` counts the notifications it has seen.
+  wakes without polling the tables: `commit_counter` counts the notifications it has seen;
+- a write transaction (`open_write` ... `commit_write`, run by `write_txn`) is one pipeline:
+  its statements are sent without waiting for their answers, and the connection waits only
+  when the caller reads something (a row, a `rowcount`) and at COMMIT. Each wait is for every
+  answer outstanding (a Sync), so the first failed statement's error is raised there, before
+  the caller reads anything sent after it, and the transaction is lost (the caller rolls back:
+  `rollback_write`); nothing is committed that was not answered without error, COMMIT included.
+  On a fenced connection the term is compared before any answer is handed to the caller and
+  before COMMIT is sent. A write transaction that reads nothing is one round trip, COMMIT
+  included (one more when fenced: the term is checked before COMMIT goes out).
 
 psycopg is an optional dependency (`ntfy-intake[postgres]`): this module imports it only when a
 DSN is opened, and says how to install it when it is missing.
@@ -23,12 +32,13 @@ DSN is opened, and says how to install it when it is missing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ntfy_intake.errors import StartupError
+from ntfy_intake.errors import Fenced, StartupError
 from ntfy_intake.settings.schema import Dsn
 
 try:
@@ -87,11 +97,45 @@ class Row(Sequence[Any]):
 
 
 def _rows(cursor: Any) -> Any:
-    description = cursor.description
-    if description is None:
+    # The column names from the result itself: `cursor.description` builds a Column object per
+    # field (type lookups included), ten times the cost, for every statement's result.
+    result = cursor.pgresult
+    if result is None or not result.nfields:
         return tuple
-    index = {column.name: i for i, column in enumerate(description)}
+    index = {result.fname(i).decode(): i for i in range(result.nfields)}
     return functools.partial(Row, index=index)
+
+
+class Answer:
+    """A statement's cursor inside a pipelined write transaction: read it (a row, the rowcount)
+    and the connection first waits for the answers outstanding (`PgConnection.answered`), so
+    nothing is read before an earlier statement's error is seen and the term is checked."""
+
+    __slots__ = ("_conn", "_cursor")
+
+    def __init__(self, conn: PgConnection, cursor: psycopg.Cursor[Any]) -> None:
+        self._conn = conn
+        self._cursor = cursor
+
+    def _ready(self) -> psycopg.Cursor[Any]:
+        self._conn.answered(self._cursor)
+        return self._cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._ready().rowcount
+
+    def fetchone(self) -> Any:
+        return self._ready().fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._ready().fetchall()
+
+    def fetchmany(self, size: int = 0) -> list[Any]:
+        return self._ready().fetchmany(size)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._ready())
 
 
 _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|%|\?|(?<![:\w]):([A-Za-z_]\w*)")
@@ -137,6 +181,14 @@ class PgConnection:
         # process stopped inside one must not hold the takeover's lock for ever).
         self.idle_in_transaction: float | None = None
         self._begins: dict[bool, str] = {}
+        self._openings: dict[tuple[bool, bool], str] = {}
+        # The write transaction in progress (None outside one): its pipeline, and its opening
+        # statement's cursor while the term it read is unchecked (fenced connections only).
+        self._pipe: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._pipeline: psycopg.Pipeline | None = None
+        self._unchecked: psycopg.Cursor[Any] | None = None
+        # Inside `commits_without_fsync`: write transactions commit without waiting for the WAL.
+        self.relaxed = 0
         self._listening = False
         self._closed = False
         self.raw = _open(dsn, readonly=readonly, timeout=timeout, libpq=self._libpq)
@@ -173,6 +225,10 @@ class PgConnection:
         return f"ntfy-intake writer {self.schema}"
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        if self._pipe is not None:
+            # Inside a write transaction: sent now, answered when first read (module doc). Never
+            # reconnects: a broken session fails the statement and the transaction is lost.
+            return Answer(self, self.raw.execute(translate(sql), _params(params)))
         return self._usable().execute(translate(sql), _params(params))
 
     def fence(self, term: int | None, idle_in_transaction: float | None) -> None:
@@ -210,9 +266,89 @@ class PgConnection:
         return None if not fenced or row is None or row[2] is None else int(row[2])
 
     def executemany(self, sql: str, seq: Any) -> Any:
+        rows = [_params(p) for p in seq]
+        if self._pipe is not None:
+            cursor = self.raw.cursor()
+            if rows:  # rides the transaction's pipeline: answered at the next wait
+                cursor.executemany(translate(sql), rows)
+            return Answer(self, cursor)
         cursor = self._usable().cursor()
-        cursor.executemany(translate(sql), [_params(p) for p in seq])
+        if rows:  # none: no statement, and no round trip for the pipeline psycopg would open
+            cursor.executemany(translate(sql), rows)
         return cursor
+
+    # -- the write transaction, pipelined (module doc) -------------------------------------------
+
+    def open_write(self) -> None:
+        """`write_txn`'s opening: BEGIN, the store's write lock, the commit wake-up and, when
+        fenced, the leadership row FOR KEY SHARE with its term (inside `commits_without_fsync`
+        also synchronous_commit off for this transaction), sent without waiting. The lock is
+        taken in that order, before any statement of the transaction runs; the server answers
+        them with the transaction's first wait, when the term is checked (`errors.Fenced`)."""
+        raw = self._usable()
+        fenced, relaxed = self.term is not None, self.relaxed > 0
+        opening = self._openings.get((fenced, relaxed))
+        if opening is None:
+            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
+            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
+            relax = ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
+            fence = ", (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)" if fenced else ""
+            opening = self._openings[(fenced, relaxed)] = f"SELECT {lock}{relax}{fence}"
+        pipe = raw.pipeline()
+        self._pipeline = pipe.__enter__()
+        self._pipe = pipe
+        raw.execute("BEGIN")
+        cursor = raw.execute(opening)
+        self._unchecked = cursor if fenced else None
+
+    def answered(self, cursor: Any = None) -> None:
+        """Inside a write transaction: wait for the answers to everything sent so far (none
+        when `cursor`'s answer is in already and the term is checked). Raises the first failed
+        statement's error (the transaction is lost), or `errors.Fenced`."""
+        if self._pipeline is None:
+            return
+        if cursor is not None and cursor.pgresult is not None and self._unchecked is None:
+            return
+        self._pipeline.sync()
+        opening, self._unchecked = self._unchecked, None
+        if opening is not None:
+            row = opening.fetchone()
+            seen = None if row is None or row[-1] is None else int(row[-1])
+            if seen != self.term:
+                raise Fenced(
+                    f"term {self.term} is over (the leadership row holds"
+                    f" {'no term' if seen is None else f'term {seen}'}): this write is rolled back"
+                )
+
+    def commit_write(self) -> None:
+        """COMMIT, and wait for every answer outstanding with it: one round trip (two when the
+        term is unchecked yet: it is checked before COMMIT is sent)."""
+        if self._unchecked is not None:
+            self.answered()
+        self.raw.execute("COMMIT")
+        self._end_pipeline()
+
+    def rollback_write(self) -> None:
+        """Roll the write transaction back, in whatever state it is; a driver error on the way
+        is swallowed (the caller raises the cause). Outside one, ROLLBACK if a transaction is
+        open (a failed `begin_write`)."""
+        if self._pipe is not None:
+            with contextlib.suppress(DRIVER_ERROR):
+                # Skipped by the server when an earlier statement since the last wait failed:
+                # the transaction is then still open (failed) after the wait, rolled back below.
+                self.raw.execute("ROLLBACK")
+            with contextlib.suppress(DRIVER_ERROR):
+                self._end_pipeline()
+            self._pipe = self._pipeline = self._unchecked = None
+        if self.in_transaction:
+            with contextlib.suppress(DRIVER_ERROR):
+                self.raw.execute("ROLLBACK")
+
+    def _end_pipeline(self) -> None:
+        pipe, self._pipe, self._pipeline, self._unchecked = self._pipe, None, None, None
+        if pipe is not None:
+            pipe.__exit__(None, None, None)  # a Sync: the answers outstanding, errors raised
 
     @property
     def in_transaction(self) -> bool:
@@ -240,7 +376,10 @@ class PgConnection:
 def _params(params: Sequence[Any] | Mapping[str, Any]) -> Any:
     if isinstance(params, Mapping):
         return {name: _text(value) for name, value in params.items()}
-    return tuple(_text(value) for value in params)
+    for value in params:  # most statements have nothing to map: passed on as they are
+        if isinstance(value, list) or (isinstance(value, str) and "\x00" in value):
+            return tuple(_text(value) for value in params)
+    return params
 
 
 def _text(value: Any) -> Any:
@@ -249,6 +388,8 @@ def _text(value: Any) -> Any:
     with a NUL still finds its row; the audit log keeps the original."""
     if isinstance(value, str) and "\x00" in value:
         return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):  # an array parameter: its strings alike
+        return [_text(item) for item in value]
     return value
 
 

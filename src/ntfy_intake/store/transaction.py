@@ -12,7 +12,13 @@ Invariants owned here:
 - on PostgreSQL, a connection fenced to a leadership term (`PgConnection.term`) holds the
   leadership row FOR KEY SHARE from its first statement and checks the term, so a takeover
   (FOR UPDATE of the row) waits for the write, and a write that starts after it raises
-  `errors.Fenced` with nothing written: nothing of term T commits after term T+1 began.
+  `errors.Fenced` with nothing written: nothing of term T commits after term T+1 began. The
+  transaction's statements are pipelined (postgres.py): the term is checked at the first
+  answer the transaction waits for, always before any result reaches the body and before
+  COMMIT is sent, so `Fenced` may come from the body's first read instead of from BEGIN;
+- on PostgreSQL a statement's error may likewise surface at a later read or at COMMIT, never
+  later than that: the body reads nothing sent after a failed statement, and the whole
+  transaction rolls back as before.
 
 Callers outside the store reach these through `db` (`db.write_txn`, `db.Transaction`, ...):
 tests patch `db.write_txn` to fail chosen COMMITs, so every writer looks it up there.
@@ -25,7 +31,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from ntfy_intake.errors import Fenced, InjectedFault
+from ntfy_intake.errors import InjectedFault
 from ntfy_intake.store import postgres
 
 
@@ -98,19 +104,20 @@ def write_txn(
     txn = Transaction(conn)
     if isinstance(conn, postgres.PgConnection):
         # The store's write lock, the wake-up its watchers get once this commits (a rollback
-        # drops the NOTIFY with everything else) and, on a leader, the fence.
+        # drops the NOTIFY with everything else) and, on a leader, the fence: sent with the
+        # statements that follow, answered with the first of them the body reads.
         try:
-            seen = conn.begin_write()
-            if conn.term is not None and seen != conn.term:
-                raise Fenced(
-                    f"term {conn.term} is over (the leadership row holds"
-                    f" {'no term' if seen is None else f'term {seen}'}): this write is rolled back"
-                )
+            conn.open_write()
+            yield txn
+            if before_commit is not None:
+                before_commit()
+            conn.commit_write()
         except BaseException:
-            _rollback(conn)
+            conn.rollback_write()
             raise
-    else:
-        conn.execute("BEGIN IMMEDIATE")
+        txn._committed()
+        return
+    conn.execute("BEGIN IMMEDIATE")
     try:
         yield txn
         if before_commit is not None:
@@ -137,13 +144,20 @@ def commits_without_fsync(conn: Connection) -> Iterator[Connection]:
     synchronous_commit off); the next durable commit makes them durable too, and a power cut
     may lose them. Only for writes whose loss is harmless (a mark that recovery derives again).
     Outside a transaction."""
-    pg = isinstance(conn, postgres.PgConnection)
-    conn.execute("SET synchronous_commit = off" if pg else "PRAGMA synchronous=NORMAL")
+    if isinstance(conn, postgres.PgConnection):
+        # Not a SET of the session's (two round trips): each write transaction inside asks for
+        # it in its opening statement, for itself only (set_config(..., true), SET LOCAL).
+        conn.relaxed += 1
+        try:
+            yield conn
+        finally:
+            conn.relaxed -= 1
+        return
+    conn.execute("PRAGMA synchronous=NORMAL")
     try:
         yield conn
     finally:
-        with contextlib.suppress(*ERRORS) if pg else contextlib.nullcontext():
-            conn.execute("SET synchronous_commit = on" if pg else "PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA synchronous=FULL")
 
 
 def fail_before_commit() -> None:
