@@ -7,6 +7,8 @@ the journal), with its failover time printed and bounded (a graceful stop: under
 
 from __future__ import annotations
 
+import contextlib
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from ..standby import (
     settle,
     standing_by,
 )
-from ..standby_nodes import Node, Stream, TaggedReceiver
+from ..standby_nodes import TOKEN, Node, Stream, TaggedReceiver
 
 pytestmark = [
     pytest.mark.slow,
@@ -238,5 +240,61 @@ def test_feed_reads_and_acks_work_on_the_standby_and_the_leader_sees_them(
         wait_until(lambda: feed_answers(beta), 30, "beta's feed, as the leader")
         assert [e["seq"] for e in beta.get("/v1/feed/agent").json()] == seqs[3:]
         settle(cluster, published, alpha)
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def console_of(node: Node) -> Iterator[httpx.Client]:
+    """A logged-in console session on `node`'s own HTTP port."""
+    client = httpx.Client(base_url=f"http://127.0.0.1:{node.port}", timeout=5)
+    try:
+        yield _logged_in(client)
+    finally:
+        client.close()
+
+
+def _logged_in(client: httpx.Client) -> httpx.Client:
+    form = client.get("/console/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert csrf is not None, form.text
+    answer = client.post("/console/login", data={"csrf": csrf.group(1), "token": TOKEN})
+    assert answer.status_code == 303, answer.text
+    return client
+
+
+def test_a_standbys_console_names_the_leader_and_never_acts_itself(
+    tmp_path: Path, emu: NtfyEmulator
+) -> None:
+    """Failure mode: a standby's console takes an action (a silence) the leader's cadence never
+    hears of, or calls itself the leader."""
+    assert harness.DATABASE is not None
+    cluster = Cluster(tmp_path, harness.DATABASE, emu)
+    try:
+        alpha = cluster.add("alpha", cluster_url="http://alpha.lan:8080")
+        beta = cluster.add("beta")
+        alpha.start()
+        assert cluster.leader().name == "alpha"
+        beta.start()
+        wait_until(lambda: standing_by(beta), 30, "beta standing by")
+        with console_of(beta) as console:
+            page = console.get("/console/").text
+            assert "This node is a standby" in page
+            assert "http://alpha.lan:8080/console" in page  # forms go to the leader's console
+            assert 'action="http://alpha.lan:8080/console/silences"' in page
+            assert "leader (one box)" not in page
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert csrf is not None
+            posted = console.post(
+                "/console/silences",
+                data={"csrf": csrf.group(1), "scope": "topic", "target": "alerts", "for": "1h"},
+            )
+            assert posted.status_code == 409, posted.text
+            assert "stands by" in posted.text
+        silenced = 'SELECT count(*) FROM audit_journal WHERE line LIKE \'%"kind":"silence"%\''
+        assert cluster.rows(silenced) == [(0,)]
+        with console_of(alpha) as console:
+            page = console.get("/console/").text
+            assert "This node is a standby" not in page
     finally:
         cluster.close()

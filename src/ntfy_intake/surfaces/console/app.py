@@ -116,7 +116,7 @@ def routes(config: Config) -> list[BaseRoute]:
             "status": status_line(),
             # Forms go to the leader's console when its URL is known; else they stay here,
             # where a standby refuses them (no Actions).
-            "action_base": (leader or "").rstrip("/") if _is_url(leader) else "",
+            "action_base": _origin(leader) if _is_url(leader) else "",
             "leader": leader,
         }
 
@@ -268,3 +268,8 @@ def routes(config: Config) -> list[BaseRoute]:
 
 def _is_url(text: str | None) -> bool:
     return text is not None and text.startswith(("http://", "https://"))
+
+
+def _origin(console_url: str | None) -> str:
+    """The leader's console URL as the forms' prefix (they add /console/...)."""
+    return (console_url or "").rstrip("/").removesuffix("/console")
