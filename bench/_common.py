@@ -169,8 +169,11 @@ def daemon_env(ntfy_url: str, state_dir: Path, **overrides: str) -> dict[str, st
 
 
 @contextlib.contextmanager
-def daemon(env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m ntfy_intake run`; SIGTERM then SIGKILL by pid on the way out."""
+def daemon(
+    env: Mapping[str, str], log: Path, *, grace: float = 20.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m ntfy_intake run`; SIGTERM then, after `grace` seconds, SIGKILL by pid on the
+    way out."""
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ntfy_intake", "run"],
@@ -185,7 +188,7 @@ def daemon(env: Mapping[str, str], log: Path) -> Iterator[subprocess.Popen[bytes
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
                 try:
-                    proc.wait(20)
+                    proc.wait(grace)
                 except subprocess.TimeoutExpired:
                     os.kill(proc.pid, signal.SIGKILL)
                     proc.wait(10)

@@ -173,6 +173,30 @@ def stamping_receiver(
         proc.stdout.close()
 
 
+def probe(
+    emu: NtfyEmulator,
+    counter: AuditCounter,
+    arrived: threading.Condition,
+    received_at: dict[str, float],
+    i: int,
+    title: str,
+) -> tuple[float, float, float]:
+    """Publish probe `i`; (published, durably recorded, received at the receiver), monotonic."""
+    began = time.monotonic()
+    event_id = emu.publish("alerts", f"probe #{i}", title=f"{title} {i}")["id"]
+    deadline = began + STEP_TIMEOUT_S
+    while event_id not in counter.ids:
+        counter.poll()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"event {event_id} not recorded")
+        time.sleep(0.0005)
+    seen = time.monotonic()
+    with arrived:
+        if not arrived.wait_for(lambda: event_id in received_at, STEP_TIMEOUT_S):
+            raise TimeoutError(f"event {event_id} not received")
+        return began, seen, received_at[event_id]
+
+
 def live_latency(
     workdir: Path, n: int, *, receiver_process: bool = False, database: str | None = None
 ) -> Latency:
@@ -209,21 +233,7 @@ def live_latency(
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
         for i in range(WARMUP + n):
-            began = time.monotonic()
-            event_id = emu.publish("alerts", f"probe #{i}", title=f"latency probe {i}")["id"]
-            deadline = began + STEP_TIMEOUT_S
-            while event_id not in counter.ids:
-                counter.poll()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"event {event_id} not recorded")
-                time.sleep(0.0005)
-            seen = time.monotonic()
-            with arrived:
-                if not arrived.wait_for(
-                    lambda event_id=event_id: event_id in received_at, STEP_TIMEOUT_S
-                ):
-                    raise TimeoutError(f"event {event_id} not received")
-                got = received_at[event_id]
+            began, seen, got = probe(emu, counter, arrived, received_at, i, "latency probe")
             if i >= WARMUP:
                 recorded.append(seen - began)
                 received.append(got - began)

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+import bench_latency
 import bench_replay
 from _common import AuditCounter, daemon, daemon_env
 from ntfy_intake.testbed import receiver
@@ -193,19 +194,11 @@ def trace(workdir: Path, events: int, dsn: str) -> tuple[list[tuple[float, float
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
         for i in range(WARMUP + events):
-            began = time.monotonic()
-            event_id = emu.publish("alerts", f"probe #{i}", title=f"roundtrip probe {i}")["id"]
-            deadline = began + STEP_TIMEOUT_S
-            while event_id not in counter.ids:
-                counter.poll()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"event {event_id} not recorded")
-                time.sleep(0.0005)
-            with arrived:
-                if not arrived.wait_for(lambda e=event_id: e in received_at, STEP_TIMEOUT_S):
-                    raise TimeoutError(f"event {event_id} not received")
+            began, _, got = bench_latency.probe(
+                emu, counter, arrived, received_at, i, "roundtrip probe"
+            )
             if i >= WARMUP:
-                windows.append((began, received_at[event_id]))
+                windows.append((began, got))
         # The last delivery's settle and flush, then the ticker's next cursor save.
         time.sleep(1.5)
     return windows, trace_file

@@ -33,17 +33,15 @@ import contextlib
 import io
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import AuditCounter, Row, daemon_env, met, proc_cpu_s, ratio, render, wait_for
+from _common import AuditCounter, Row, daemon, daemon_env, met, proc_cpu_s, ratio, render, wait_for
 from bench_replay import DATABASE_ENV, backlog, bench_database
 from ntfy_intake.store import db
 from ntfy_intake.testbed import drill_standby, drill_store
@@ -104,27 +102,11 @@ class Rates:
     load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average, before / after
 
 
-@contextlib.contextmanager
-def node(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """One node (`python -m ntfy_intake run`); SIGTERM, then SIGKILL, by pid on the way out."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ntfy_intake", "run"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+def node(
+    env: dict[str, str], log: Path
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """One node; a leader's drain and release may take a while: SIGKILL only after 30 s."""
+    return daemon(env, log, grace=30.0)
 
 
 def leading(store: drill_store.StoreView) -> str | None:

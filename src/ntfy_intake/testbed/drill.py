@@ -74,6 +74,7 @@ from ntfy_intake.testbed.drill_parts import (
     Publisher,
     ReceiverServer,
     Send,
+    drill_emulator,
     emulator_sender,
     health_pid,
     read_cursor,
@@ -87,7 +88,7 @@ from ntfy_intake.testbed.drill_plan import (
 )
 from ntfy_intake.testbed.drill_report import Tally, check, render
 from ntfy_intake.testbed.drill_store import StoreView, own_schema
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 # -- the drill -------------------------------------------------------------------------------------
 
@@ -546,20 +547,7 @@ def run(
         receiver_server.start()
         stack.callback(receiver_server.stop)
         if ntfy_url is None:
-            emu = stack.enter_context(
-                NtfyEmulator(
-                    EmulatorConfig(
-                        keepalive_interval=KEEPALIVE_INTERVAL,
-                        manager_interval=None,
-                        # The drill kills and restarts the daemon over and over: ntfy's
-                        # request and subscription limits would throttle the reconnects.
-                        request_limit=False,
-                        subscription_limit=None,
-                        # Scheduled messages are delivered by the drill, while the daemon is down.
-                        delayed_sender_interval=None,
-                    )
-                ).running()
-            )
+            emu = stack.enter_context(drill_emulator(delayed_sender=False).running())
             target = Target(emu.url, EMULATOR_TOPICS, None, emu)
             send, pace = emulator_sender(emu), EMULATOR_PACE
         else:

@@ -5,6 +5,7 @@ The schedule is drill_plan.py, the run drill.py, the verdict drill_report.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -25,7 +26,7 @@ from ntfy_intake.store import audit
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.drill_store import StoreView
-from ntfy_intake.testbed.emulator import NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 CRASH_POINTS = ("after_inbox_commit", "after_audit_write", "after_post")
 CRASH_ENV = "NTFY_INTAKE_TEST_CRASH_AT"
@@ -38,6 +39,23 @@ KEEPALIVE_TIMEOUT = 1.5
 SILENCE_S = KEEPALIVE_TIMEOUT + 0.3
 REORDER_WINDOW = "300ms"
 DEBOUNCE = "300ms"
+
+
+def drill_emulator(*, delayed_sender: bool = True) -> NtfyEmulator:
+    """The drills' emulator: the daemon reconnects after every fault (a restart, a failover to
+    another process), so ntfy's request and subscription limits, which would throttle the
+    reconnects, are off. `delayed_sender=False`: scheduled messages are the drill's to deliver."""
+    config = EmulatorConfig(
+        keepalive_interval=KEEPALIVE_INTERVAL,
+        manager_interval=None,
+        request_limit=False,
+        subscription_limit=None,
+    )
+    if not delayed_sender:
+        config = dataclasses.replace(config, delayed_sender_interval=None)
+    return NtfyEmulator(config)
+
+
 RELAY_TIMEOUT = "2s"
 RELAY_MAX_ATTEMPTS = "100"  # an outage must never turn a row dead during a drill
 

@@ -55,7 +55,7 @@ from ntfy_intake.testbed.drill_standby_parts import (
     build_plan,
 )
 from ntfy_intake.testbed.drill_standby_report import StandbyTally, render
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 NODES = ("pi", "nas")
 LEASE_TTL_S = 3.0
@@ -431,18 +431,7 @@ def prepared(
         receiver_server = drill_parts.ReceiverServer(workdir / "receiver.sqlite3")
         receiver_server.start()
         stack.callback(receiver_server.stop)
-        emu = stack.enter_context(
-            NtfyEmulator(
-                EmulatorConfig(
-                    keepalive_interval=drill_parts.KEEPALIVE_INTERVAL,
-                    manager_interval=None,
-                    # Failovers resubscribe from another process each time: ntfy's request and
-                    # subscription limits would throttle them (as in the kill drill).
-                    request_limit=False,
-                    subscription_limit=None,
-                )
-            ).running()
-        )
+        emu = stack.enter_context(drill_parts.drill_emulator().running())
         standby = StandbyDrill(
             rounds=rounds,
             seed=seed,

@@ -51,7 +51,6 @@ from typing import IO, TextIO
 from ntfy_intake.store import audit, db
 from ntfy_intake.testbed import drill, drill_parts, drill_store
 from ntfy_intake.testbed.drill_report import Tally, check, render
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 KINDS = ("disk_full", "rlimit_fsize", "audit_deleted", "db_deleted", "write_lock", "clock_jump")
 PG_KINDS = ("pg_terminate", "pg_restart")  # with --database only
@@ -444,18 +443,7 @@ def run(
         receiver_server = drill_parts.ReceiverServer(workdir / "receiver.sqlite3")
         receiver_server.start()
         stack.callback(receiver_server.stop)
-        emu = stack.enter_context(
-            NtfyEmulator(
-                EmulatorConfig(
-                    keepalive_interval=drill_parts.KEEPALIVE_INTERVAL,
-                    manager_interval=None,
-                    # Restarts and reconnects come fast here: ntfy's request and subscription
-                    # limits would throttle them (as in the kill drill).
-                    request_limit=False,
-                    subscription_limit=None,
-                )
-            ).running()
-        )
+        emu = stack.enter_context(drill_parts.drill_emulator().running())
         storage_drill = StorageDrill(
             rounds=rounds,
             kinds=kinds,

@@ -19,11 +19,11 @@ import pytest
 
 from ntfy_intake.store import db
 from ntfy_intake.testbed import signal_standin
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
-from .. import harness
-from ..harness import wait_until
-from ..standby import (
+from ... import harness
+from ...harness import wait_until
+from ...standby import (
     CRASH_BOUND,
     GRACEFUL_BOUND,
     RENEW,
@@ -32,7 +32,7 @@ from ..standby import (
     settle,
     standing_by,
 )
-from ..standby_nodes import TOKEN, Node, Stream, TaggedReceiver
+from ...standby_nodes import TOKEN, Node, Stream, TaggedReceiver
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,28 +43,6 @@ OWNER = {
     "owner_signal_number": "+31600000000",
     "owner_recipients": "+31600000001",
 }
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def tagged(tmp_path: Path) -> Iterator[TaggedReceiver]:
-    with TaggedReceiver(tmp_path / "receiver.sqlite3").running() as running:
-        yield running
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver) -> Iterator[Cluster]:
-    assert harness.DATABASE is not None
-    nodes = Cluster(tmp_path, harness.DATABASE, emu, tagged)
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 def flow(cluster: Cluster, events: int = 30) -> list[str]:

@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake.testbed import drill_store, receiver, signal_standin
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
-from .. import harness
-from ..harness import wait_until
-from ..standby import (
+from ... import harness
+from ...harness import wait_until
+from ...standby import (
     CRASH_BOUND,
     GRACEFUL_BOUND,
     LOCAL_WINDOW,
@@ -38,8 +38,8 @@ from ..standby import (
     settle,
     standing_by,
 )
-from ..standby_nodes import Stream, Subscribers, TaggedReceiver
-from ..standby_proxy import Proxy
+from ...standby_nodes import Stream, Subscribers, TaggedReceiver
+from ...standby_proxy import Proxy
 
 BACKLOG = 3000
 
@@ -47,28 +47,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
-
-
-@pytest.fixture
-def tagged(tmp_path: Path) -> Iterator[TaggedReceiver]:
-    with TaggedReceiver(tmp_path / "receiver.sqlite3").running() as running:
-        yield running
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver) -> Iterator[Cluster]:
-    assert harness.DATABASE is not None
-    nodes = Cluster(tmp_path, harness.DATABASE, emu, tagged)
-    try:
-        yield nodes
-    finally:
-        nodes.close()
 
 
 def test_kill9_of_the_leader_mid_stream_loses_nothing_and_doubles_nothing(
