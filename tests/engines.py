@@ -10,6 +10,7 @@ its CLI and the test's own reads all see that test's store and nothing else.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -53,3 +54,18 @@ with_schema = drill_store.with_schema
 def target(state_dir: Path, database: str | None) -> db.Target:
     """Where a test's daemon keeps its store: the test's schema, or the file in `state_dir`."""
     return db.Dsn(database) if database else state_dir / "intake.sqlite3"
+
+
+def drill_schema_dropped(server: str, table: str) -> bool:
+    """Whether the schema a drill's table names (`store: PostgreSQL ... schema drill_...`) is
+    gone from `server` again."""
+    found = re.search(r"^store: PostgreSQL \S+ schema (drill_[0-9a-f]+) ", table, re.MULTILINE)
+    assert found, table
+    conn = db.connect(server)
+    try:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = ?", (found.group(1),)
+        ).fetchone()
+    finally:
+        conn.close()
+    return bool(row[0] == 0)

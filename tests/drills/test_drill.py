@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake import cli
-from ntfy_intake.store import db
 from ntfy_intake.testbed import drill, drill_args, drill_parts, drill_plan, drill_store
 
 from .. import engines
@@ -88,16 +87,7 @@ def test_short_drill_on_postgresql_passes_in_a_schema_of_its_own_dropped_after()
     requests, receipts = value(table, "triage requests / receipts").split(" / ")
     assert int(requests) > 0 and requests == receipts
     assert "hunter2" not in table
-    schema = re.search(r"^store: PostgreSQL \S+ schema (drill_[0-9a-f]+) ", table, re.MULTILINE)
-    assert schema, table
-    conn = db.connect(server)
-    try:
-        left = conn.execute(
-            "SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema.group(1),)
-        ).fetchone()
-    finally:
-        conn.close()
-    assert left[0] == 0, "the drill's schema was not dropped"
+    assert engines.drill_schema_dropped(server, table), "the drill's schema was not dropped"
 
 
 def test_own_schema_names_itself_in_the_search_path() -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake import cli
-from ntfy_intake.store import db
 from ntfy_intake.testbed import drill, drill_args
 from ntfy_intake.testbed.drill_standby_parts import KINDS, build_plan
 
@@ -121,16 +120,7 @@ def test_standby_drill_of_three_rounds_passes_with_every_figure(
     assert set(children_of(os.getpid())) - children_before == set()
     dirs = re.search(r"^state dirs: (\S+), (\S+) ", table, re.MULTILINE)
     assert dirs and not Path(dirs.group(1)).exists() and not Path(dirs.group(2)).exists()
-    schema = re.search(r"^store: PostgreSQL \S+ schema (drill_[0-9a-f]+) ", table, re.MULTILINE)
-    assert schema, table
-    conn = db.connect(server)
-    try:
-        left = conn.execute(
-            "SELECT count(*) FROM pg_namespace WHERE nspname = ?", (schema.group(1),)
-        ).fetchone()
-    finally:
-        conn.close()
-    assert left[0] == 0, "the drill's schema was not dropped"
+    assert engines.drill_schema_dropped(server, table), "the drill's schema was not dropped"
 
 
 @pytest.mark.parametrize("rounds", [1, 3, 4, 5, 11, 50])
