@@ -300,12 +300,20 @@ def standing_by(node: Node) -> bool:
     return answer is not None and answer[1].get("status") == "standby"
 
 
+def serving_as_leader(node: Node) -> bool:
+    """The node's daemon answers on its port. The lease row names a leader before then: the
+    standby's HTTP surface closes and the daemon binds the port after it won the term."""
+    answer = node.healthz()
+    return answer is not None and answer[1].get("role") == "leader"
+
+
 def leader_and_standby(cluster: Cluster) -> tuple[Node, Node]:
     """alpha started first and leading, beta standing by."""
     alpha, beta = cluster.add("alpha"), cluster.add("beta")
     alpha.start()
     assert cluster.leader().name == "alpha"
     cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
     beta.start()
     wait_until(lambda: standing_by(beta), 30, "beta standing by")
     return alpha, beta

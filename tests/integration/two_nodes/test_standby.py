@@ -173,7 +173,7 @@ def test_pg_terminate_backend_of_the_leaders_sessions_loses_and_doubles_nothing(
 def own_server() -> Iterator[tuple[str, Path]]:
     """A PostgreSQL cluster of this test's own (scripts/pg-cluster): (a DSN of a fresh schema
     in it, its data dir). Others share the suite's server; only this one may be restarted."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "pg-cluster"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "pg-cluster"
     directory = Path(tempfile.mkdtemp(prefix="standby-pg-", dir="/tmp"))
     started = subprocess.run(
         [str(script), "start", str(directory)], capture_output=True, text=True, check=False

@@ -29,6 +29,7 @@ from ...standby import (
     RENEW,
     Cluster,
     leader_and_standby,
+    serving_as_leader,
     settle,
     standing_by,
 )
@@ -253,6 +254,7 @@ def test_a_standbys_console_names_the_leader_and_never_acts_itself(
         beta = cluster.add("beta")
         alpha.start()
         assert cluster.leader().name == "alpha"
+        wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
         beta.start()
         wait_until(lambda: standing_by(beta), 30, "beta standing by")
         with console_of(beta) as console:
