@@ -2,7 +2,8 @@
 
 Whatever ntfy (or a broken proxy in front of it) sends, the daemon never crashes, every line is
 accounted for (recorded as an event, a duplicate, or quarantined with its reason), and no raw
-control character reaches a log line.
+control character reaches a log line. Bad configuration too: a bad `[cluster]` stops every
+command with exit 2 and one line naming the key.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -364,3 +367,97 @@ def test_no_raw_control_character_reaches_the_daemon_log(tmp_path: Path) -> None
     assert "intake.connected" in text
     assert not CONTROL.search(text.replace("\n", "")), "raw control character in the daemon log"
     assert subprocess.run(["true"], check=False).returncode == 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# A bad [cluster] at the command line (issue 24): exit 2, one line naming the key, no traceback.
+
+# Never contacted: a config error stops start-up before any I/O.
+UNREACHABLE_DSN = "postgresql://intake@127.0.0.1:9/intake"
+NEEDS_DATABASE = (
+    "[cluster] needs [state] database (PostgreSQL): a standby shares one database with its leader"
+)
+
+
+def run_cli(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "ntfy_intake", command],
+        env=base | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.sqlite_only("no store is opened: each case names its engine in the config itself")
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize(
+    ("cluster", "database", "key", "says"),
+    [
+        ({"NODE": "pi-b"}, None, "cluster.node (NTFY_INTAKE_CLUSTER_NODE)", NEEDS_DATABASE),
+        (
+            {"LEASE_TTL": "5s"},
+            UNREACHABLE_DSN,
+            "cluster.lease_ttl (NTFY_INTAKE_CLUSTER_LEASE_TTL)",
+            "lease_ttl (5s) must be at least 3 x renew_every (2s)",
+        ),
+        (
+            {"RENEW_EVERY": "3s"},
+            UNREACHABLE_DSN,
+            "cluster.renew_every (NTFY_INTAKE_CLUSTER_RENEW_EVERY)",
+            "lease_ttl (8s) must be at least 3 x renew_every (3s)",
+        ),
+        (
+            {"RENEW_EVERY": "2"},
+            UNREACHABLE_DSN,
+            "cluster.renew_every (NTFY_INTAKE_CLUSTER_RENEW_EVERY)",
+            "a number needs a unit",
+        ),
+        (
+            {"NODE": "pi b"},
+            UNREACHABLE_DSN,
+            "cluster.node (NTFY_INTAKE_CLUSTER_NODE)",
+            "must not contain whitespace",
+        ),
+    ],
+    ids=["on-sqlite", "under-3x", "renew-only-under-3x", "bare-number", "node-with-space"],
+)
+def test_a_bad_cluster_setting_exits_2_with_one_line_naming_the_key(
+    tmp_path: Path,
+    command: str,
+    cluster: dict[str, str],
+    database: str | None,
+    key: str,
+    says: str,
+) -> None:
+    env = {
+        "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
+        "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+        "NTFY_INTAKE_STATE_DIR": str(tmp_path / "state"),
+        **{f"NTFY_INTAKE_CLUSTER_{name}": value for name, value in cluster.items()},
+    }
+    if database is not None:
+        env["NTFY_INTAKE_STATE_DATABASE"] = database
+    result = run_cli(command, env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"config error: {key}: ") and says in line, line
+    assert not (tmp_path / "state").exists()  # refused before touching anything
+
+
+@pytest.mark.sqlite_only("no store is opened: the config file names no database")
+def test_a_cluster_section_in_the_file_of_a_sqlite_install_exits_2_with_one_line(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[ntfy]\nurl = "http://127.0.0.1:9"\ntopics = ["alerts"]\n'
+        f'[state]\ndir = "{tmp_path / "state"}"\n'
+        '[cluster]\nnode = "pi-b"\nlease_ttl = "12s"\nrenew_every = "3s"\n'
+    )
+    result = run_cli("run", {"NTFY_INTAKE_CONFIG": str(config)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"config error: cluster.node: {NEEDS_DATABASE}"]

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ntfy_intake import __version__
 from ntfy_intake.errors import ConfigError, IntakeError, StartupError
@@ -257,7 +257,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     early_stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: early_stop.set())
-    from ntfy_intake.runtime import logs  # noqa: PLC0415
+    from ntfy_intake.runtime import logs, node  # noqa: PLC0415
     from ntfy_intake.runtime.daemon import CrashPoints, Daemon  # noqa: PLC0415
     from ntfy_intake.runtime.preflight import check_state_dir  # noqa: PLC0415
     from ntfy_intake.runtime.sdnotify import Notifier, watchdog_interval  # noqa: PLC0415
@@ -267,25 +267,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     logs.configure()
     from ntfy_intake.runtime import clock  # noqa: PLC0415
 
-    daemon = Daemon(
-        settings,
-        clock=clock.from_environ(),  # the system clock unless a drill injects an offset
-        crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")),
-        notifier=Notifier.from_environ(os.environ),
-        watchdog_interval=watchdog_interval(os.environ, os.getpid()),
-    )
-    return asyncio.run(_serve_daemon(daemon, early_stop))
+    notifier = Notifier.from_environ(os.environ)
 
+    def daemon(**cluster: Any) -> Daemon:  # one per term on PostgreSQL (runtime/node.py)
+        return Daemon(
+            settings,
+            clock=clock.from_environ(),  # the system clock unless a drill injects an offset
+            crash_points=CrashPoints(os.environ.get("NTFY_INTAKE_TEST_CRASH_AT")),
+            notifier=notifier,
+            watchdog_interval=watchdog_interval(os.environ, os.getpid()),
+            **cluster,
+        )
 
-async def _serve_daemon(daemon: Daemon, early_stop: threading.Event) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if early_stop.is_set():
-        stop.set()
-    await daemon.run(stop)
-    return 1 if daemon.failed else 0
+    return asyncio.run(node.serve_process(settings, daemon, notifier, early_stop))
 
 
 def _open_readonly(args: argparse.Namespace) -> tuple[Connection | None, Settings]:

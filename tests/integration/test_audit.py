@@ -227,8 +227,8 @@ def test_torn_line_repair_goes_by_seq_across_all_files_not_by_file_names(
     rows = store.execute(
         "SELECT seq, line FROM audit_journal WHERE seq > 1 ORDER BY seq"
     ).fetchall()
-    whole = audit._line(rows[0][0], rows[0][1])
-    torn = audit._line(rows[1][0], rows[1][1])[:25]
+    whole = audit.file_line(rows[0][0], rows[0][1])
+    torn = audit.file_line(rows[1][0], rows[1][1])[:25]
     older.write_bytes((whole + torn).encode())  # a crash after seq 2 and mid seq 3, mark at 1
     with audit.AuditLog(directory, lambda: stepped_back) as log:
         assert audit.recover(store, log) == 1  # seq 3 only: seq 2 is already in a file

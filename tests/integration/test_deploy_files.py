@@ -444,3 +444,132 @@ def test_yamllint() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- a standby on box 2 (issue 24)
+
+COMPOSE_CLUSTER = ROOT / "deploy" / "compose.cluster.yaml"  # box 1: compose.yaml joined to PG
+COMPOSE_STANDBY = ROOT / "deploy" / "compose.standby.yaml"  # box 2: the second node
+STANDBY_CONFIG = ROOT / "deploy" / "compose.standby.config.toml"
+NOT_SECRETS = {"NTFY_INTAKE_CLUSTER_NODE"}  # the only plain value the two files may pass
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (not a dependency)")
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.mark.parametrize("path", [COMPOSE_CLUSTER, COMPOSE_STANDBY])
+def test_standby_compose_text_shape(path: Path) -> None:
+    text = path.read_text()
+    assert "\t" not in text
+    assert not re.search(r"(?i)tk_[a-z0-9]{29}", text), f"a literal ntfy token in {path.name}"
+    assert not re.search(r"postgres(ql)?://[^\s'\"]*:[^\s'\"@]*@", text), "a DSN with a password"
+
+
+def _secret_env(service: dict[str, Any], compose: dict[str, Any]) -> dict[str, str]:
+    """The service's environment; every name but the node's is a secret file it declares."""
+    env: dict[str, str] = service["environment"]
+    for name, value in env.items():
+        if name in NOT_SECRETS:
+            continue
+        assert name.endswith("_FILE"), f"{name}: secrets come as files"
+        secret = value.removeprefix("/run/secrets/")
+        assert secret in service["secrets"] and secret in compose["secrets"], name
+    return env
+
+
+def test_box_one_override_joins_compose_yaml_to_postgresql() -> None:
+    override = load_yaml(COMPOSE_CLUSTER)
+    base = load_yaml(COMPOSE)
+    assert set(override["services"]) == {"ntfy-intake"} <= set(base["services"])
+    intake = override["services"]["ntfy-intake"]
+    env = _secret_env(intake, override)
+    assert env["NTFY_INTAKE_STATE_DATABASE_FILE"] == "/run/secrets/database_dsn"
+    # Relative to compose.yaml's directory (the first -f file), like compose.yaml's own secrets.
+    assert override["secrets"]["database_dsn"]["file"] == "./secrets/database_dsn"
+    assert base["secrets"]["ntfy_token"]["file"].startswith("./secrets/")
+
+
+def test_box_two_runs_one_node_with_its_own_state_and_signal_device() -> None:
+    compose = load_yaml(COMPOSE_STANDBY)
+    assert set(compose["services"]) == {"ntfy-intake", "signal-cli-rest-api"}
+    intake = compose["services"]["ntfy-intake"]
+    assert intake["build"] == ".."  # paths are relative to deploy/
+    mounts = {v.split(":")[1]: v for v in intake["volumes"]}
+    assert mounts["/data"].split(":")[0] in compose["volumes"]
+    config_mount = mounts[CONFIG_PATH]
+    assert config_mount.endswith(":ro")
+    assert (COMPOSE_STANDBY.parent / config_mount.split(":")[0]).resolve() == STANDBY_CONFIG
+    env = _secret_env(intake, compose)
+    assert {"NTFY_INTAKE_NTFY_TOKEN_FILE", "NTFY_INTAKE_HTTP_TOKEN_FILE"} <= set(env)
+    assert env["NTFY_INTAKE_STATE_DATABASE_FILE"] == "/run/secrets/database_dsn"
+    for secret in compose["secrets"].values():
+        assert (COMPOSE_STANDBY.parent / secret["file"]).resolve().parent == ROOT / "secrets"
+    # The two boxes never default to the same node name (the second would exit 2).
+    box1 = load_yaml(COMPOSE_CLUSTER)["services"]["ntfy-intake"]["environment"]
+    assert default(env["NTFY_INTAKE_CLUSTER_NODE"]) != default(box1["NTFY_INTAKE_CLUSTER_NODE"])
+    assert intake["healthcheck"]["test"] == ["CMD", "ntfy-intake", "check"]
+    assert intake["stop_grace_period"] in {"30s", "45s", "60s"}
+    assert intake["read_only"] is True and intake["cap_drop"] == ["ALL"]
+    for service in compose["services"].values():
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", []))
+    # Its own Signal device, talked to on this box's compose network only.
+    config = tomllib.loads(STANDBY_CONFIG.read_text())
+    assert config["owner"]["signal_url"].startswith("http://signal-cli-rest-api:")
+    signal = compose["services"]["signal-cli-rest-api"]
+    assert signal["image"].split(":")[0] == "bbernhard/signal-cli-rest-api"
+
+
+def _secret_files(directory: Path) -> dict[str, str]:
+    (directory / "ntfy_token").write_text("tk_" + "a" * 29 + "\n")
+    (directory / "http_token").write_text("h" * 32 + "\n")
+    (directory / "database_dsn").write_text("postgresql://intake:pw@db.lan/intake\n")
+    for name in ("ntfy_token", "http_token", "database_dsn"):
+        (directory / name).chmod(0o400)
+    return {
+        "NTFY_INTAKE_NTFY_TOKEN_FILE": str(directory / "ntfy_token"),
+        "NTFY_INTAKE_HTTP_TOKEN_FILE": str(directory / "http_token"),
+        "NTFY_INTAKE_STATE_DATABASE_FILE": str(directory / "database_dsn"),
+        "NTFY_INTAKE_STATE_DIR": "/data",
+    }
+
+
+def test_both_boxes_configs_are_accepted_by_the_daemon_as_nodes_of_one_cluster(
+    tmp_path: Path,
+) -> None:
+    """Box 1 (compose.config.toml under the override's environment) and box 2 (its own config)
+    load as two nodes of one database with the same work to do."""
+    settings = pytest.importorskip("ntfy_intake.settings", reason="settings module not present")
+    from ntfy_intake.settings.schema import Dsn  # noqa: PLC0415
+
+    environ = _secret_files(tmp_path)
+    box1 = settings.load(COMPOSE_CONFIG, {**environ, "NTFY_INTAKE_CLUSTER_NODE": "box1"})
+    box2 = settings.load(STANDBY_CONFIG, {**environ, "NTFY_INTAKE_CLUSTER_NODE": "box2"})
+    for loaded in (box1, box2):
+        assert isinstance(loaded.state.store, Dsn)
+        assert loaded.state.dir == Path("/data")
+        assert (loaded.cluster.lease_ttl, loaded.cluster.renew_every) == (8.0, 2.0)
+    assert (box1.cluster.node, box2.cluster.node) == ("box1", "box2")
+    assert box1.ntfy.topics == box2.ntfy.topics
+    assert box1.ntfy.keepalive_interval == box2.ntfy.keepalive_interval
+    assert box1.ntfy.cache_duration == box2.ntfy.cache_duration
+    assert box1.cadence == box2.cadence
+    assert box1.owner.recipients == box2.owner.recipients
+
+
+def test_yamllint_standby_files() -> None:
+    tool = shutil.which("yamllint")
+    if tool is None:
+        pytest.skip("yamllint is not installed (PyPI or Debian: yamllint)")
+    rules = "{extends: default, rules: {line-length: {max: 120}, document-start: disable}}"
+    result = subprocess.run(
+        [tool, "--strict", "-d", rules, str(COMPOSE_CLUSTER), str(COMPOSE_STANDBY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

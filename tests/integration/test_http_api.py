@@ -507,6 +507,9 @@ def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -
             "owner_sent_total": 1,
             "owner_suppressed_total": 0,
             "feed_head": {"triage": 3},
+            "leader": 1,
+            "term": 1,
+            "failovers_total": 0,
         }
     )
     response = api.get("/metrics", headers={})

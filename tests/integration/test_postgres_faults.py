@@ -219,3 +219,24 @@ def test_a_missing_database_or_refused_login_exits_2_with_one_line_and_no_passwo
     assert len(lines) == 1, stderr
     assert cause in lines[0] and "127.0.0.1" in lines[0]
     assert "hunter2" not in stderr and "Traceback" not in stderr
+
+
+def test_every_session_has_tcp_keepalives_and_a_user_timeout_unless_the_dsn_names_its_own() -> None:
+    """Failure mode: a network that stops delivering mid-statement (no RST, no FIN) hangs the
+    daemon's session for the kernel's two hours, and a leader cut off from PostgreSQL sits in
+    limbo that long, neither acting nor standing by. (A loopback proxy cannot drop packets, so
+    the timeout itself is the kernel's to prove; what is ours is that every session asks.)"""
+    assert harness.DATABASE is not None
+    default = db.connect(harness.DATABASE)
+    try:
+        params = default.raw.info.get_parameters()
+        assert params["tcp_user_timeout"] == "30000"
+        assert (params["keepalives"], params["keepalives_idle"]) == ("1", "10")
+    finally:
+        default.close()
+    sep = "&" if "?" in harness.DATABASE else "?"
+    own = db.connect(f"{harness.DATABASE}{sep}tcp_user_timeout=45000")
+    try:
+        assert own.raw.info.get_parameters()["tcp_user_timeout"] == "45000"  # the DSN's wins
+    finally:
+        own.close()

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from ntfy_intake.flow import database, intake
-from ntfy_intake.runtime.daemon import GIL_SWITCH_INTERVAL_S, Daemon
+from ntfy_intake.runtime.daemon import Daemon
+from ntfy_intake.runtime.switches import GIL_SWITCH_INTERVAL_S
 from ntfy_intake.store import audit, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 

@@ -237,3 +237,39 @@ def test_a_different_instance_after_the_first_sighting_is_not_a_collision() -> N
     first = seen(MY_NODE, "inst-old", expires_at=1000.0)
     other = seen(MY_NODE, "inst-newer", expires_at=1005.0)
     assert choose(other, first_own=first) is Action.WAIT_OWN
+
+
+def test_a_crashed_predecessor_of_my_state_directory_is_taken_at_once_not_waited_out() -> None:
+    """Kills a restart after kill -9 that sits out a whole TTL: a fresh lease of an instance of
+    this node's own state directory, whose lock this process now holds, is a dead process's."""
+    crashed = seen(MY_NODE, "dir1.0badc0de", remaining=7)
+    decision = decide(
+        crashed, node=MY_NODE, instance=ME, holding=None, renew_every=EVERY, predecessor="dir1."
+    )
+    assert decision.action is Action.TAKE
+    # Only this node's name and this directory's prefix prove death: another directory's
+    # instance under my name is waited out, another node's lease is watched.
+    other_dir = seen(MY_NODE, "dir2.0badc0de", remaining=7)
+    assert (
+        decide(
+            other_dir,
+            node=MY_NODE,
+            instance=ME,
+            holding=None,
+            renew_every=EVERY,
+            predecessor="dir1.",
+        ).action
+        is Action.WAIT_OWN
+    )
+    other_node = seen("nas", "dir1.0badc0de", remaining=7)
+    assert (
+        decide(
+            other_node,
+            node=MY_NODE,
+            instance=ME,
+            holding=None,
+            renew_every=EVERY,
+            predecessor="dir1.",
+        ).action
+        is Action.STAND_BY
+    )

@@ -33,6 +33,9 @@ FULL: dict[str, Any] = {
     "owner_sent_total": 3,
     "owner_suppressed_total": 1,
     "feed_head": {"triage": 12, "reviews": 4},
+    "leader": 1,
+    "term": 4,
+    "failovers_total": 2,
 }
 
 
@@ -74,6 +77,9 @@ def test_full_snapshot_exposes_every_documented_name_with_its_value() -> None:
     assert samples["ntfy_intake_feed_head", (("channel", "triage"),)] == 12
     assert samples["ntfy_intake_feed_head", (("channel", "reviews"),)] == 4
     assert samples["ntfy_intake_metrics_snapshot_ok", ()] == 1
+    assert samples["ntfy_intake_leader", ()] == 1
+    assert samples["ntfy_intake_term", ()] == 4
+    assert samples["ntfy_intake_failovers_total", ()] == 2
 
 
 def test_counters_are_counters_and_levels_are_gauges() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from ntfy_intake.rules import notices
 from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -41,3 +43,14 @@ def test_gap_notice_carries_its_exact_window_for_the_audit_log() -> None:
         "cursor": "c1",
     }
     assert "2026-11-30T01:00:00Z" in gap.text and "2026-11-30T03:00:00Z" in gap.text
+
+
+def test_a_takeover_notices_audit_line_has_one_term_the_envelopes() -> None:
+    """Kills a notice field named `term` beside the audit line's own envelope `term`: the line
+    then held the key twice and a JSON reader kept the notice's string, hiding the term."""
+    notice = notices.takeover("nas", "pi", 3, 2)
+    record = audit.encode({"ts": "2026-12-01T00:00:00Z", "kind": "notice", **notice.fields})
+    pairs = json.loads(audit.file_line(11, record, term=3), object_pairs_hook=lambda kv: kv)
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys)), keys
+    assert dict(pairs)["term"] == 3

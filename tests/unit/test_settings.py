@@ -70,6 +70,7 @@ def test_all_keys_match_the_dataclasses() -> None:
         (section.name, key.name)
         for section in dataclasses.fields(Settings)
         for key in dataclasses.fields(getattr(settings, str(section.type)))
+        if key.metadata.get("key", True)  # ClusterSettings.configured says where, not what
     ]
     assert list(ALL_KEYS) == derived
 
@@ -167,6 +168,10 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("ntfy", "overlap"): "45s",
         ("state", "dir"): str(tmp_path),
         ("state", "database"): "postgresql://intake@db.lan:5433/alerts",
+        ("cluster", "node"): "pi-b",
+        ("cluster", "lease_ttl"): "12s",
+        ("cluster", "renew_every"): "3s",
+        ("cluster", "url"): "http://pi-b.lan:8080",
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
@@ -205,6 +210,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         state=settings.StateSettings(
             tmp_path, database=Dsn("postgresql://intake@db.lan:5433/alerts")
         ),
+        cluster=settings.ClusterSettings("pi-b", 12, 3, "http://pi-b.lan:8080", configured=True),
         relay=settings.RelaySettings(
             "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token", concurrency=2
         ),

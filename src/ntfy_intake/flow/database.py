@@ -17,6 +17,7 @@ from typing import ParamSpec, TypeVar
 
 import structlog
 
+from ntfy_intake.errors import Fenced
 from ntfy_intake.flow.pipeline import Heartbeat
 from ntfy_intake.rules import notices
 from ntfy_intake.rules.notices import Notice
@@ -52,8 +53,16 @@ class Database:
         waits: StorageWaits,
         degraded: dict[str, str],
         heartbeat: Heartbeat,
+        term: int | None = None,
+        idle_limit: float | None = None,
+        on_fenced: Callable[[], None] = lambda: None,
     ) -> None:
         self._path = path
+        # A leader's writes are fenced to its term (DESIGN.md section 9): a write after another
+        # term began raises errors.Fenced, which is never waited out: `on_fenced` steps down.
+        self._term = term
+        self._idle_limit = idle_limit
+        self._on_fenced = on_fenced
         self._where = str(path)
         self._boot_id = boot_id
         self.waits = waits
@@ -74,6 +83,8 @@ class Database:
 
     def open(self) -> db.Connection:
         self._conn = db.connect(self._path)
+        if self._term is not None:
+            db.fence_to(self._conn, self._term, idle_limit=self._idle_limit)
         return self._conn
 
     def close(self) -> None:
@@ -90,6 +101,9 @@ class Database:
             async with self._lock:
                 try:
                     result = await _until_done(asyncio.to_thread(fn, *args, **kwargs))
+                except Fenced:
+                    self._on_fenced()
+                    raise
                 except Exception as exc:
                     fault = storage.waitable(exc, self._where)
                     if fault is None:

@@ -456,6 +456,11 @@ async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
     stopper = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        # Cancelled from outside (a node whose lease is over abandons its tasks): the attempt
+        # goes with it, or its stream would stay open, an orphan task still reading ntfy.
+        task.cancel()
+        raise
     finally:
         stopper.cancel()
     if task.done():

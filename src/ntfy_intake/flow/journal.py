@@ -6,6 +6,12 @@ fails trips the latch: the cursor freezes for the life of the process and the ow
 one notice. Notices (from intake, the relay, vitals, storage) and agents' replies reach the owner
 queue here, each in its own transaction; a flush follows each, and wakes the owner sender only
 when something was queued for it.
+
+On a PostgreSQL standby, `mirror` keeps this node's audit files a copy of the shared journal
+(DESIGN.md section 9): it appends what the journal holds beyond them and writes nothing to the
+database, so it latches nothing and queues no notice. A failing audit directory is logged once
+and kept in `mirror_failure` (health can show it) until an append succeeds again; what the files
+can no longer get from the journal (the node was down past its window) is logged once per gap.
 """
 
 from __future__ import annotations
@@ -22,9 +28,14 @@ from ntfy_intake.flow.database import Database
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters
 from ntfy_intake.rules import notices
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import audit, db
+from ntfy_intake.store import audit, audit_mirror, db
 
 log = structlog.get_logger("ntfy_intake.pipeline")
+
+# Journal rows appended per trip to the worker thread: a standby catching up on a long backlog
+# lets the feed's reads and acks in between (each trip is `MIRROR_LIMIT / audit.MIRROR_BATCH`
+# fsynced appends).
+MIRROR_LIMIT = 5000
 
 
 class Journal:
@@ -50,6 +61,8 @@ class Journal:
         self._replaced_pending: list[str] = []  # replaced audit files whose notice is not recorded
         self._owner_wakeup: asyncio.Event | None = None
         self._owner_woken_for = 0
+        self.mirror_failure: str | None = None  # the audit write a standby's mirror fails on
+        self._gap_told: tuple[int, int] | None = None
 
     def wake_owner_sender_with(self, wakeup: asyncio.Event) -> None:
         """The owner sender runs now: wake it through `wakeup` when a row is queued for it."""
@@ -131,6 +144,37 @@ class Journal:
                 log.warning("audit.recovered", lines=written)
         except AuditWriteError as exc:
             self.latch(str(exc))
+
+    async def mirror(self) -> int:
+        """A standby's step: append every journal row beyond this node's files, in seq order,
+        one trip to the worker thread per `MIRROR_LIMIT` rows; return how many were appended
+        (0 while the audit directory refuses writes: `mirror_failure`)."""
+        total = 0
+        while True:
+            appended = await self._database.run(self.mirror_sync)
+            total += appended
+            if appended < MIRROR_LIMIT:
+                return total
+
+    def mirror_sync(self, limit: int = MIRROR_LIMIT) -> int:
+        """In the worker thread: `audit.mirror`, at most `limit` rows; reads the database only.
+        Safe to run again after any failure: the files' own last seq decides what follows."""
+        conn = self._database.conn
+        try:
+            gap = audit_mirror.unreachable(conn, self._audit)
+            if gap is not None and gap != self._gap_told:
+                log.error("audit.mirror_gap", first=gap[0], last=gap[1])
+            self._gap_told = gap
+            appended = audit.mirror(conn, self._audit, limit=limit)
+        except AuditWriteError as exc:
+            if self.mirror_failure is None:
+                log.error("audit.mirror_failed", detail=str(exc))
+            self.mirror_failure = str(exc)
+            return 0
+        if self.mirror_failure is not None:
+            log.warning("audit.mirror_recovered", lines=appended)
+            self.mirror_failure = None
+        return appended
 
     async def flush_at_stop(self) -> None:
         """The last flush; when latched, try once more: the space may be back, and what the log

@@ -54,6 +54,9 @@ from ntfy_intake.wire.owner_channels import (
 
 log = structlog.get_logger("ntfy_intake.owner")
 
+# An attempt the lease stopped before anything was sent (never settled: its write is fenced).
+NOT_LEADING = "not sent: this node's lease is over (a standby leads now)"
+
 __all__ = [
     "Claim",
     "Leg",
@@ -120,6 +123,7 @@ class OwnerSender:
         fallback_after: float = 300.0,
         max_attempts: int = 12,
         after_send: Callable[[], None] = lambda: None,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.conn = conn
         self.client = client
@@ -135,6 +139,9 @@ class OwnerSender:
         self.fallback_after = fallback_after
         self.max_attempts = max_attempts
         self.after_send = after_send
+        # Asked right before each send (each leg): False once this node's lease is over
+        # (DESIGN.md section 9); the claim stays leased and the next leader sends it.
+        self.may_act = may_act
         self.wakeup = asyncio.Event()
         self.stats = OwnerStats()
         # At most two sends per claim, each bounded by `timeout` (plus a second of slack).
@@ -157,7 +164,7 @@ class OwnerSender:
         released = await self.run_db(outbox.release_leases, self.conn, "owner_outbox")
         if released:
             log.warning("owner.leases_released", rows=released)
-        while not stop.is_set():
+        while not stop.is_set() and self.may_act():
             self.wakeup.clear()
             if await self.run_once():
                 continue
@@ -169,7 +176,7 @@ class OwnerSender:
     async def run_once(self) -> bool:
         """Send every due row (up to a batch); True if any row was claimed."""
         claimed = 0
-        while claimed < CLAIM_BATCH:
+        while claimed < CLAIM_BATCH and self.may_act():
             claim = await self.run_db(claim_due, self.conn, self.clock(), lease=self.lease)
             if claim is None:
                 break
@@ -307,6 +314,8 @@ class OwnerSender:
     ) -> tuple[int | None, httpx.Headers | None, bytes, str | None]:
         if headers is None:
             headers = {"Content-Type": "application/json"}
+        if not self.may_act():
+            return None, None, b"", NOT_LEADING
         try:
             async with asyncio.timeout(self.timeout + 1.0):
                 response = await self.client.post(

@@ -84,6 +84,7 @@ class Relay:
         token: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         poster: http_post.KeepAlivePoster | None = None,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("relay concurrency must be at least 1")
@@ -102,6 +103,9 @@ class Relay:
         self.clock = clock
         self.flush_audit = flush_audit
         self.after_post = after_post
+        # Asked right before each POST: False once this node's lease is over (DESIGN.md
+        # section 9). The claim stays leased; the next leader releases and sends it.
+        self.may_act = may_act
         self.rng = rng
         self.signing_key = signing_key
         self.token = token
@@ -250,7 +254,7 @@ class Relay:
             await self._flush()
 
     def _stopping(self) -> bool:
-        return self._stop is not None and self._stop.is_set()
+        return (self._stop is not None and self._stop.is_set()) or not self.may_act()
 
     def _take_finished(self) -> list[tuple[outbox.Claim, Outcome]]:
         finished, self._finished = self._finished, []

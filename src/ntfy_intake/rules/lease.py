@@ -115,6 +115,7 @@ class Seen:
     term: int
     expires_at: float
     remaining: float
+    url: str = ""  # the holder's advertised HTTP surface ("" when it gives none)
 
     @property
     def expired(self) -> bool:
@@ -148,10 +149,15 @@ def decide(
     holding: int | None,
     renew_every: float,
     first_own: Seen | None = None,
+    predecessor: str | None = None,
 ) -> Decision:
     """What a node does with a read of the row. `holding` is the term this instance holds
     (None when its LocalLease is not valid); `first_own` is the first read that showed another
-    instance under this node's name, kept by the caller while it waits (None otherwise)."""
+    instance under this node's name, kept by the caller while it waits (None otherwise).
+
+    `predecessor` is the prefix of instances known dead: those of this node's state directory,
+    whose lock the caller holds (a process of it that still ran would hold the lock). A fresh
+    lease of one is a crashed predecessor's for certain: taken at once, not waited out."""
     if seen is None:
         return Decision(Action.TAKE, 0, 0.0, "no leader yet")
     held_by = f"node {seen.node!r} holds term {seen.term}"
@@ -167,6 +173,8 @@ def decide(
     wait = min(renew_every, seen.remaining)
     if seen.node != node:
         return Decision(Action.STAND_BY, seen.term, wait, held_by)
+    if predecessor and seen.instance.startswith(predecessor):
+        return Decision(Action.TAKE, seen.term, 0.0, f"{held_by} (this node's, before a crash)")
     renewing = first_own is not None and (
         first_own.instance == seen.instance and seen.expires_at > first_own.expires_at
     )

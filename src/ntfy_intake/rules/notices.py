@@ -155,3 +155,16 @@ def relay_unauthorized(delivery_key: str, attempt: int, detail: str) -> Notice:
         "The daemon keeps retrying with backoff; nothing is dropped.",
         key=f"relay_unauthorized:{delivery_key}:{attempt}",
     )
+
+
+def takeover(node: str, before_node: str, term: int, previous_term: int) -> Notice:
+    """One per term: the node that took the lease over says from whom (DESIGN.md section 9)."""
+    return Notice(
+        "takeover",
+        f"Failover: node {node!r} leads now (term {term}); node {before_node!r} (term"
+        f" {previous_term}) gave the lease up or stopped renewing it. Intake resumes from the"
+        " durable cursor with an overlap backfill: nothing recorded is lost or counted twice.",
+        key=f"takeover:{term}",
+        # No `term` field: the audit line's envelope carries the term it was written under.
+        fields={"node": node, "previous_node": before_node, "previous_term": str(previous_term)},
+    )

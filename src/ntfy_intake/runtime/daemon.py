@@ -14,13 +14,10 @@ switch, retention on a schedule), supervises them, and drains on SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,8 +31,9 @@ from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, 
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules import health as health_model
-from ntfy_intake.runtime import heap, recovery, supervisor
+from ntfy_intake.runtime import heap, recovery, supervisor, switches
 from ntfy_intake.runtime.clock import TrustedClock
+from ntfy_intake.runtime.cluster import Holding
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.runtime.supervisor import Supervisor
@@ -47,38 +45,7 @@ from ntfy_intake.wire import diagnose, http_post, http_stream
 
 log = structlog.get_logger("ntfy_intake.daemon")
 
-GIL_SWITCH_INTERVAL_S = 0.001  # see run(); measured in bench/bench_live.py
-
 __all__ = ["Counters", "CrashPoints", "Daemon"]
-
-
-class _ThreadSwitches:
-    """The GIL switch interval at GIL_SWITCH_INTERVAL_S while any daemon in this process runs,
-    and the interval found before the first one back once the last one stops (daemons in one
-    process may stop in any order)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._found = 0.0
-
-    @contextlib.contextmanager
-    def fast(self) -> Iterator[None]:
-        with self._lock:
-            if self._users == 0:
-                self._found = sys.getswitchinterval()
-                sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    sys.setswitchinterval(self._found)
-
-
-_thread_switches = _ThreadSwitches()
 
 
 class Daemon:
@@ -96,8 +63,14 @@ class Daemon:
         owner_retry_base: float = 2.0,
         notifier: Notifier | None = None,
         watchdog_interval: float | None = None,
+        holding: Holding | None = None,
+        state_lock: StateLock | None = None,
     ) -> None:
         self.settings = settings
+        # A term this process leads (runtime/node.py), None for one daemon alone.
+        self.holding = holding
+        may_act = holding.may_act if holding is not None else (lambda: True)
+        self.may_act = may_act
         # Every wall-clock reading goes through the server-checked clock (clock.py): a local
         # clock jump never moves cadence windows, the daily cap, retention or audit days.
         self.trusted_clock = TrustedClock(clock)
@@ -134,6 +107,9 @@ class Daemon:
             waits=self.storage,
             degraded=self.degraded,
             heartbeat=self.heartbeat,
+            term=None if holding is None else holding.term,
+            idle_limit=settings.cluster.lease_ttl / 2,
+            on_fenced=self._fenced,
         )
         self.journal = Journal(
             self.database,
@@ -169,9 +145,12 @@ class Daemon:
             writer=self.writer,
             notifier=notifier or Notifier(None),
             watchdog_interval=watchdog_interval,
+            cluster_view=None if holding is None else holding.view,
         )
         self.supervisor = Supervisor()
-        self._state_lock = StateLock(settings.state.dir / "daemon.lock")
+        # The node's loop holds the directory's lock for the process's life: not ours to drop.
+        self._owns_lock = state_lock is None
+        self._state_lock = state_lock or StateLock(settings.state.dir / "daemon.lock")
         self._wedged = False  # test hook: the ticker stops turning (a stuck task)
 
     # -- what the CLI, the HTTP surface and the tests read -------------------------------------------
@@ -250,11 +229,23 @@ class Daemon:
         )
         self.writer.start_from(recovered.cursor, recovered.next_release)
 
+    def _fenced(self) -> None:
+        """A write saw another term: this one is over (the node's loop stands by again)."""
+        if self.holding is not None:
+            log.error("cluster.fenced", term=self.holding.term)
+            self.holding.lapse()
+            self.holding.lost.set()
+
+    @property
+    def stepping_down(self) -> bool:
+        return self.holding is not None and self.holding.lost.is_set()
+
     def close(self) -> None:
         """What the end of `run` lets go of (idempotent): the audit file, the store, the lock."""
         self.journal.close()
         self.database.close()
-        self._state_lock.release()
+        if self._owns_lock:
+            self._state_lock.release()
 
     # -- the tasks and their supervision -------------------------------------------------------------
 
@@ -262,7 +253,7 @@ class Daemon:
         # The event loop and the database thread take turns on the GIL. A thread that wants it
         # back (an fsync returned) waits up to the switch interval while the other runs Python
         # (httpx reading a reply): 5 ms by default, which is a live event's whole budget.
-        with _thread_switches.fast():
+        with switches.fast():
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
@@ -273,6 +264,9 @@ class Daemon:
         # READY once recovered, not when ntfy answers: an ntfy outage is never a restart loop.
         self.vitals.notifier.ready("recovered local state; connecting to ntfy")
         self.ready.set()
+        if self.holding is not None:  # what standing by owes (a wait for the database), and
+            for notice in self.holding.owed_notices():  # the takeover's own notice
+                await self.journal.note(notice)
         cursor = self.writer.cursor
         log.info(
             "intake.subscribing",
@@ -307,6 +301,10 @@ class Daemon:
             if self.settings.health.ping_url is not None:
                 tasks.start(self.vitals.run_dead_mans_switch(client), "dead_mans_switch")
             await tasks.watch(stop)
+            if self.stepping_down:  # every side effect stops now; no drain: writes are fenced
+                await tasks.abandon()
+                self.close()
+                return
             self.vitals.notifier.stopping("draining")
             await tasks.drain(
                 self.writer, intake_stop, reader, writing, self.settings.ntfy.reorder_window
@@ -370,6 +368,7 @@ class Daemon:
             signing_key=self.settings.relay.signing_key,
             token=self.settings.relay.token,
             poster=self._relay_poster(url),
+            may_act=self.may_act,
         )
 
     def _relay_poster(self, url: str) -> http_post.KeepAlivePoster | None:
@@ -395,6 +394,7 @@ class Daemon:
             flush_audit=self.journal.flush,
             retry_base=self.owner_retry_base,
             after_send=lambda: self.crash.hit("after_owner_send"),
+            may_act=self.may_act,
         )
 
     async def _ticker(self) -> None:

@@ -28,7 +28,17 @@ from ntfy_intake.rules import cadence, notices
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.settings.schema import is_dsn
-from ntfy_intake.store import audit, db, migrations, outbox, rebuild, rehydrate, replay, storage
+from ntfy_intake.store import (
+    audit,
+    audit_files,
+    db,
+    migrations,
+    outbox,
+    rebuild,
+    rehydrate,
+    replay,
+    storage,
+)
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import load as load_cursor
 from ntfy_intake.store.cursor import save as save_cursor
@@ -45,6 +55,8 @@ class StateLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        if self._fd is not None:
+            return  # held already: a node's loop holds it across its terms (runtime/node.py)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -161,7 +173,12 @@ def _rehydrate_cadence(
     loaded = rehydrate.load(settings.state.audit_dir, policy, min(now, newest or now))
     state = loaded.state
     pending = 0
-    for record in replay.unflushed_records(conn, audit.flushed_seq(conn)):
+    folded_above = audit.flushed_seq(conn)
+    if db.is_postgres(conn):
+        # What this node's files hold, not the mark another node's flush moved (DESIGN.md
+        # section 9): after a takeover the rows between them are in neither place it read.
+        folded_above = audit_files.repair_tails(settings.state.audit_dir)
+    for record in replay.unflushed_records(conn, folded_above):
         state.apply(record)
         pending += 1
     log.info(

@@ -108,6 +108,14 @@ class Supervisor:
                 task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
+    async def abandon(self) -> None:
+        """A term that is over (DESIGN.md section 9): every task cancelled at once, nothing
+        drained (a POST in flight may repeat under its stable key at the next leader)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        log.warning("daemon.stepped_down", tasks=len(self.tasks))
+
 
 async def after_subscribing(subscribed: asyncio.Event, queue: asyncio.Queue[intake.Item]) -> None:
     """What intake does not need (the HTTP surface, the scheduler) loads once the first

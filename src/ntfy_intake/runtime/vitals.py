@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -55,8 +56,11 @@ class Vitals:
         writer: Writer,
         notifier: Notifier,
         watchdog_interval: float | None,
+        cluster_view: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings
+        # The node's role, term, leader and lease age (runtime/cluster.py), on PostgreSQL.
+        self.cluster_view = cluster_view
         self.clock = clock
         self.boot_id = boot_id
         self.health = intake_health
@@ -180,6 +184,13 @@ class Vitals:
         it withholds a ping (otherwise it would repeat the state)."""
         assessed = self.assess_health()
         parts = [assessed.line()]
+        if self.cluster_view is not None:
+            view = self.cluster_view()
+            age = view["lease_age_s"]
+            parts.append(
+                f"{view['role']} {view['node']!r} term {view['term']}"
+                + ("" if age is None else f", lease renewed {health_model.ago(age)}")
+            )
         if assessed.intake is health_model.State.LIVE:
             parts.append(f"last frame {health_model.ago(assessed.last_frame_age_s)}")
         parts.append(f"{self.counters.recorded} recorded this run")
@@ -208,6 +219,11 @@ class Vitals:
     def http_health(self) -> tuple[bool, dict[str, Any]]:
         assessed = self.assess_health()
         details: dict[str, Any] = {"status": str(assessed.state), "intake": str(assessed.intake)}
+        if self.cluster_view is not None:
+            view = self.cluster_view()
+            details.update(
+                role=view["role"], node=view["node"], term=view["term"], leader=view["leader"]
+            )
         if assessed.reasons:
             details["reason"] = assessed.line()
             details["reasons"] = list(assessed.reasons)
@@ -241,6 +257,7 @@ class Vitals:
             "degraded": sorted(self.degraded.values()),
             "recorded": self.counters.recorded,
             "duplicates": self.counters.duplicates,
+            "cluster": None if self.cluster_view is None else self.cluster_view(),
         }
 
     def write_health(self, *, final: bool = False) -> None:
@@ -279,6 +296,17 @@ class Vitals:
             if owner_stats
             else 0,
             **self._cached_counts,
+            **self._cluster_metrics(),
+        }
+
+    def _cluster_metrics(self) -> dict[str, Any]:
+        if self.cluster_view is None:
+            return {}
+        view = self.cluster_view()
+        return {
+            "leader": 1 if view["role"] == "leader" else 0,
+            "term": view["term"],
+            "failovers_total": view["takeovers"],
         }
 
     # -- the dead-man's switch -----------------------------------------------------------------------

@@ -5,8 +5,9 @@ checks per section.
 Settings reads (a TOML file and the environment mapping it is given).
 
 Invariants owned here:
-- `load` reads only the `environ` mapping passed in (never `os.environ`) and, besides the config file and
-  `*_file`/`*_FILE` secret files, touches nothing: no directory is created, no server is contacted;
+- `load` reads only the `environ` mapping passed in (never `os.environ`) and, besides the config file,
+  `*_file`/`*_FILE` secret files and the host name (the default `[cluster] node`), touches nothing: no
+  directory is created, no server is contacted;
 - precedence per key: environment twin (`NTFY_INTAKE_<SECTION>_<KEY>` or its `_FILE`) > TOML (`key` or
   `key_file`) > default; an empty environment variable counts as unset;
 - every problem is one `ConfigError` whose message is one line naming `section.key` (and the environment
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.settings.cluster import _cluster, _cluster_fits
 from ntfy_intake.settings.rules import (
     _cadence,
     _health,
@@ -41,6 +43,7 @@ from ntfy_intake.settings.schema import (
     DEFAULT_CONFIG,
     SECRET_KEYS,
     CadenceSettings,
+    ClusterSettings,
     FirstStart,
     HealthSettings,
     HttpSettings,
@@ -70,6 +73,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "CadenceSettings",
+    "ClusterSettings",
     "ConfigErrors",
     "FirstStart",
     "HealthSettings",
@@ -135,6 +139,12 @@ def load(
     build = _Builder(resolved, problems)
     ntfy = build.section("ntfy", lambda r: _ntfy(r, required=need_ntfy))
     state = build.section("state", lambda r: _state(r, environ))
+    # Given at all, even unreadable or bad (reported at the key): the operator meant PostgreSQL.
+    postgres = ("state", "database") in values
+    cluster = build.section("cluster", lambda r: _cluster(r, postgres=postgres))
+    problems.attempt(
+        functools.partial(_cluster_fits, _Reader(resolved), cluster, postgres=postgres)
+    )
     relay = build.section("relay", _relay)
     cadence = build.section("cadence", _cadence)
     # The owner rules compare with ntfy.topics; with broken ntfy settings, check them alone.
@@ -143,10 +153,11 @@ def load(
     http = build.section("http", _http)
     health = build.section("health", _health)
     problems.raise_any()
-    assert ntfy and state and relay and cadence and owner and http and health
+    assert ntfy and state and cluster and relay and cadence and owner and http and health
     return Settings(
         ntfy=ntfy,
         state=state,
+        cluster=cluster,
         relay=relay,
         cadence=cadence,
         owner=owner,

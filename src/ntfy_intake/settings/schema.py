@@ -30,6 +30,9 @@ PHONE_RE = re.compile(r"\+[1-9][0-9]{1,14}")  # E.164
 GROUP_RE = re.compile(r"group\.[A-Za-z0-9+/]+={0,2}")  # signal-cli-rest-api group id
 MAX_INT = 2**31 - 1
 MAX_FILE_BYTES = 64 * 1024
+MAX_NODE_LENGTH = 63  # a DNS label: a host name's first part fits
+DEFAULT_LEASE_TTL = 8.0
+DEFAULT_RENEW_EVERY = 2.0
 
 Kind = Literal["str", "list", "duration", "int"]
 T = TypeVar("T")
@@ -48,6 +51,10 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "overlap"): "duration",
     ("state", "dir"): "str",
     ("state", "database"): "str",
+    ("cluster", "node"): "str",
+    ("cluster", "lease_ttl"): "duration",
+    ("cluster", "renew_every"): "duration",
+    ("cluster", "url"): "str",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
     ("relay", "max_attempts"): "int",
@@ -80,7 +87,9 @@ SECRET_KEYS = frozenset(
         ("state", "database"),
     }
 )
-_URL_KEYS = frozenset({("ntfy", "url"), ("relay", "url"), ("owner", "signal_url")})
+_URL_KEYS = frozenset(
+    {("ntfy", "url"), ("relay", "url"), ("owner", "signal_url"), ("cluster", "url")}
+)
 _SECTIONS: dict[str, tuple[str, ...]] = {}
 for _section, _key in ALL_KEYS:
     _SECTIONS.setdefault(_section, ())
@@ -185,6 +194,25 @@ class StateSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """`[cluster]`: this daemon's part in leadership by lease (DESIGN.md section 9).
+
+    Always present: on PostgreSQL every daemon takes part in leadership, with these defaults
+    when no key was given; on SQLite (a single box) nothing reads it, and giving any key there
+    is a ConfigError. The timing satisfies `rules.lease.check_timing`."""
+
+    node: str  # default: the host name
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    renew_every: float = DEFAULT_RENEW_EVERY
+    # This node's HTTP surface as the other nodes' owners reach it (http://pi.lan:8080): a
+    # standby's console links there and posts its forms there. None: not advertised.
+    url: str | None = None
+    # Whether any [cluster] key was given (file or environment): where the values came from,
+    # not a key of its own.
+    configured: bool = dataclasses.field(default=False, metadata={"key": False})
+
+
+@dataclass(frozen=True, slots=True)
 class RelaySettings:
     url: str | None
     timeout: float
@@ -244,6 +272,7 @@ class HealthSettings:
 class Settings:
     ntfy: NtfySettings
     state: StateSettings
+    cluster: ClusterSettings
     relay: RelaySettings
     cadence: CadenceSettings
     owner: OwnerSettings
@@ -252,11 +281,14 @@ class Settings:
 
     def redacted(self) -> dict[str, object]:
         """Every key, JSON-able, for `status` and logs: secrets as "***" (None when unset), URL
-        credentials masked, durations as duration strings."""
+        credentials masked, durations as duration strings; `[cluster]` only on PostgreSQL, the
+        one engine it applies to (None, i.e. unset, on SQLite)."""
         out: dict[str, dict[str, object]] = {}
         for section, key in ALL_KEYS:
             value: object = getattr(getattr(self, section), key)
-            if (section, key) in SECRET_KEYS:
+            if section == "cluster" and self.state.database is None:
+                value = None
+            elif (section, key) in SECRET_KEYS:
                 value = None if value is None else "***"
             elif (section, key) in _URL_KEYS:
                 value = None if value is None else _mask_url(str(value))

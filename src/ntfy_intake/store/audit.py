@@ -1,10 +1,10 @@
 """The append-only JSONL audit log: one outcome record per event, durable before the cursor moves.
 
 How a record becomes durable without a second store that can disagree:
-1. `stage()` inserts the record into `audit_journal` inside the same SQLite transaction that
-   records the outcome, so an outcome and its audit record commit or vanish together;
-2. `flush()` appends every journal row above the flushed mark to today's file, flushes, fsyncs,
-   then moves the mark (and prunes the journal) in a short transaction;
+1. `stage()` inserts the record into `audit_journal` inside the same transaction that records
+   the outcome, so an outcome and its audit record commit or vanish together;
+2. `flush()` appends every journal row the files lack to today's file, flushes, fsyncs, then
+   moves the mark in a short transaction;
 3. after a crash, `recover()` drops a torn last line in every file, finds which journal rows
    already reached a file (a crash between fsync and moving the mark) by `seq` across all files,
    never by file names or the clock, and appends only the others.
@@ -12,28 +12,70 @@ While running, the writer knows the highest `seq` in the files, so a mark that f
 (SQLite's disk full) never makes a line be written twice, and an append that fails part-way is
 cut back to where it began. So each journal row reaches the log exactly once. Files are named by the UTC day they were
 written (`audit-YYYY-MM-DD.jsonl`); each line's `ts` is when its outcome was recorded.
+
+The two engines differ in what the journal is (DESIGN.md section 9):
+- SQLite: a staging area. What the files lack is what lies above the mark (`audit_flushed_seq`),
+  and `flush` prunes the journal up to the mark.
+- PostgreSQL: the record every node shares. Each node, leader or standby, mirrors it into its
+  own files, so what a node appends is decided by ITS files' highest seq (`AuditLog.last_seq`),
+  never by the mark another node wrote: after a failover a node's files continue exactly where
+  they stopped. `flush` (the leader, or one daemon alone) still moves the mark, forward only,
+  for the readers of it (status, the rebuild's emptiness check), and never prunes: retention
+  does, past a window (retention.py). `mirror` (a standby) only reads. Each row keeps the term
+  of the leader that wrote it (`conn.term`, 0 when unfenced) and its line carries `"term"` when
+  it is above 0. The rows arrive in seq order because every journal insert is made under the
+  store's write lock (transaction.write_txn): no row can commit below one already visible.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.rules.timestamps import rfc3339
-from ntfy_intake.store import db, dialect
+from ntfy_intake.store import db, dialect, postgres
+from ntfy_intake.store.audit_files import (
+    FILE_PREFIX,
+    FILE_SUFFIX,
+    log_files,
+    read_records,
+    repair_tails,
+    seqs_above,
+)
 from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire import jsonsafe
 
+# The files as read back live in audit_files; their names are the audit log's API here too.
+__all__ = [
+    "FILE_PREFIX",
+    "FILE_SUFFIX",
+    "FLUSHED_KEY",
+    "MIRROR_BATCH",
+    "SCHEMA_VERSION",
+    "AuditLog",
+    "encode",
+    "file_line",
+    "flush",
+    "flushed_seq",
+    "journal_seq_at_least",
+    "log_files",
+    "mark_forward",
+    "mirror",
+    "read_records",
+    "recover",
+    "repair_tails",
+    "seqs_above",
+    "stage",
+    "stage_encoded",
+]
+
 SCHEMA_VERSION = 1
 FLUSHED_KEY = "audit_flushed_seq"
-FILE_PREFIX = "audit-"
-FILE_SUFFIX = ".jsonl"
 
 
 # json.dumps(record, separators=(",", ":"), ensure_ascii=True), built once: the same text.
@@ -53,12 +95,26 @@ def stage(conn: Connection, kind: str, now: float, **fields: Any) -> None:
 
 
 def stage_encoded(conn: Connection, lines: list[str]) -> None:
-    """Queue already-encoded records (a batch's, in order) inside the caller's transaction."""
+    """Queue already-encoded records (a batch's, in order) inside the caller's transaction. On
+    PostgreSQL each row records the term the transaction is fenced to (0 when unfenced)."""
+    if isinstance(conn, postgres.PgConnection):
+        if not conn.in_transaction:
+            # An autocommitted row could commit above a seq still in flight under the write
+            # lock, and every mirror would pass that seq by for good (module doc).
+            raise RuntimeError("audit journal rows are staged inside db.write_txn only")
+        term = conn.term or 0
+        conn.executemany(
+            "INSERT INTO audit_journal(line, term) VALUES (?, ?)", [(line, term) for line in lines]
+        )
+        return
     conn.executemany("INSERT INTO audit_journal(line) VALUES (?)", [(line,) for line in lines])
 
 
-def _line(seq: int, record_json: str) -> str:
-    # The journal stores the record without its envelope; seq and schema version are added here.
+def file_line(seq: int, record_json: str, term: int = 0) -> str:
+    """A journal row as its audit file holds it: the record with its envelope (schema version,
+    seq and, for a row written under a leadership term, the term) added in front."""
+    if term > 0:
+        return f'{{"v":{SCHEMA_VERSION},"seq":{seq},"term":{term},{record_json[1:]}\n'
     return f'{{"v":{SCHEMA_VERSION},"seq":{seq},{record_json[1:]}\n'
 
 
@@ -206,12 +262,19 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def flushed_seq(conn: Connection) -> int:
+    """The mark. SQLite: the last seq the files hold, what `flush` appends above. PostgreSQL:
+    the highest seq a node's flush or recovery reported written, forward only, for the readers
+    of it (status, the rebuild's emptiness check); it decides nothing that a node appends."""
     row = conn.execute("SELECT value FROM kv WHERE name = ?", (FLUSHED_KEY,)).fetchone()
     return int(row[0]) if row else 0
 
 
 def _mark_flushed(conn: Connection, seq: int) -> None:
     with db.write_txn(conn):
+        if dialect.is_postgres(conn):
+            # Forward only, and the journal kept: the other nodes still mirror those rows.
+            mark_forward(conn, FLUSHED_KEY, seq)
+            return
         conn.execute(
             "INSERT INTO kv(name, value) VALUES (?, ?)"
             " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
@@ -220,18 +283,36 @@ def _mark_flushed(conn: Connection, seq: int) -> None:
         conn.execute("DELETE FROM audit_journal WHERE seq <= ?", (seq,))
 
 
+def mark_forward(conn: Connection, name: str, seq: int) -> None:
+    """Inside a write transaction: the kv mark `name` becomes `seq` unless it is higher already
+    (two nodes' writes may land in either order)."""
+    conn.execute(_MARK_FORWARD, (name, str(seq)))
+
+
+_MARK_FORWARD = (
+    "INSERT INTO kv(name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE"
+    " SET value = excluded.value WHERE CAST(kv.value AS BIGINT) < CAST(excluded.value AS BIGINT)"
+)
+
+
 def flush(conn: Connection, log: AuditLog) -> int:
     """Write every journal row not yet in the files; return how many lines were written.
 
     Rows at or below `log.last_seq` are in the files already (a mark that failed to move after
-    their fsync): they are not written again, only marked."""
+    their fsync): they are not written again, only marked. On PostgreSQL that is all that
+    decides, whatever mark another node wrote, and the journal is kept (module doc)."""
+    if dialect.is_postgres(conn):
+        written = mirror(conn, log)
+        if log.last_seq > flushed_seq(conn):
+            _mark_flushed(conn, log.last_seq)
+        return written
     mark = flushed_seq(conn)
     written = log.last_seq
     rows = conn.execute(
         "SELECT seq, line FROM audit_journal WHERE seq > ? ORDER BY seq", (max(mark, written),)
     ).fetchall()
     if rows:
-        log.append([_line(seq, line) for seq, line in rows], last_seq=rows[-1][0])
+        log.append([file_line(seq, line) for seq, line in rows], last_seq=rows[-1][0])
     top = log.last_seq
     if (
         top > mark
@@ -241,10 +322,46 @@ def flush(conn: Connection, log: AuditLog) -> int:
     return len(rows)
 
 
+MIRROR_BATCH = 1000  # rows per append (one fsync each) when a node catches up
+_ROWS_AFTER = "SELECT seq, line, 0 FROM audit_journal WHERE seq > ? ORDER BY seq LIMIT ?"
+_ROWS_AFTER_PG = "SELECT seq, line, term FROM audit_journal WHERE seq > ? ORDER BY seq LIMIT ?"
+
+
+def mirror(
+    conn: Connection, log: AuditLog, *, limit: int | None = None, batch: int = MIRROR_BATCH
+) -> int:
+    """Append every journal row above `log.last_seq` (the files' own highest seq, torn tails
+    repaired first) in seq order, at most `limit` rows, in appends of at most `batch` rows that
+    each end with fsync; return how many were appended.
+
+    Only reads the database (a standby runs it on a read-only connection) and moves no mark.
+    Safe to stop anywhere: an append that fails is cut back to where it began (or, if that
+    fails too or the process dies mid-write, its torn tail is cut before the next read), and the
+    next call goes on after the last whole line. A row at or below `log.last_seq` is never
+    appended again."""
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    select = dialect.pick(conn, sqlite=_ROWS_AFTER, postgresql=_ROWS_AFTER_PG)
+    written = 0
+    while limit is None or written < limit:
+        want = batch if limit is None else min(batch, limit - written)
+        rows = conn.execute(select, (log.last_seq, want)).fetchall()
+        if rows:
+            lines = [file_line(int(seq), line, int(term)) for seq, line, term in rows]
+            log.append(lines, last_seq=int(rows[-1][0]))
+            written += len(rows)
+        if len(rows) < want:
+            break
+    return written
+
+
 def recover(conn: Connection, log: AuditLog) -> int:
-    """At startup: repair torn tails in every file, then write outcomes that reached SQLite but
-    not the log. What is "already written" is found by seq across all files, never by names."""
+    """At startup: repair torn tails in every file, then write outcomes that reached the
+    database but not the log. What is "already written" is found by seq across all files, never
+    by names (on PostgreSQL: every row above the files' own highest seq, module doc)."""
     log.last_seq  # noqa: B018 - repairs every torn tail before anything is read or appended
+    if dialect.is_postgres(conn):
+        return _recover_shared(conn, log)
     mark = flushed_seq(conn)
     present = seqs_above(log.directory, mark)
     rows = conn.execute(
@@ -252,11 +369,30 @@ def recover(conn: Connection, log: AuditLog) -> int:
     ).fetchall()
     missing = [(seq, line) for seq, line in rows if seq not in present]
     if missing:
-        log.append([_line(seq, line) for seq, line in missing], last_seq=missing[-1][0])
+        log.append([file_line(seq, line) for seq, line in missing], last_seq=missing[-1][0])
     if rows:
         _mark_flushed(conn, max(rows[-1][0], log.last_seq))
     _seq_at_least(conn, log.last_seq)
     return len(missing)
+
+
+def _recover_shared(conn: Connection, log: AuditLog) -> int:
+    """PostgreSQL: the node's files catch up with the journal (`mirror`). Through a connection
+    that may write, the mark then moves forward to them and new journal rows number above
+    them (a database restored from an older backup); each is written only when needed, and a
+    read-only connection (a standby's) writes nothing. Files append in seq order only: a line
+    lost below their highest seq (a file deleted while the node was down) is not filled in
+    here; audit_mirror.compare names it."""
+    written = mirror(conn, log)
+    top = log.last_seq
+    if isinstance(conn, postgres.PgConnection) and conn.readonly:
+        return written
+    if top > flushed_seq(conn):
+        _mark_flushed(conn, top)
+    (last,) = conn.execute(_PG_SEQ_LAST).fetchone() or (0,)
+    if int(last or 0) < top:
+        _seq_at_least(conn, top)
+    return written
 
 
 def _seq_at_least(conn: Connection, seq: int) -> None:
@@ -281,118 +417,13 @@ def journal_seq_at_least(conn: Connection, seq: int) -> None:
         conn.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'audit_journal'", (seq,))
 
 
+_PG_SEQUENCE = (
+    " FROM pg_sequences WHERE schemaname = current_schema()"
+    " AND sequencename = 'audit_journal_seq_seq'"
+)
+_PG_SEQ_LAST = "SELECT coalesce(last_value, 0)" + _PG_SEQUENCE
 _PG_SEQ_AT_LEAST = (
     "SELECT setval(pg_get_serial_sequence('audit_journal', 'seq'), ?)"
-    " FROM pg_sequences WHERE schemaname = current_schema()"
-    " AND sequencename = 'audit_journal_seq_seq' AND coalesce(last_value, 0) < ?"
+    + _PG_SEQUENCE
+    + " AND coalesce(last_value, 0) < ?"
 )
-
-
-def repair_tails(directory: Path) -> int:
-    """Cut a torn last line off every audit file; return the highest seq in any of them."""
-    top = 0
-    for path in log_files(directory):
-        _truncate_torn_tail(path)
-        for record in _reverse_records(path):
-            seq = record.get("seq")
-            if isinstance(seq, int):
-                top = max(top, seq)
-                break
-    return top
-
-
-def seqs_above(directory: Path, mark: int) -> set[int]:
-    """Every seq above `mark` in any file (each file's lines are in seq order: read from its
-    end only as far as needed)."""
-    found: set[int] = set()
-    for path in log_files(directory):
-        found.update(_seqs_above(path, mark))
-    return found
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    """A crash mid-write leaves a last line without its newline; it is still in the journal."""
-    with path.open("rb+") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        handle.seek(size - 1)
-        if handle.read(1) == b"\n":
-            return
-        block = 65536
-        position = size
-        while position > 0:
-            start = max(0, position - block)
-            handle.seek(start)
-            chunk = handle.read(position - start)
-            newline = chunk.rfind(b"\n")
-            if newline >= 0:
-                handle.truncate(start + newline + 1)
-                break
-            position = start
-        else:
-            handle.truncate(0)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _seqs_above(path: Path, mark: int) -> set[int]:
-    """Seqs above `mark` at the end of a file, reading backwards only as far as needed."""
-    found: set[int] = set()
-    for record in _reverse_records(path):
-        seq = record.get("seq")
-        if not isinstance(seq, int) or seq <= mark:
-            break
-        found.add(seq)
-    return found
-
-
-def _reverse_records(path: Path) -> Iterator[Mapping[str, Any]]:
-    with path.open("rb") as handle:
-        position = handle.seek(0, os.SEEK_END)
-        tail = b""
-        while position > 0:
-            start = max(0, position - 65536)
-            handle.seek(start)
-            tail = handle.read(position - start) + tail
-            position = start
-            lines = tail.split(b"\n")
-            tail = lines[0]
-            for raw in reversed(lines[1:]):
-                record = _parse(raw)
-                if record is not None:
-                    yield record
-        record = _parse(tail)
-        if record is not None:
-            yield record
-
-
-def _parse(raw: bytes) -> Mapping[str, Any] | None:
-    if not raw.strip():
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def log_files(directory: Path) -> list[Path]:
-    """The audit files, oldest first. Only regular files: anything else (a device, a FIFO) under
-    an audit name is not a log this process wrote, and reading it could block forever."""
-    if not directory.exists():
-        return []
-    return sorted(p for p in directory.glob(f"{FILE_PREFIX}*{FILE_SUFFIX}") if p.is_file())
-
-
-def read_records(directory: Path, *, since_day: str | None = None) -> Iterator[dict[str, Any]]:
-    """Every record in file order, oldest file first; torn or garbled lines are skipped."""
-    for path in log_files(directory):
-        day = path.name[len(FILE_PREFIX) : -len(FILE_SUFFIX)]
-        if since_day is not None and day < since_day:
-            continue
-        with path.open("rb") as handle:
-            for raw in handle:
-                record = _parse(raw)
-                if record is not None:
-                    yield dict(record)

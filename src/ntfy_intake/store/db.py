@@ -178,3 +178,12 @@ def read_only(conn: Connection) -> Connection:
         return conn
     conn.execute("PRAGMA query_only=ON")
     return conn
+
+
+def fence_to(conn: Connection, term: int | None, *, idle_limit: float | None = None) -> None:
+    """Fence `conn`'s write transactions to a leadership term (transaction.write_txn raises
+    errors.Fenced once another term began); None unfences. `idle_limit`: seconds the server
+    lets a transaction sit idle before it ends the session (a paused leader's open transaction
+    would otherwise hold off the takeover). SQLite has one writer: no fence."""
+    if isinstance(conn, postgres.PgConnection):
+        conn.fence(term, idle_limit)

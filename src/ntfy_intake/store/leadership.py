@@ -14,7 +14,11 @@ Invariants owned here:
   `term` set) takes `FOR KEY SHARE` on the row and compares the term. A takeover's `FOR UPDATE`
   conflicts with it, so the takeover waits for every write of the old term already in flight,
   and a write that fences after the takeover reads the new term and is refused: nothing of
-  term T commits after term T+1 began. A renewal only updates non-key columns (the lock it takes,
+  term T commits after term T+1 began. That wait is bounded: a takeover that waited `lock_wait`
+  in vain ends the old term's transactions still open on the row (`_OLD_TERM`), because a
+  process paused in the middle of one (SIGSTOP, a frozen VM, a dead link; between two
+  messages of a pipeline the server waits for the client, so neither its idle-in-transaction
+  nor its statement timeout applies) would hold the row for as long as the pause lasts. A renewal only updates non-key columns (the lock it takes,
   FOR NO KEY UPDATE, does not conflict with KEY SHARE), so the leader's renewals never wait for
   its own writes, and the standby's polls read without locking. That is why the table has no
   unique index but its primary key: one on `term` or `node` would make every renewal a key
@@ -30,12 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ntfy_intake.rules.lease import Seen
+from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import postgres
 from ntfy_intake.store.transaction import ERRORS, Connection
 
 # What every statement returns, as `lease.Seen` reads it: the server's instant of expiry, and
 # how far it is from the server's now() (negative once expired).
-_SEEN = """node, instance, term,
+_SEEN = """node, instance, term, url,
     EXTRACT(EPOCH FROM expires_at)::float8 AS expires_at,
     EXTRACT(EPOCH FROM expires_at - now())::float8 AS remaining"""
 _TTL = "now() + ? * INTERVAL '1 second'"
@@ -44,11 +49,25 @@ _READ = f"SELECT {_SEEN} FROM leadership WHERE id = 1"
 _RENEW = f"""UPDATE leadership SET expires_at = {_TTL}
     WHERE id = 1 AND instance = ? AND term = ? AND expires_at > now()
     RETURNING {_SEEN}"""
-_SEED = f"""INSERT INTO leadership(id, node, instance, term, expires_at)
-    VALUES (1, ?, ?, 1, {_TTL}) ON CONFLICT (id) DO NOTHING RETURNING {_SEEN}"""
+_SEED = f"""INSERT INTO leadership(id, node, instance, term, expires_at, url)
+    VALUES (1, ?, ?, 1, {_TTL}, ?) ON CONFLICT (id) DO NOTHING RETURNING {_SEEN}"""
 _LOCK = f"SELECT {_SEEN} FROM leadership WHERE id = 1 FOR UPDATE"
-_TAKE = f"""UPDATE leadership SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}
+_TAKE = f"""UPDATE leadership
+    SET node = ?, instance = ?, term = term + 1, expires_at = {_TTL}, url = ?
     WHERE id = 1 RETURNING {_SEEN}"""
+# The old term's transactions still locking rows of the table when its lease has expired (the
+# modes of FOR KEY SHARE / FOR UPDATE and of UPDATE; a plain read never stands in a take's way):
+# begun before that expiry (a claimant's begin after it), so under the old term; ended, they
+# roll back.
+_OLD_TERM = """SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+    SELECT DISTINCT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+    WHERE l.locktype = 'relation' AND l.granted AND l.relation = 'leadership'::regclass
+      AND l.mode IN ('RowShareLock', 'RowExclusiveLock')
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND a.pid <> pg_backend_pid() AND a.xact_start < to_timestamp(?)) AS old_term"""
+# What a lock wait that ran out raises: lock_timeout, or the lease connection's statement_timeout
+# when that comes first.
+_WAITED_OUT = frozenset({"55P03", "57014"})
 _RELEASE = """WITH released AS (
         UPDATE leadership SET expires_at = now()
         WHERE id = 1 AND node = ? AND instance = ? AND expires_at > now() RETURNING term)
@@ -65,6 +84,26 @@ class Claimed:
     renewed: bool
     row: Seen
     before: Seen | None = None
+
+
+def connect(dsn: Dsn, ttl: float, renew_every: float) -> postgres.PgConnection:
+    """A connection for the lease alone (renewals and claims never queue behind the writer's
+    transactions on the daemon's connection). Every wait on it is bounded by `renew_every`: the
+    statement timeout on the server, and TCP keepalives plus a user timeout on the socket, so a
+    network that stopped answering fails the call instead of hanging it past the lease."""
+    every = max(1, round(renew_every))
+    return postgres.connect(
+        dsn,
+        timeout=renew_every,
+        libpq={
+            "keepalives": 1,
+            "keepalives_idle": every,
+            "keepalives_interval": 1,
+            "keepalives_count": 2,
+            "tcp_user_timeout": max(1000, round(ttl * 1000 / 2)),
+        },
+        statement_timeout=renew_every,
+    )
 
 
 def channel(conn: Connection) -> str:
@@ -87,6 +126,8 @@ def claim(
     *,
     holding: int | None = None,
     lock_wait: float | None = None,
+    url: str = "",
+    predecessor: str | None = None,
 ) -> Claimed:
     """Renew the lease (`holding`: the term this instance holds, while its LocalLease is
     valid), or take it when it is absent, expired or this instance's own; else report who holds
@@ -94,39 +135,60 @@ def claim(
 
     A take waits for the old term's writes in flight (that wait is the fence), at most
     `lock_wait` seconds (default: ttl): a process stopped inside a transaction would otherwise
-    hold it forever. Past it the driver's lock timeout is raised (one of `db.ERRORS`): try again
-    at the next poll.
+    hold it forever. Past it the old term's transactions still open on the row are ended (module
+    doc; a role that may not end them leaves the take waiting, as before) and the driver's lock
+    timeout is raised (one of `db.ERRORS`): try again at the next poll.
     """
     pg = _pg(conn)
     seconds = float(ttl)
     if holding is not None:
-        renewed = pg.execute(_RENEW, (seconds, instance, holding)).fetchone()
+        renewed = renew(pg, instance, holding, seconds)
         if renewed is not None:
-            return Claimed(won=True, renewed=True, row=_seen(renewed))
+            return Claimed(won=True, renewed=True, row=renewed)
     current = read(pg)
-    if current is not None and current.instance != instance and not current.expired:
+    if current is not None and not _takeable(current, node, instance, predecessor):
         return Claimed(won=False, renewed=False, row=current)  # fresh, not mine: no lock taken
     pg.execute("BEGIN")
     try:
         wait_ms = max(1, round((seconds if lock_wait is None else lock_wait) * 1000))
         pg.execute("SELECT set_config('lock_timeout', ?, true)", (f"{wait_ms}ms",))
         if current is None:
-            seeded = pg.execute(_SEED, (node, instance, seconds)).fetchone()
+            seeded = pg.execute(_SEED, (node, instance, seconds, url)).fetchone()
             if seeded is not None:
                 pg.execute("COMMIT")
                 return Claimed(won=True, renewed=False, row=_seen(seeded))
         # Locked, then looked at again: another claimant may have taken or renewed it since
         # the read above (READ COMMITTED gives the locking read the latest committed row).
         before = _seen(pg.execute(_LOCK).fetchone())
-        if before.instance != instance and not before.expired:
+        if not _takeable(before, node, instance, predecessor):
             pg.execute("COMMIT")
             return Claimed(won=False, renewed=False, row=before)
-        taken = _seen(pg.execute(_TAKE, (node, instance, seconds)).fetchone())
+        taken = _seen(pg.execute(_TAKE, (node, instance, seconds, url)).fetchone())
         pg.execute("COMMIT")
-    except BaseException:
+    except BaseException as exc:
         _rollback(pg)
+        if current is not None and current.expired and _waited_out(exc):
+            _end_old_term(pg, current)
         raise
     return Claimed(won=True, renewed=False, row=taken, before=before)
+
+
+def _waited_out(exc: BaseException) -> bool:
+    return getattr(exc, "sqlstate", None) in _WAITED_OUT
+
+
+def _end_old_term(conn: postgres.PgConnection, expired: Seen) -> None:
+    """End the transactions of the term whose lease `expired` still holding the row (module
+    doc). Outside a transaction; a failure (no right to end them) changes nothing."""
+    with contextlib.suppress(*ERRORS):
+        conn.execute(_OLD_TERM, (expired.expires_at,))
+
+
+def renew(conn: Connection, instance: str, term: int, ttl: float) -> Seen | None:
+    """Extend this instance's lease of `term` while it is fresh; None when it is not (expired,
+    or another term began): a leader then steps down, it never takes a new term in passing."""
+    row = _pg(conn).execute(_RENEW, (float(ttl), instance, term)).fetchone()
+    return None if row is None else _seen(row)
 
 
 def release(conn: Connection, node: str, instance: str) -> bool:
@@ -168,6 +230,14 @@ class ReleaseListener:
         return False
 
 
+def _takeable(row: Seen, node: str, instance: str, predecessor: str | None) -> bool:
+    """Expired, this instance's own, or (`predecessor`: the prefix of this node's dead
+    instances, rules/lease.decide) a crashed predecessor's under this node's name."""
+    if row.expired or row.instance == instance:
+        return True
+    return bool(predecessor) and row.node == node and row.instance.startswith(predecessor or "")
+
+
 def _pg(conn: Connection) -> postgres.PgConnection:
     if not isinstance(conn, postgres.PgConnection):
         # One box needs no leadership; a standby needs a database both boxes reach.
@@ -182,6 +252,7 @@ def _seen(row: Any) -> Seen:
         term=int(row["term"]),
         expires_at=float(row["expires_at"]),
         remaining=float(row["remaining"]),
+        url=str(row["url"]),
     )
 
 

@@ -19,7 +19,8 @@ LEADERSHIP = """CREATE TABLE leadership(
     node TEXT NOT NULL,
     instance TEXT NOT NULL,
     term BIGINT NOT NULL CHECK (term >= 1),
-    expires_at TIMESTAMPTZ NOT NULL)"""
+    expires_at TIMESTAMPTZ NOT NULL,
+    url TEXT NOT NULL DEFAULT '')"""
 
 POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
     (

@@ -43,6 +43,7 @@ from ntfy_intake.settings.schema import Dsn
 
 try:
     import psycopg
+    import psycopg.conninfo
     import psycopg.sql
     from psycopg import pq
 except ImportError:  # pragma: no cover - the postgres extra is not installed
@@ -163,16 +164,22 @@ class PgConnection:
 
     dialect = "postgresql"
 
-    def __init__(self, dsn: Dsn, *, readonly: bool, timeout: float) -> None:
+    def __init__(
+        self, dsn: Dsn, *, readonly: bool, timeout: float, libpq: Mapping[str, Any] | None = None
+    ) -> None:
         self.dsn = dsn
         self.readonly = readonly
         self.timeout = timeout
+        self._libpq = dict(libpq or {})
         self.notifications = 0
         self.reconnects = 0
         # The leadership term this connection's write transactions are fenced to (DESIGN.md
         # section 9): set on the leader's connection for intake, relay and owner writes; None
         # writes unfenced (one daemon alone, the feed's acks, the CLI).
         self.term: int | None = None
+        # How long the server lets a transaction of this connection sit idle (a leader's: a
+        # process stopped inside one must not hold the takeover's lock for ever).
+        self.idle_in_transaction: float | None = None
         self._begins: dict[bool, str] = {}
         self._openings: dict[tuple[bool, bool], str] = {}
         # The write transaction in progress (None outside one): its pipeline, and its opening
@@ -184,7 +191,7 @@ class PgConnection:
         self.relaxed = 0
         self._listening = False
         self._closed = False
-        self.raw = _open(dsn, readonly=readonly, timeout=timeout)
+        self.raw = _open(dsn, readonly=readonly, timeout=timeout, libpq=self._libpq)
         row = self.raw.execute("SELECT current_schema()").fetchone()
         self.schema = str(row[0] if row else "public")
 
@@ -195,8 +202,12 @@ class PgConnection:
         runs it again: every call through the store is one transaction)."""
         if self.raw.broken and not self._closed:
             self.raw.close()
-            self.raw = _open(self.dsn, readonly=self.readonly, timeout=self.timeout)
+            self.raw = _open(
+                self.dsn, readonly=self.readonly, timeout=self.timeout, libpq=self._libpq
+            )
             self.reconnects += 1
+            if self.idle_in_transaction is not None:
+                self._bound_idle_transactions()
             if self._listening:
                 # NOTIFYs sent while disconnected are gone: count a change, so a watcher
                 # queries once instead of missing what happened meanwhile.
@@ -219,6 +230,20 @@ class PgConnection:
             # reconnects: a broken session fails the statement and the transaction is lost.
             return Answer(self, self.raw.execute(translate(sql), _params(params)))
         return self._usable().execute(translate(sql), _params(params))
+
+    def fence(self, term: int | None, idle_in_transaction: float | None) -> None:
+        """Fence write transactions to `term` (None: unfenced) and bound idle transactions."""
+        self.term = term
+        self.idle_in_transaction = idle_in_transaction
+        self._bound_idle_transactions()
+
+    def _bound_idle_transactions(self) -> None:
+        ms = (
+            0
+            if self.idle_in_transaction is None
+            else max(1, round(self.idle_in_transaction * 1000))
+        )
+        self.raw.execute(f"SET idle_in_transaction_session_timeout = {ms}")
 
     def begin_write(self) -> int | None:
         """BEGIN, the store's write lock, the commit wake-up and, when fenced, the leadership
@@ -368,22 +393,61 @@ def _text(value: Any) -> Any:
     return value
 
 
-def connect(dsn: Dsn, *, readonly: bool = False, timeout: float = 10.0) -> PgConnection:
-    """Open `dsn` with the settings every store module relies on (module doc)."""
+def connect(
+    dsn: Dsn,
+    *,
+    readonly: bool = False,
+    timeout: float = 10.0,
+    libpq: Mapping[str, Any] | None = None,
+    statement_timeout: float | None = None,
+) -> PgConnection:
+    """Open `dsn` with the settings every store module relies on (module doc); `libpq` adds
+    connection parameters (the lease's TCP keepalives); `statement_timeout` bounds every
+    statement on the server (seconds; none by default)."""
     if psycopg is None:  # pragma: no cover - depends on the install
         raise StartupError(
             f"database {dsn}: PostgreSQL needs psycopg: install ntfy-intake[postgres]"
         )
-    return PgConnection(dsn, readonly=readonly, timeout=timeout)
+    extra = dict(libpq or {})
+    if statement_timeout is not None:
+        extra["options"] = " ".join(
+            [*_options_of(dsn), f"-c statement_timeout={round(statement_timeout * 1000)}"]
+        )
+    return PgConnection(dsn, readonly=readonly, timeout=timeout, libpq=extra)
 
 
-def _open(dsn: Dsn, *, readonly: bool, timeout: float) -> psycopg.Connection[Any]:
+def _options_of(dsn: Dsn) -> list[str]:
+    # A keyword given to psycopg.connect replaces the DSN's own `options` (which may name the
+    # search path): keep them.
+    given = psycopg.conninfo.conninfo_to_dict(dsn.conninfo).get("options")
+    return [str(given)] if given else []
+
+
+# A server that stopped answering (a network cut, a box that froze) fails the session within
+# about half a minute instead of the kernel's two hours, so a node cut off from the database
+# stands by instead of hanging in a statement: TCP keepalives and a user timeout, unless the DSN
+# names its own or the caller tightens them (the lease's connection).
+_DEAD_PEER: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def _open(
+    dsn: Dsn, *, readonly: bool, timeout: float, libpq: Mapping[str, Any]
+) -> psycopg.Connection[Any]:
+    given = psycopg.conninfo.conninfo_to_dict(dsn.conninfo)
+    defaults = {key: value for key, value in _DEAD_PEER.items() if key not in given}
     raw = psycopg.connect(
         dsn.conninfo,
         autocommit=True,
         row_factory=_rows,
         connect_timeout=max(1, round(timeout)),
         application_name="ntfy-intake",
+        **{**defaults, **libpq},
     )
     try:
         raw.execute("SET synchronous_commit = on")

@@ -5,7 +5,8 @@ The audit log is the system of record. From it, before subscribing, come back:
 - known ids (an inbox row per `event` line, with the body's hash, so a replay is a duplicate),
 - the cursor: the last audited *cached* event (an `event` line with `expires`); with none, the
   time of the last event, inclusive (over-replay, absorbed by the known ids),
-- `seq`: journal numbering continues above the highest line, everything in the files is flushed,
+- `seq`: journal numbering continues above the highest line, everything in the files is flushed
+  (lines may carry `term`, the leadership term they were written under: not needed here),
 - incidents, as the last `event` line of each says they stood,
 - triage requests with their state: audited `delivered` stays delivered; released (a `release`
   line carries the frozen payload) but not delivered is pending again under the same key, so
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ntfy_intake.rules import timestamps
-from ntfy_intake.store import audit, db
+from ntfy_intake.store import audit, audit_mirror, db, dialect
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
 from ntfy_intake.store.inbox_batch import REBUILT_UNKNOWN_SHA256
@@ -376,10 +377,14 @@ def _owner(conn: Connection, messages: Mapping[str, _OwnerMessage], now: float) 
 
 
 def _seq(conn: Connection, top: int) -> None:
-    """Everything in the files is flushed, and new journal rows number above it."""
+    """Everything in the files is flushed, and new journal rows number above it. On PostgreSQL
+    the journal holds none of those lines: a node whose files lack some is told so by its
+    mirror (audit_mirror.unreachable), never left to believe it is whole."""
     conn.execute(
         "INSERT INTO kv(name, value) VALUES (?, ?)"
         " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
         (audit.FLUSHED_KEY, str(top)),
     )
     audit.journal_seq_at_least(conn, top)
+    if dialect.is_postgres(conn):
+        audit_mirror.note_pruned(conn, top)

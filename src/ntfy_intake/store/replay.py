@@ -29,7 +29,11 @@ def newest_server_time(conn: Connection) -> int | None:
 
 
 def unflushed_records(conn: Connection, flushed_seq: int) -> Iterator[dict[str, Any]]:
-    """The journal's records after `flushed_seq` (not yet in the audit files), in seq order."""
+    """The journal's records after `flushed_seq` (not yet in the audit files), in seq order.
+
+    On PostgreSQL the kv mark is not this node's (another node may have written it, and the
+    journal is kept past it): pass the highest seq this node's own files hold
+    (`AuditLog.last_seq`, `Journal.last_written_seq`), or rows between are folded by neither."""
     for (line,) in conn.execute(
         "SELECT line FROM audit_journal WHERE seq > ? ORDER BY seq", (flushed_seq,)
     ):

@@ -7,13 +7,28 @@ messages and feed entries live for 30 days (long enough to investigate); quarant
 too. An inbox id also outlives its expiry on the *server's* clock (see `prune`), so a local
 clock that jumps forward never prunes what ntfy still holds. Rows that something still needs (a request still collecting events, an undelivered row,
 a dead row waiting for redrive) are never pruned.
+
+On PostgreSQL the audit journal is the record every node mirrors (audit.py), so `flush` keeps
+it and retention prunes it: rows older than `JOURNAL_SECONDS` (7 days) by their `ts`, and never
+one above the flushed mark (the leader's files may not hold it yet). The window is how long a
+standby may be down and still catch up from the journal alone: a weekend away, a holiday, a
+week waiting for a replacement SD card; past it the node's files must be copied from another
+node's (audit_mirror.unreachable says which seqs). A week of journal is small beside the inbox
+it sits next to, which keeps ids for at least as long. There is no per-node mark in the
+database (a standby writes nothing), so a standby down longer than the window is not waited
+for: that is the simple rule, stated here and logged by the node when it comes back
+(`audit.mirror_gap`, flow/journal.py). The window is judged by the newest row's `ts` as well as
+by `now`, so a pruning node whose clock jumped ahead never prunes rows a standby still needs;
+the highest seq pruned is noted (audit_mirror.PRUNED_KEY).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from ntfy_intake.store import db
+from ntfy_intake.rules import timestamps
+from ntfy_intake.store import audit, audit_mirror, db, dialect
 from ntfy_intake.store.transaction import Connection
 
 HISTORY_SECONDS = 30 * 86400.0
@@ -21,6 +36,7 @@ MIN_INBOX_SECONDS = 7 * 86400.0
 # Past an id's expiry by the server's clock: ntfy's pruning period (1 min: expired rows replay
 # until pruned), the backfill overlap (30 s) and the reorder window, with room to spare.
 SERVER_MARGIN = 3600
+JOURNAL_SECONDS = 7 * 86400.0
 
 
 def inbox_retention(cache_duration: float) -> float:
@@ -34,6 +50,7 @@ class Pruned:
     owner: int
     feed: int
     quarantine: int
+    journal: int = 0  # audit journal rows (PostgreSQL only: SQLite's flush prunes its own)
 
 
 def prune(conn: Connection, now: float, *, cache_duration: float) -> Pruned:
@@ -80,4 +97,37 @@ def prune(conn: Connection, now: float, *, cache_duration: float) -> Pruned:
         quarantine = conn.execute(
             "DELETE FROM quarantine WHERE last_seen < ?", (history_before,)
         ).rowcount
-    return Pruned(inbox, len(outbox_keys), owner, feed, quarantine)
+        journal = _prune_journal(conn, now) if dialect.is_postgres(conn) else 0
+    return Pruned(inbox, len(outbox_keys), owner, feed, quarantine, journal)
+
+
+def _prune_journal(conn: Connection, now: float) -> int:
+    """PostgreSQL's journal past its window, never above the flushed mark (module doc)."""
+    newest = conn.execute("SELECT line FROM audit_journal ORDER BY seq DESC LIMIT 1").fetchone()
+    if newest is None:
+        return 0
+    newest_ts = timestamps.parse_ts(_ts_of(newest[0]))
+    moment = now if newest_ts is None else min(now, newest_ts)
+    # Every line begins with its `ts` (audit.encode, event_line), RFC 3339 with milliseconds,
+    # so its text sorts as its time does; a line without one is never pruned by time.
+    count, top = conn.execute(
+        _PRUNE_JOURNAL, (audit.flushed_seq(conn), timestamps.rfc3339(moment - JOURNAL_SECONDS))
+    ).fetchone()
+    if top is not None:
+        audit_mirror.note_pruned(conn, int(top))
+    return int(count)
+
+
+_PRUNE_JOURNAL = """WITH gone AS (
+        DELETE FROM audit_journal WHERE seq <= ?
+        AND substr(line, 1, 7) = '{"ts":"' AND substr(line, 8, 24) < ?
+        RETURNING seq)
+    SELECT count(*), max(seq) FROM gone"""
+
+
+def _ts_of(line: str) -> object:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record.get("ts") if isinstance(record, dict) else None

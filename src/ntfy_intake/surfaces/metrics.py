@@ -29,6 +29,7 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
         "owner_sent_total": 3,
         "owner_suppressed_total": 1,
         "feed_head": {"triage": 12},       # channel -> highest seq
+        "leader": 1, "term": 4, "failovers_total": 1,  # with a standby (PostgreSQL)
     }
 
 `snapshot()` is called on the scraping thread (the HTTP app calls it on its event loop), once per
@@ -126,6 +127,15 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "owner_suppressed_total",
         "counter",
         "Owner messages suppressed by cooldown or the daily cap.",
+    ),
+    # The standby (PostgreSQL only; absent on one box).
+    ("leader", "leader", "gauge", "1 while this node holds the lease and acts, 0 on a standby."),
+    ("term", "term", "gauge", "The leadership term this node holds, or the one it last saw."),
+    (
+        "failovers_total",
+        "failovers_total",
+        "counter",
+        "Terms this process took over from another holder.",
     ),
 )
 

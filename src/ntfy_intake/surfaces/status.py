@@ -13,7 +13,7 @@ from typing import Any
 
 from ntfy_intake.rules import health
 from ntfy_intake.settings import Settings
-from ntfy_intake.store import db, summary
+from ntfy_intake.store import db, leadership, summary
 
 # A health snapshot older than this means the daemon is not running (it writes one every 2 s).
 SNAPSHOT_STALE_AFTER = 15.0
@@ -50,6 +50,8 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "snapshot_age_s": None if snapshot_age is None else round(snapshot_age, 1),
             "http_port": snapshot.get("http_port") if running else None,
             "http_error": snapshot.get("http_error") if running else None,
+            # The node whose daemon wrote the snapshot: on a standby's box, the leader's.
+            "node": (snapshot.get("cluster") or {}).get("node") if running else None,
         },
         "intake": {
             "state": str(assessed.intake),
@@ -85,11 +87,41 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "suppressed": owner.suppressed,
             "dead": owner.dead,
         },
+        "cluster": _cluster(conn, settings),
+    }
+
+
+def _cluster(conn: db.Connection, settings: Settings) -> dict[str, Any] | None:
+    """This node's role as the leadership row shows it (PostgreSQL; None on one box)."""
+    if not db.is_postgres(conn):
+        return None
+    try:
+        row = leadership.read(conn)
+    except db.ERRORS:
+        row = None  # no lease table yet: no daemon of this version has started
+    if row is None:
+        return None  # no node ever led: nothing to say but what the daemon's snapshot says
+    me = settings.cluster.node
+    fresh = row is not None and not row.expired
+    return {
+        "node": me,
+        "role": "leader" if fresh and row is not None and row.node == me else "standby",
+        "term": None if row is None else row.term,
+        "leader": row.node if fresh and row is not None else None,
+        "lease_age_s": None
+        if row is None
+        else round(settings.cluster.lease_ttl - row.remaining, 1),
     }
 
 
 def healthy(report: dict[str, Any]) -> tuple[bool, str]:
     """The `check` verdict for container health checks: the health model's one line."""
+    cluster = report.get("cluster")
+    if cluster is not None and cluster["role"] == "standby":
+        # A standby does none of the leader's work: it is well while some node leads.
+        if cluster["leader"] is None:
+            return False, f"standby: no node leads (lease {_lease(cluster)})"
+        return True, f"standby: node {cluster['leader']!r} leads (term {cluster['term']})"
     verdict = report["health"]
     line = verdict["state"]
     if verdict["reasons"]:
@@ -141,6 +173,8 @@ def render(report: dict[str, Any]) -> str:
         rows.append(("last error", f"{intake['last_error']} ({when}{later})"))
     if relay["dead_keys"]:
         rows.append(("dead keys", " ".join(relay["dead_keys"])))
+    if report.get("cluster") is not None:
+        rows.insert(1, ("cluster", _cluster_line(report["cluster"])))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
 
@@ -148,7 +182,8 @@ def render(report: dict[str, Any]) -> str:
 def _daemon(daemon: dict[str, Any]) -> str:
     if not daemon["running"]:
         return "not running"
-    text = f"running (pid {daemon['pid']})"
+    where = f" on node {daemon['node']!r}" if daemon.get("node") else ""
+    text = f"running{where} (pid {daemon['pid']})"
     if daemon.get("http_error"):
         return text + f", HTTP surface down: {daemon['http_error']}"
     if daemon.get("http_port"):
@@ -164,3 +199,15 @@ def _relay(relay: dict[str, Any]) -> str:
         f"{collecting}, pending {relay['pending']}, delivered {relay['delivered']}, "
         f"dead {relay['dead']}"
     )
+
+
+def _cluster_line(cluster: dict[str, Any]) -> str:
+    role = f"{cluster['role']} (node {cluster['node']!r})"
+    if cluster["leader"] is None:
+        return f"{role}; no node leads, lease {_lease(cluster)}"
+    return f"{role}; leader {cluster['leader']!r}, term {cluster['term']}, lease {_lease(cluster)}"
+
+
+def _lease(cluster: dict[str, Any]) -> str:
+    age = cluster["lease_age_s"]
+    return "never taken" if age is None else f"renewed {health.ago(age)}"

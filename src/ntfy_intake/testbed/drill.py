@@ -591,6 +591,10 @@ def run(
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.faults == "standby":
+        from ntfy_intake.testbed import drill_standby  # noqa: PLC0415
+
+        return drill_standby.main(args)
     try:
         token = settings.secret_from(
             "--token-file",

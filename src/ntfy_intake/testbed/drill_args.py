@@ -54,11 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="--faults storage --database: the server's data dir, for the immediate restart"
-        " fault (pg_ctl -m immediate restart, as the dir's owner); without it that fault is"
+        help="--faults storage or --standby, with --database: the server's data dir, for the"
+        " immediate restart fault (pg_ctl -m immediate restart, as the dir's owner); without it"
+        " that fault is"
         " skipped. Never a server others rely on",
     )
-    parser.add_argument(
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument(
         "--faults",
         choices=("kill", "storage"),
         default="kill",
@@ -66,9 +68,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " file deleted, database deleted, write lock held, clock jumps; with --database also"
         " pg_terminate_backend of the daemon's sessions and an immediate server restart",
     )
+    kind.add_argument(
+        "--standby",
+        dest="faults",
+        action="store_const",
+        const="standby",
+        help="two nodes (pi, nas) on one PostgreSQL (--database), --rounds faults against the"
+        " leader: kill -9, SIGSTOP past the lease, pg_terminate_backend, an immediate server"
+        " restart (with --pg-data), SIGTERM; failover times and the standby's verdict",
+    )
     parser.add_argument(
         "--rounds",
         type=int,
         default=20,
-        help="--faults storage: faults of each kind (default 20)",
+        help="--faults storage: faults of each kind; --standby: fault rounds in all (default 20)",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="--standby: the nodes' [cluster] lease_ttl (default 3)",
+    )
+    parser.add_argument(
+        "--renew-every",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="--standby: the nodes' [cluster] renew_every (default 1)",
     )

@@ -114,7 +114,9 @@ def routes(config: Config) -> list[BaseRoute]:
             "csrf": session.csrf,
             "nav": name,
             "status": status_line(),
-            "action_base": (leader or "").rstrip("/"),
+            # Forms go to the leader's console when its URL is known; else they stay here,
+            # where a standby refuses them (no Actions).
+            "action_base": _origin(leader) if _is_url(leader) else "",
             "leader": leader,
         }
 
@@ -200,7 +202,8 @@ def routes(config: Config) -> list[BaseRoute]:
             if not Sessions.csrf_ok(session, fields.get("csrf")):
                 return page(request, "refused.html", 403, why="the form's CSRF token is missing")
             if config.actions is None:
-                return page(request, "refused.html", 409, why="this daemon takes no actions")
+                why = "this node takes no actions: it stands by (act on the leader's console)"
+                return page(request, "refused.html", 409, why=why)
             try:
                 where = await run(fields)
             except silences.SilenceError as exc:
@@ -261,3 +264,12 @@ def routes(config: Config) -> list[BaseRoute]:
         Route("/console/silences/end", action(silence_end), methods=post),
         Route("/console/static/{name}", static, methods=get),
     ]
+
+
+def _is_url(text: str | None) -> bool:
+    return text is not None and text.startswith(("http://", "https://"))
+
+
+def _origin(console_url: str | None) -> str:
+    """The leader's console URL as the forms' prefix (they add /console/...)."""
+    return (console_url or "").rstrip("/").removesuffix("/console")

@@ -1,0 +1,139 @@
+"""One node of a cluster on PostgreSQL (DESIGN.md section 9): stand by, lead, stand by again.
+
+A process on PostgreSQL runs this loop (one box on SQLite runs the daemon alone). It holds the
+state directory's lock for its whole life, stands by (runtime/standby.py) until it wins a term,
+then runs a fresh `Daemon` for that term: recovery before its first decision rebuilds the
+cadence from the journal this node mirrored and resumes from the durable cursor and the
+backfill owed. A term ends three ways:
+- a graceful stop (SIGTERM): the daemon drains under its still-valid term, then the lease is
+  released with a NOTIFY, so a standby takes over within a second;
+- the lease lost (a renewal refused or late, the local deadline passed, a fence that saw a new
+  term): the daemon stops its side effects at once, without a drain (its writes would be fenced),
+  and the node stands by again, in the same process, with memory rebuilt at its next term;
+- a task that failed: exit 1 (systemd restarts the process), the lease released first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from typing import Any, Protocol
+
+import structlog
+
+from ntfy_intake.flow.database import StorageWaits
+from ntfy_intake.runtime import recovery
+from ntfy_intake.runtime.cluster import Holding, Member, directory_prefix
+from ntfy_intake.runtime.recovery import StateLock
+from ntfy_intake.runtime.sdnotify import Notifier
+from ntfy_intake.runtime.standby import Standby
+from ntfy_intake.settings import Settings
+from ntfy_intake.settings.schema import Dsn
+
+log = structlog.get_logger("ntfy_intake.cluster")
+
+
+class Leader(Protocol):
+    """What this loop needs of the daemon it runs for a term."""
+
+    @property
+    def failed(self) -> bool: ...
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+class MakeLeader(Protocol):
+    """A daemon for one term (the CLI's; tests give their own): `holding` and `state_lock` are
+    the Daemon's keyword arguments of those names."""
+
+    def __call__(self, **cluster: Any) -> Leader: ...
+
+
+async def serve_process(
+    settings: Settings, make_leader: MakeLeader, notifier: Notifier, early_stop: threading.Event
+) -> int:
+    """`ntfy-intake run`: until SIGTERM or SIGINT (one that came during start-up counts), the
+    daemon alone on SQLite, or this node's loop on PostgreSQL. The exit code."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if early_stop.is_set():
+        stop.set()
+    store = settings.state.store
+    if isinstance(store, Dsn):
+        return await serve(settings, store, make_leader, stop, notifier)
+    daemon = make_leader()
+    await daemon.run(stop)
+    return 1 if daemon.failed else 0
+
+
+async def serve(
+    settings: Settings, dsn: Dsn, make_leader: MakeLeader, stop: asyncio.Event, notifier: Notifier
+) -> int:
+    """Until `stop`: the exit code (module doc)."""
+    lock = StateLock(settings.state.dir / "daemon.lock")
+    lock.acquire()
+    cluster = settings.cluster
+    member = Member(
+        dsn,
+        node=cluster.node,
+        lease_ttl=cluster.lease_ttl,
+        renew_every=cluster.renew_every,
+        prefix=directory_prefix(settings.state.dir),
+        url=cluster.url,
+    )
+    failed = False
+    waits = StorageWaits()
+    try:
+        # The store first (its migrations hold the lease table): a database still booting is
+        # waited out, degraded, and owes the owner one notice, written by the first leader.
+        if not await recovery.when_reachable(
+            member.prepare, stop, waits, {}, notifier, member.instance
+        ):
+            return 0
+        while not stop.is_set():
+            holding = await Standby(settings, member, notifier).run(stop)
+            if holding is None:
+                break
+            holding.owed, waits.notices_owed = waits.notices_owed, []
+            leader = make_leader(holding=holding, state_lock=lock)
+            failed = await _lead(leader, member, holding, stop)
+            if failed or stop.is_set():
+                break
+            log.warning("cluster.stepped_down", node=member.node, term=holding.term)
+            notifier.status(f"standby: term {holding.term} is over; standing by")
+    finally:
+        await member.release()
+        member.close()
+        lock.release()
+    return 1 if failed else 0
+
+
+async def _lead(leader: Leader, member: Member, holding: Holding, stop: asyncio.Event) -> bool:
+    """One term; True when it ended in a failure (not when the lease was lost)."""
+    lead_stop = asyncio.Event()
+    keeper = asyncio.create_task(member.hold(holding), name="lease")
+
+    async def until_stop_or_lost() -> None:
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(holding.lost.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        lead_stop.set()
+
+    watcher = asyncio.create_task(until_stop_or_lost(), name="lead-stop")
+    try:
+        await leader.run(lead_stop)
+    finally:
+        for task in (watcher, keeper):
+            task.cancel()
+        for task in (watcher, keeper):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if holding.lost.is_set() and not stop.is_set():
+        return False
+    return leader.failed
