@@ -168,3 +168,102 @@ def test_the_idle_wait_uses_the_due_time_its_last_transaction_saw(store: db.Conn
     assert r.stats.delivered == 1 and len(posted_at) == 2
     assert 0.15 <= posted_at[1] - posted_at[0] < 0.9  # woke for the due time it was told
     assert queried == []
+
+
+def _recording_relay(
+    conn: db.Connection, steps: list[tuple[str, object]], after_settle: object = None
+) -> tuple[relay.Relay, asyncio.Event]:
+    """A relay whose claims, settles and audit flushes are written down in `steps`."""
+    stop = asyncio.Event()
+
+    async def run_db(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        result = fn(*args, **kwargs)
+        if getattr(fn, "__func__", None) is relay.Relay._settle_and_claim:
+            if args[0]:
+                steps.append(("settle", sorted(c.delivery_key for c, _ in args[0])))
+                if callable(after_settle):
+                    after_settle()
+            if result:
+                steps.append(("claim", sorted(c.delivery_key for c in result)))
+        return result
+
+    async def flushed() -> bool:
+        steps.append(("flush", time.monotonic()))
+        return True
+
+    client = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json={}))
+    )
+    r = relay.Relay(
+        conn,
+        client,
+        run_db=run_db,
+        owner_queue=owner_queue(),
+        url="http://receiver.invalid/triage",
+        timeout=5,
+        max_attempts=3,
+        clock=time.time,
+        flush_audit=flushed,
+    )
+    return r, stop
+
+
+async def _until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_release_right_after_a_settle_is_claimed_before_that_settles_audit_flush(
+    store: db.Connection,
+) -> None:
+    """The writer releases the next request while the relay settles the last one (back to back
+    alerts): its claim goes first, so its POST does not wait behind the settle's flush."""
+    steps: list[tuple[str, object]] = []
+    _pending(store, "triage_a")
+
+    def release_next() -> None:
+        if not any(step == ("settle", ["triage_a"]) for step in steps[:-1]):
+            _pending(store, "triage_b")
+            r.wakeup.set()
+
+    r, stop = _recording_relay(store, steps, release_next)
+
+    async def scenario() -> None:
+        running = asyncio.create_task(r.run(stop))
+        await _until(lambda: r.stats.delivered == 2 and steps[-1][0] == "flush")
+        stop.set()
+        r.wakeup.set()
+        await running
+
+    asyncio.run(scenario())
+    names = [(name, value) for name, value in steps if name != "flush"]
+    first_flush = next(i for i, (name, _) in enumerate(steps) if name == "flush")
+    assert names[:3] == [
+        ("claim", ["triage_a"]),
+        ("settle", ["triage_a"]),
+        ("claim", ["triage_b"]),
+    ]
+    assert steps.index(("claim", ["triage_b"])) < first_flush
+
+
+def test_a_settle_alone_is_flushed_within_the_grace(store: db.Connection) -> None:
+    steps: list[tuple[str, object]] = []
+    _pending(store, "triage_a")
+    r, stop = _recording_relay(store, steps)
+    settled_at: list[float] = []
+
+    async def scenario() -> None:
+        running = asyncio.create_task(r.run(stop))
+        await _until(lambda: r.stats.delivered == 1)
+        settled_at.append(time.monotonic())
+        await _until(lambda: any(name == "flush" for name, _ in steps))
+        stop.set()
+        r.wakeup.set()
+        await running
+
+    asyncio.run(scenario())
+    flushed_at = next(value for name, value in steps if name == "flush")
+    assert isinstance(flushed_at, float)
+    assert flushed_at - settled_at[0] < relay.FLUSH_GRACE + 0.5

@@ -194,3 +194,26 @@ def test_a_fenced_write_reads_nothing_and_commits_nothing(store: db.Connection) 
     with db.write_txn(store):
         store.execute("INSERT INTO kv(name, value) VALUES ('leader', 'x')")
     assert _values(store) == {"leader": "x"}
+
+
+def test_a_fenced_leaders_write_that_reads_nothing_is_one_round_trip(store: db.Connection) -> None:
+    """PostgreSQL: the term is compared by the server in the transaction's opening statement,
+    so a leader's blind write (a claim, the audit mark, the cursor) waits once, not once for
+    the term and once more for COMMIT; a term that is over still commits nothing, and names
+    what the row holds, a term or none."""
+    if not isinstance(store, postgres.PgConnection):
+        pytest.skip("leadership is PostgreSQL's")
+    term = leadership.claim(store, "pi", "inst-a", 8.0).row.term
+    store.term = term
+    with answers_waited(store) as waited, db.write_txn(store):
+        store.execute("INSERT INTO kv(name, value) VALUES ('leader', 'x')")
+    assert waited == [1]
+    store.execute("UPDATE leadership SET term = term + 1")
+    over = rf"term {term} is over \(the leadership row holds term {term + 1}\): this write"
+    with pytest.raises(Fenced, match=over), db.write_txn(store):
+        store.execute("INSERT INTO kv(name, value) VALUES ('zombie', 'x')")
+    store.execute("DELETE FROM leadership")
+    with pytest.raises(Fenced, match=r"holds no term\)"), db.write_txn(store):
+        store.execute("INSERT INTO kv(name, value) VALUES ('zombie', 'y')")
+    assert not store.in_transaction
+    assert _values(store) == {"leader": "x"}

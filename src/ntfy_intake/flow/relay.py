@@ -13,7 +13,9 @@ UTF-8 where it is decoded: no value a receiver sends can stop the relay.
 Up to `concurrency` attempts are in flight at once (4 by default), never two of one incident:
 each incident's claimed rows go out one after another, oldest due first. Claims are made while
 earlier attempts are still in flight; what finished is settled in one transaction per turn and
-the audit flushed once for it.
+the audit flushed once for it: at once when the turn also claimed, else once no release came
+within `FLUSH_GRACE` (a request released meanwhile is claimed first, so back-to-back alerts do
+not each wait behind the last one's audit flush).
 
 `classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Literal
@@ -46,6 +49,9 @@ CLAIM_BATCH = 16
 CLAIMS_PER_LANE = 8  # a claim batch holds this many per connection, so none sits idle
 DEFAULT_CONCURRENCY = 4  # deliveries in flight at once (to different incidents)
 MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` is ever used
+# A settle's audit lines wait this long for a release to claim first (its POST then does not
+# queue behind this flush), or for the next turn's claim, whichever comes first.
+FLUSH_GRACE = 0.05
 
 
 class Relay:
@@ -125,6 +131,8 @@ class Relay:
         self._failure: BaseException | None = None
         # When the next row falls due, as the last claim or settle transaction left the outbox.
         self._next_due: float | None = None
+        self._flush_owed = False  # settled, audit lines not yet flushed (`FLUSH_GRACE`)
+        self._owed_since = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         if self.signing_key is None:
@@ -152,10 +160,19 @@ class Relay:
                 want = self.window - unfinished
                 running_dry = unfinished <= self.concurrency
                 if (done and (running_dry or done >= self.window // 2)) or (look and running_dry):
-                    claims = await self._turn(self._take_finished(), want if look else 0)
+                    claims = await self._turn(
+                        self._take_finished(), want if look else 0, defer_flush=True
+                    )
                     # Fewer than asked: nothing more is due until a release or a due time.
                     look = not running_dry or len(claims) == want
                     continue
+                if self._flush_owed:
+                    grace = self._owed_since + FLUSH_GRACE - time.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wakeup.wait(), timeout=max(0.0, grace))
+                    if self.wakeup.is_set() and grace > 0:
+                        continue  # claimed first, flushed after (`_turn`)
+                    await self._flush()
                 if self._held:
                     wait = 1.0  # an attempt in flight sets the wakeup when it ends
                 else:
@@ -183,11 +200,16 @@ class Relay:
         return True
 
     async def _turn(
-        self, finished: list[tuple[outbox.Claim, Outcome]], want: int
+        self,
+        finished: list[tuple[outbox.Claim, Outcome]],
+        want: int,
+        *,
+        defer_flush: bool = False,
     ) -> list[outbox.Claim]:
         """Claim up to `want` due rows and start them, then settle `finished` and flush the
         audit. The claim goes first, in a transaction of its own without an fsync: a released
-        row's POST never waits for the settle's fsync. Returns the new claims."""
+        row's POST never waits for the settle's fsync. Returns the new claims. `defer_flush`:
+        a settle with no claim beside it leaves its flush owed (`FLUSH_GRACE`)."""
         claims: list[outbox.Claim] = []
         if want > 0:
             holding = tuple(self._held)  # finished rows too: still leased until settled
@@ -199,8 +221,18 @@ class Relay:
             await self.run_db(self._settle_and_claim, finished, 0, (), ())
             # A delivery is marked only after its 2xx; a crash before this settle re-sends the
             # same keys (at-least-once, absorbed by the receiver's dedup).
-            await self.flush_audit()
+            self._owe_flush()
+        if self._flush_owed and (claims or not defer_flush):
+            await self._flush()  # the claims' POSTs are out already
         return claims
+
+    def _owe_flush(self) -> None:
+        if not self._flush_owed:
+            self._flush_owed, self._owed_since = True, time.monotonic()
+
+    async def _flush(self) -> None:
+        self._flush_owed = False
+        await self.flush_audit()
 
     async def _settle_in_flight(self) -> None:
         """Wait for every lane to finish, then settle what it did (and put back what it never
@@ -217,7 +249,9 @@ class Relay:
             self._held.discard(claim.delivery_key)
         if finished or unstarted:
             await self.run_db(self._settle_and_claim, finished, 0, (), tuple(unstarted))
-            await self.flush_audit()
+            self._owe_flush()
+        if self._flush_owed:
+            await self._flush()
 
     def _stopping(self) -> bool:
         return (self._stop is not None and self._stop.is_set()) or not self.may_act()

@@ -22,9 +22,10 @@ Invariants owned here:
   answer outstanding (a Sync), so the first failed statement's error is raised there, before
   the caller reads anything sent after it, and the transaction is lost (the caller rolls back:
   `rollback_write`); nothing is committed that was not answered without error, COMMIT included.
-  On a fenced connection the term is compared before any answer is handed to the caller and
-  before COMMIT is sent. A write transaction that reads nothing is one round trip, COMMIT
-  included (one more when fenced: the term is checked before COMMIT goes out).
+  On a fenced connection the server compares the term in the opening statement and, when it
+  is over, fails it (`_FENCE`): nothing sent after it runs, COMMIT included, and the first wait
+  raises errors.Fenced, before any answer is handed to the caller. A write transaction that
+  reads nothing is one round trip, COMMIT included, fenced or not.
 
 psycopg is an optional dependency (`ntfy-intake[postgres]`): this module imports it only when a
 DSN is opened, and says how to install it when it is missing.
@@ -138,6 +139,18 @@ class Answer:
         return iter(self._ready())
 
 
+# A fenced write transaction's term check, in its opening statement (after the lock): the
+# leadership row FOR KEY SHARE, and unless it holds the connection's term a cast that cannot
+# succeed, whose error names what the row holds: the server refuses the transaction (nothing
+# after it runs, COMMIT included) and the client learns why at its first wait (`_FENCED`).
+_FENCE = (
+    ", CASE WHEN (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)"
+    " IS NOT DISTINCT FROM CAST(%s AS bigint) THEN 0 ELSE CAST('ntfy-intake fenced: '"
+    " || coalesce((SELECT 'term ' || term FROM leadership WHERE id = 1), 'no term')"
+    " AS integer) END"
+)
+_FENCED = re.compile(r"ntfy-intake fenced: (term -?\d+|no term)")
+
 _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|%|\?|(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -182,11 +195,9 @@ class PgConnection:
         self.idle_in_transaction: float | None = None
         self._begins: dict[bool, str] = {}
         self._openings: dict[tuple[bool, bool], str] = {}
-        # The write transaction in progress (None outside one): its pipeline, and its opening
-        # statement's cursor while the term it read is unchecked (fenced connections only).
+        # The write transaction in progress (None outside one): its pipeline.
         self._pipe: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
         self._pipeline: psycopg.Pipeline | None = None
-        self._unchecked: psycopg.Cursor[Any] | None = None
         # Inside `commits_without_fsync`: write transactions commit without waiting for the WAL.
         self.relaxed = 0
         self._listening = False
@@ -281,53 +292,58 @@ class PgConnection:
 
     def open_write(self) -> None:
         """`write_txn`'s opening: BEGIN, the store's write lock, the commit wake-up and, when
-        fenced, the leadership row FOR KEY SHARE with its term (inside `commits_without_fsync`
-        also synchronous_commit off for this transaction), sent without waiting. The lock is
-        taken in that order, before any statement of the transaction runs; the server answers
-        them with the transaction's first wait, when the term is checked (`errors.Fenced`)."""
+        fenced, the leadership row FOR KEY SHARE with its term compared on the server (inside
+        `commits_without_fsync` also synchronous_commit off for this transaction), sent without
+        waiting. The lock is taken in that order, before any statement of the transaction runs.
+        A term that is over fails the opening statement (`_FENCE`): the server skips everything
+        sent after it, COMMIT included, and the transaction's first wait raises errors.Fenced."""
         raw = self._usable()
         fenced, relaxed = self.term is not None, self.relaxed > 0
         opening = self._openings.get((fenced, relaxed))
         if opening is None:
-            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
-            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            # The literals quoted by the driver, then `%` doubled: the statement has a parameter.
+            key = psycopg.sql.Literal(self.lock_key).as_string(raw).replace("%", "%%")
+            channel = psycopg.sql.Literal(self.channel).as_string(raw).replace("%", "%%")
             lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
             relax = ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
-            fence = ", (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)" if fenced else ""
-            opening = self._openings[(fenced, relaxed)] = f"SELECT {lock}{relax}{fence}"
+            opening = f"SELECT {lock}{relax}{_FENCE if fenced else ''}"
+            self._openings[(fenced, relaxed)] = opening
         pipe = raw.pipeline()
         self._pipeline = pipe.__enter__()
         self._pipe = pipe
         raw.execute("BEGIN")
-        cursor = raw.execute(opening)
-        self._unchecked = cursor if fenced else None
+        raw.execute(opening, (self.term,) if fenced else None)
 
     def answered(self, cursor: Any = None) -> None:
         """Inside a write transaction: wait for the answers to everything sent so far (none
-        when `cursor`'s answer is in already and the term is checked). Raises the first failed
-        statement's error (the transaction is lost), or `errors.Fenced`."""
+        when `cursor`'s answer is in already). Raises the first failed statement's error (the
+        transaction is lost), or errors.Fenced."""
         if self._pipeline is None:
             return
-        if cursor is not None and cursor.pgresult is not None and self._unchecked is None:
+        if cursor is not None and cursor.pgresult is not None:
             return
-        self._pipeline.sync()
-        opening, self._unchecked = self._unchecked, None
-        if opening is not None:
-            row = opening.fetchone()
-            seen = None if row is None or row[-1] is None else int(row[-1])
-            if seen != self.term:
-                raise Fenced(
-                    f"term {self.term} is over (the leadership row holds"
-                    f" {'no term' if seen is None else f'term {seen}'}): this write is rolled back"
-                )
+        with self._fence_raised():
+            self._pipeline.sync()
 
     def commit_write(self) -> None:
-        """COMMIT, and wait for every answer outstanding with it: one round trip (two when the
-        term is unchecked yet: it is checked before COMMIT is sent)."""
-        if self._unchecked is not None:
-            self.answered()
+        """COMMIT, and wait for every answer outstanding with it: one round trip."""
         self.raw.execute("COMMIT")
-        self._end_pipeline()
+        with self._fence_raised():
+            self._end_pipeline()
+
+    @contextlib.contextmanager
+    def _fence_raised(self) -> Iterator[None]:
+        """The opening statement's refusal (`_FENCE`) as errors.Fenced, with the term it saw."""
+        try:
+            yield
+        except DRIVER_ERROR as exc:
+            seen = _FENCED.search(str(exc))
+            if self.term is None or seen is None:
+                raise
+            raise Fenced(
+                f"term {self.term} is over (the leadership row holds {seen.group(1)}):"
+                " this write is rolled back"
+            ) from None
 
     def rollback_write(self) -> None:
         """Roll the write transaction back, in whatever state it is; a driver error on the way
@@ -340,13 +356,13 @@ class PgConnection:
                 self.raw.execute("ROLLBACK")
             with contextlib.suppress(DRIVER_ERROR):
                 self._end_pipeline()
-            self._pipe = self._pipeline = self._unchecked = None
+            self._pipe = self._pipeline = None
         if self.in_transaction:
             with contextlib.suppress(DRIVER_ERROR):
                 self.raw.execute("ROLLBACK")
 
     def _end_pipeline(self) -> None:
-        pipe, self._pipe, self._pipeline, self._unchecked = self._pipe, None, None, None
+        pipe, self._pipe, self._pipeline = self._pipe, None, None
         if pipe is not None:
             pipe.__exit__(None, None, None)  # a Sync: the answers outstanding, errors raised
 

@@ -13,9 +13,10 @@ Invariants owned here:
   leadership row FOR KEY SHARE from its first statement and checks the term, so a takeover
   (FOR UPDATE of the row) waits for the write, and a write that starts after it raises
   `errors.Fenced` with nothing written: nothing of term T commits after term T+1 began. The
-  transaction's statements are pipelined (postgres.py): the term is checked at the first
-  answer the transaction waits for, always before any result reaches the body and before
-  COMMIT is sent, so `Fenced` may come from the body's first read instead of from BEGIN;
+  transaction's statements are pipelined (postgres.py): the server compares the term in the
+  opening statement and, when it is over, fails it, so nothing sent after it runs (COMMIT
+  included) and `Fenced` comes from the first wait, the body's first read or COMMIT, instead of
+  from BEGIN;
 - on PostgreSQL a statement's error may likewise surface at a later read or at COMMIT, never
   later than that: the body reads nothing sent after a failed statement, and the whole
   transaction rolls back as before.
