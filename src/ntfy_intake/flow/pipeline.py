@@ -128,7 +128,7 @@ def _append_to(channel: str) -> Callable[[db.Connection, str, Any, str, float], 
     """A feed appender for one channel, keyed by the delivery key (a replay appends nothing)."""
 
     def append(conn: db.Connection, key: str, payload: Any, summary: str, now: float) -> None:
-        feed.append(
+        feed.append_unread(
             conn,
             channel,
             payload,

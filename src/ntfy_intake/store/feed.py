@@ -1,23 +1,21 @@
-"""The agent feed store: per-channel append-only entries plus forward-only ack cursors, in SQLite.
+"""The agent feed store: per-channel append-only entries plus forward-only ack cursors.
 
 Agents are crash-prone LLM sessions, so every durable fact lives here and nothing on the agent side
 has to survive. Invariants owned by this module, each enforced where every writer passes through:
 
-- an entry's ``seq`` is ``max(seq) + 1`` of its channel, computed inside the writer's
-  ``BEGIN IMMEDIATE`` transaction, so concurrent writers (threads or processes) serialize on
-  SQLite's write lock and can never collide; ``PRIMARY KEY(channel, seq)`` is the backstop;
+- an entry's ``seq`` is ``max(seq) + 1`` of its channel, computed by the INSERT itself inside the
+  writer's write transaction (the store's write lock), so concurrent writers serialize and can
+  never collide; ``PRIMARY KEY(channel, seq)`` is the backstop;
 - a producer retry is absorbed: ``(channel, idempotency_key)`` is UNIQUE and a repeat returns the
   original entry instead of appending;
-- a cursor only moves forward: every ack is ``SET acked_seq = MAX(acked_seq, ?)`` inside
-  ``BEGIN IMMEDIATE``, so a late, replayed or cross-process ack can never move it back;
+- a cursor only moves forward: every ack is ``SET acked_seq = MAX(acked_seq, ?)`` inside a write
+  transaction, so a late, replayed or cross-process ack can never move it back;
 - an ack beyond the channel head is refused (it would mark unseen entries handled);
 - a new handle joins at head unless it asks for history; an existing cursor is never reset;
 - reading never consumes: only `FeedStore.ack` moves a cursor.
 
-Concurrency model: one connection per `FeedStore`, guarded by a lock so a transaction is never
-interleaved with another thread's statement. Other processes use their own connections; WAL lets
-readers proceed while a writer holds the lock. The doorbell (``doorbell.py``) opens its own
-query-only connection and uses this module's read helpers.
+Concurrency: one connection per `FeedStore`, under a lock so a transaction never interleaves with
+another thread's statement; the doorbell (``doorbell.py``) reads on a connection of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ __all__ = [
     "Entry",
     "FeedStore",
     "append",
+    "append_unread",
     "check_name",
     "cursors_of",
     "head_of",
@@ -85,16 +84,8 @@ class Entry:
 
     @classmethod
     def from_row(cls, row: Any) -> Entry:
-        payload = json.loads(row["payload"])
-        return cls(
-            channel=row["channel"],
-            seq=row["seq"],
-            delivery_key=row["delivery_key"],
-            sender=row["sender"],
-            payload=cast(dict[str, object], payload),
-            summary=row["summary"],
-            created_at=row["created_at"],
-        )
+        columns = {name: row[name] for name in _ENTRY_COLUMNS.split(", ")}
+        return cls(**{**columns, "payload": cast(dict[str, object], json.loads(row["payload"]))})
 
 
 def check_name(kind: str, value: str) -> str:
@@ -174,6 +165,15 @@ def _select_entry(conn: Connection, where: str, params: tuple[object, ...]) -> E
     return None if row is None else Entry.from_row(row)
 
 
+# One statement: the channel's next seq computed by the server in the INSERT itself, a repeat
+# of an idempotency key absorbed by its UNIQUE index (the seq's primary key still raises).
+_APPEND = (
+    "INSERT INTO feed_entries (channel, seq, delivery_key, sender, payload, summary,"
+    " idempotency_key, created_at) SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ?, ?"
+    " FROM feed_entries WHERE channel = ? ON CONFLICT (channel, idempotency_key) DO NOTHING"
+)
+
+
 def append(
     conn: Connection,
     channel: str,
@@ -191,6 +191,56 @@ def append(
     (or roll back) together. Idempotent on ``(channel, idempotency_key)``: a repeat returns the
     original entry unchanged, whatever payload it carries.
     """
+    encoded = _encode(payload)
+    row = _insert(
+        conn, channel, encoded, delivery_key, sender, summary, idempotency_key, now, returning=True
+    ).fetchone()
+    if row is None:  # a repeat
+        existing = _select_entry(
+            conn, "channel = ? AND idempotency_key = ?", (channel, idempotency_key)
+        )
+        assert existing is not None, "absorbed by the unique index, so it is there"
+        return existing
+    return Entry(
+        channel=channel,
+        seq=int(row[0]),
+        delivery_key=delivery_key,
+        sender=sender,
+        payload=cast(dict[str, object], json.loads(encoded)),
+        summary=summary,
+        created_at=now,
+    )
+
+
+def append_unread(
+    conn: Connection,
+    channel: str,
+    payload: Mapping[str, object],
+    *,
+    delivery_key: str,
+    sender: str,
+    summary: str,
+    idempotency_key: str | None,
+    now: float,
+) -> None:
+    """`append` for a caller that reads nothing back (the daemon's inbox transaction): the
+    same statement, whose answer nobody waits for (on PostgreSQL it comes with COMMIT)."""
+    encoded = _encode(payload)
+    _insert(conn, channel, encoded, delivery_key, sender, summary, idempotency_key, now)
+
+
+def _insert(
+    conn: Connection,
+    channel: str,
+    encoded: str,
+    delivery_key: str,
+    sender: str,
+    summary: str,
+    idempotency_key: str | None,
+    now: float,
+    *,
+    returning: bool = False,
+) -> Any:
     check_name("channel", channel)
     if not conn.in_transaction:
         raise FeedError("feed append needs an open write transaction (use db.write_txn)")
@@ -198,28 +248,8 @@ def append(
         raise FeedError("sender must be a non-empty string")
     if not delivery_key:
         raise FeedError("delivery_key must be a non-empty string")
-    if idempotency_key is not None:
-        existing = _select_entry(
-            conn, "channel = ? AND idempotency_key = ?", (channel, idempotency_key)
-        )
-        if existing is not None:
-            return existing
-    encoded = _encode(payload)
-    seq = head_of(conn, channel) + 1
-    conn.execute(
-        "INSERT INTO feed_entries (channel, seq, delivery_key, sender, payload, summary,"
-        " idempotency_key, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (channel, seq, delivery_key, sender, encoded, summary, idempotency_key, now),
-    )
-    return Entry(
-        channel=channel,
-        seq=seq,
-        delivery_key=delivery_key,
-        sender=sender,
-        payload=cast(dict[str, object], json.loads(encoded)),
-        summary=summary,
-        created_at=now,
-    )
+    params = (channel, delivery_key, sender, encoded, summary, idempotency_key, now, channel)
+    return conn.execute(_APPEND + (" RETURNING seq" if returning else ""), params)
 
 
 def _join(conn: Connection, handle: str, channel: str, at: JoinAt, now: float) -> int:
