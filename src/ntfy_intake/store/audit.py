@@ -140,6 +140,9 @@ class AuditLog:
         self._last_seq: int | None = None
         self._suspect = False  # a failed append may have left part of a line behind
         self._replacements: list[str] = []
+        # PostgreSQL: the highest mark this process wrote (the store's is forward only, so a
+        # flush moves it without reading it first, and not again while the files stand still).
+        self.marked = 0
 
     def path_for(self, day: str) -> Path:
         return self.directory / f"{FILE_PREFIX}{day}{FILE_SUFFIX}"
@@ -303,8 +306,9 @@ def flush(conn: Connection, log: AuditLog) -> int:
     decides, whatever mark another node wrote, and the journal is kept (module doc)."""
     if dialect.is_postgres(conn):
         written = mirror(conn, log)
-        if log.last_seq > flushed_seq(conn):
+        if log.last_seq > log.marked:
             _mark_flushed(conn, log.last_seq)
+            log.marked = log.last_seq
         return written
     mark = flushed_seq(conn)
     written = log.last_seq
@@ -389,6 +393,7 @@ def _recover_shared(conn: Connection, log: AuditLog) -> int:
         return written
     if top > flushed_seq(conn):
         _mark_flushed(conn, top)
+    log.marked = top  # the store's mark is at least that now
     (last,) = conn.execute(_PG_SEQ_LAST).fetchone() or (0,)
     if int(last or 0) < top:
         _seq_at_least(conn, top)
