@@ -118,20 +118,22 @@ def _install():
 
     psycopg.Connection.wait = traced_wait
 
-    labels = {}  # id of an answer not yet read -> its statement
-
     def note(method):
         def wrapped(self, sql, *args, **kwargs):
             text = sql.decode() if isinstance(sql, bytes) else str(sql)
             _local.sql = " ".join(text.split())[:70]
-            result = method(self, sql, *args, **kwargs)
-            if type(result).__name__ == "Answer":
-                labels[id(result)] = " ".join(text.split())[:64]
-            return result
+            return method(self, sql, *args, **kwargs)
         return wrapped
 
     for name in ("execute", "executemany"):
         setattr(postgres.PgConnection, name, note(getattr(postgres.PgConnection, name)))
+    begin = postgres.PgConnection.begin_write
+
+    def traced_begin(self, *args, **kwargs):
+        _local.sql = "BEGIN; lock, notify, fence"
+        return begin(self, *args, **kwargs)
+
+    postgres.PgConnection.begin_write = traced_begin
     # The pipelined write transaction (issue 23, second round), where it exists: its waits are
     # labelled by what they wait for, not by the last statement sent.
     commit = getattr(postgres.PgConnection, "commit_write", None)
@@ -147,7 +149,9 @@ def _install():
         ready = answer._ready
 
         def traced_ready(self):
-            _local.sql = "read: " + labels.pop(id(self), "?")
+            query = getattr(self._cursor, "_last_query", None) or ""
+            text = query.decode(errors="replace") if isinstance(query, bytes) else str(query)
+            _local.sql = "read: " + " ".join(text.split())[:64]
             return ready(self)
 
         answer._ready = traced_ready

@@ -10,7 +10,7 @@ Invariants owned here:
   (term + 1), and renews (same term) only the term the caller says it holds, while fresh. The
   take happens under `FOR UPDATE` of the row, re-checked after the lock: two claimants at the
   same instant get one winner;
-- the fence (a leader's `write_txn`, postgres.PgConnection.open_write, with the connection's
+- the fence (a leader's `write_txn`, postgres.PgConnection.begin_write, with the connection's
   `term` set) takes `FOR KEY SHARE` on the row and compares the term. A takeover's `FOR UPDATE`
   conflicts with it, so the takeover waits for every write of the old term already in flight,
   and a write that fences after the takeover reads the new term and is refused: nothing of

@@ -16,14 +16,12 @@ Invariants owned here:
   (the feed's `max(seq) + 1`, the cursor's forward-only rules rely on that);
 - every committed write transaction NOTIFYs the store's channel, so a watcher (the doorbell)
   wakes without polling the tables: `commit_counter` counts the notifications it has seen;
-- a write transaction (`open_write` ... `commit_write`, run by `write_txn`) holds its statements,
-  their parameters quoted by the driver, until the caller reads something (a row, a `rowcount`)
-  or commits; then everything held goes out as one simple-protocol query and the connection
-  waits for all of its answers. The server runs a query's statements in order and stops at the
-  first that fails, so that error is raised there, before the caller reads anything sent after
-  it, and the transaction is lost (the caller rolls back: `rollback_write`); nothing is committed
-  that was not answered without error, COMMIT included. (psycopg's pipeline costs the client
-  2.2-2.5x the CPU per statement, a poll and a send each: bench/bench_statements.py.)
+- a write transaction (`open_write` ... `commit_write`, run by `write_txn`) is one pipeline:
+  its statements are sent without waiting for their answers, and the connection waits only
+  when the caller reads something (a row, a `rowcount`) and at COMMIT. Each wait is for every
+  answer outstanding (a Sync), so the first failed statement's error is raised there, before
+  the caller reads anything sent after it, and the transaction is lost (the caller rolls back:
+  `rollback_write`); nothing is committed that was not answered without error, COMMIT included.
   On a fenced connection the server compares the term in the opening statement and, when it
   is over, fails it (`_FENCE`): nothing sent after it runs, COMMIT included, and the first wait
   raises errors.Fenced, before any answer is handed to the caller. A write transaction that
@@ -110,50 +108,35 @@ def _rows(cursor: Any) -> Any:
 
 
 class Answer:
-    """A statement's answer inside a write transaction: read it (a row, the rowcount) and the
-    connection first sends what it holds and waits for every answer (`PgConnection.answered`),
-    so nothing is read before an earlier statement's error is seen and the term is checked.
-    An `executemany` is one answer over its statements (their rowcounts added up)."""
+    """A statement's cursor inside a pipelined write transaction: read it (a row, the rowcount)
+    and the connection first waits for the answers outstanding (`PgConnection.answered`), so
+    nothing is read before an earlier statement's error is seen and the term is checked."""
 
-    __slots__ = ("_conn", "_rowcount", "_rows", "done")
+    __slots__ = ("_conn", "_cursor")
 
-    def __init__(self, conn: PgConnection) -> None:
+    def __init__(self, conn: PgConnection, cursor: psycopg.Cursor[Any]) -> None:
         self._conn = conn
-        self._rowcount = -1
-        self._rows: list[Any] = []
-        self.done = False
+        self._cursor = cursor
 
-    def add(self, rowcount: int, rows: list[Any]) -> None:
-        self._rowcount = rowcount if self._rowcount < 0 else self._rowcount + max(rowcount, 0)
-        self._rows.extend(rows)
-        self.done = True
-
-    def _ready(self) -> list[Any]:
-        if not self.done:
-            self._conn.answered()
-        return self._rows
+    def _ready(self) -> psycopg.Cursor[Any]:
+        self._conn.answered(self._cursor)
+        return self._cursor
 
     @property
     def rowcount(self) -> int:
-        self._ready()
-        return self._rowcount
+        return self._ready().rowcount
 
     def fetchone(self) -> Any:
-        rows = self._ready()
-        return rows.pop(0) if rows else None
+        return self._ready().fetchone()
 
     def fetchall(self) -> list[Any]:
-        rows = self._ready()
-        taken, rows[:] = list(rows), []
-        return taken
+        return self._ready().fetchall()
 
     def fetchmany(self, size: int = 0) -> list[Any]:
-        rows = self._ready()
-        taken, rows[:] = rows[: size or 1], rows[size or 1 :]
-        return taken
+        return self._ready().fetchmany(size)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.fetchall())
+        return iter(self._ready())
 
 
 # A fenced write transaction's term check, in its opening statement (after the lock): the
@@ -210,12 +193,11 @@ class PgConnection:
         # How long the server lets a transaction of this connection sit idle (a leader's: a
         # process stopped inside one must not hold the takeover's lock for ever).
         self.idle_in_transaction: float | None = None
+        self._begins: dict[bool, str] = {}
         self._openings: dict[tuple[bool, bool], str] = {}
-        # The write transaction in progress (None outside one): its statements not yet sent,
-        # each with the answer that waits for it (None: nobody reads it).
-        self._held: list[str] | None = None
-        self._waiting: list[Answer | None] = []
-        self._quoting: tuple[psycopg.Connection[Any], psycopg.ClientCursor[Any]] | None = None
+        # The write transaction in progress (None outside one): its pipeline.
+        self._pipe: contextlib.AbstractContextManager[psycopg.Pipeline] | None = None
+        self._pipeline: psycopg.Pipeline | None = None
         # Inside `commits_without_fsync`: write transactions commit without waiting for the WAL.
         self.relaxed = 0
         self._listening = False
@@ -254,23 +236,11 @@ class PgConnection:
         return f"ntfy-intake writer {self.schema}"
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
-        if self._held is not None:
-            # Inside a write transaction: held, sent with the next read or COMMIT (module doc).
-            # Never reconnects: a broken session fails it and the transaction is lost.
-            answer = Answer(self)
-            self._hold(self._quoted(sql, params), answer)
-            return answer
+        if self._pipe is not None:
+            # Inside a write transaction: sent now, answered when first read (module doc). Never
+            # reconnects: a broken session fails the statement and the transaction is lost.
+            return Answer(self, self.raw.execute(translate(sql), _params(params)))
         return self._usable().execute(translate(sql), _params(params))
-
-    def _quoted(self, sql: str, params: Sequence[Any] | Mapping[str, Any]) -> str:
-        if self._quoting is None or self._quoting[0] is not self.raw:
-            self._quoting = (self.raw, psycopg.ClientCursor(self.raw))
-        return self._quoting[1].mogrify(translate(sql), _params(params))
-
-    def _hold(self, statement: str, answer: Answer | None) -> None:
-        assert self._held is not None
-        self._held.append(statement)
-        self._waiting.append(answer)
 
     def fence(self, term: int | None, idle_in_transaction: float | None) -> None:
         """Fence write transactions to `term` (None: unfenced) and bound idle transactions."""
@@ -286,15 +256,33 @@ class PgConnection:
         )
         self.raw.execute(f"SET idle_in_transaction_session_timeout = {ms}")
 
+    def begin_write(self) -> int | None:
+        """BEGIN, the store's write lock, the commit wake-up and, when fenced, the leadership
+        row FOR KEY SHARE with its term: one round trip (a simple-protocol query of literal
+        statements; the lock key and channel are quoted by the driver). Returns the row's term
+        when fenced (None when the row is absent), None otherwise."""
+        fenced = self.term is not None
+        raw = self._usable()
+        begin = self._begins.get(fenced)
+        if begin is None:
+            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
+            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            fence = ", (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)" if fenced else ""
+            lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
+            begin = f"BEGIN; SELECT {lock}{fence}"
+            self._begins[fenced] = begin
+        cursor = raw.execute(begin.encode())
+        cursor.nextset()  # past BEGIN's result to the SELECT's
+        row = cursor.fetchone()
+        return None if not fenced or row is None or row[2] is None else int(row[2])
+
     def executemany(self, sql: str, seq: Any) -> Any:
         rows = [_params(p) for p in seq]
-        if self._held is not None:
-            answer = Answer(self)
-            for row in rows:  # held with the transaction's statements, answered together
-                self._hold(self._quoted(sql, row), answer)
-            if not rows:
-                answer.add(0, [])
-            return answer
+        if self._pipe is not None:
+            cursor = self.raw.cursor()
+            if rows:  # rides the transaction's pipeline: answered at the next wait
+                cursor.executemany(translate(sql), rows)
+            return Answer(self, cursor)
         cursor = self._usable().cursor()
         if rows:  # none: no statement, and no round trip for the pipeline psycopg would open
             cursor.executemany(translate(sql), rows)
@@ -303,51 +291,45 @@ class PgConnection:
     # -- the write transaction, pipelined (module doc) -------------------------------------------
 
     def open_write(self) -> None:
-        """`write_txn`'s opening, held (nothing is sent yet): BEGIN, the store's write lock, the
-        commit wake-up and, when fenced, the leadership row FOR KEY SHARE with its term compared
-        on the server (inside `commits_without_fsync` also synchronous_commit off for this
-        transaction). The lock is taken in that order, before any statement of the transaction
-        runs. A term that is over fails the opening statement (`_FENCE`): the server skips what
-        follows it, COMMIT included, and the transaction's first wait raises errors.Fenced."""
+        """`write_txn`'s opening: BEGIN, the store's write lock, the commit wake-up and, when
+        fenced, the leadership row FOR KEY SHARE with its term compared on the server (inside
+        `commits_without_fsync` also synchronous_commit off for this transaction), sent without
+        waiting. The lock is taken in that order, before any statement of the transaction runs.
+        A term that is over fails the opening statement (`_FENCE`): the server skips everything
+        sent after it, COMMIT included, and the transaction's first wait raises errors.Fenced."""
         raw = self._usable()
         fenced, relaxed = self.term is not None, self.relaxed > 0
         opening = self._openings.get((fenced, relaxed))
         if opening is None:
-            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
-            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            # The literals quoted by the driver, then `%` doubled: the statement has a parameter.
+            key = psycopg.sql.Literal(self.lock_key).as_string(raw).replace("%", "%%")
+            channel = psycopg.sql.Literal(self.channel).as_string(raw).replace("%", "%%")
             lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
             relax = ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
             opening = f"SELECT {lock}{relax}{_FENCE if fenced else ''}"
             self._openings[(fenced, relaxed)] = opening
-        if fenced:
-            opening = opening.replace(
-                "CAST(%s AS bigint)", f"CAST({int(self.term or 0)} AS bigint)"
-            )
-        self._held, self._waiting = ["BEGIN", opening], [None, None]
+        pipe = raw.pipeline()
+        self._pipeline = pipe.__enter__()
+        self._pipe = pipe
+        raw.execute("BEGIN")
+        raw.execute(opening, (self.term,) if fenced else None)
 
-    def answered(self) -> None:
-        """Inside a write transaction: send what is held and wait for all of its answers (none
-        when nothing is held). Raises the first failed statement's error (the transaction is
-        lost), or errors.Fenced."""
-        if not self._held:
+    def answered(self, cursor: Any = None) -> None:
+        """Inside a write transaction: wait for the answers to everything sent so far (none
+        when `cursor`'s answer is in already). Raises the first failed statement's error (the
+        transaction is lost), or errors.Fenced."""
+        if self._pipeline is None:
             return
-        sent, waiting = ";".join(self._held), self._waiting
-        self._held, self._waiting = [], []
+        if cursor is not None and cursor.pgresult is not None:
+            return
         with self._fence_raised():
-            cursor = self.raw.execute(sent.encode(), prepare=False)
-        for number, answer in enumerate(waiting):
-            if number and not cursor.nextset():
-                raise AssertionError(f"{len(waiting)} statements sent, {number} answers")
-            if answer is not None:
-                result = cursor.pgresult
-                rows = cursor.fetchall() if result is not None and result.nfields else []
-                answer.add(cursor.rowcount, rows)
+            self._pipeline.sync()
 
     def commit_write(self) -> None:
-        """COMMIT, sent with everything held and answered with it: one round trip."""
-        self._hold("COMMIT", None)
-        self.answered()
-        self._held = None
+        """COMMIT, and wait for every answer outstanding with it: one round trip."""
+        self.raw.execute("COMMIT")
+        with self._fence_raised():
+            self._end_pipeline()
 
     @contextlib.contextmanager
     def _fence_raised(self) -> Iterator[None]:
@@ -364,17 +346,28 @@ class PgConnection:
             ) from None
 
     def rollback_write(self) -> None:
-        """Roll the write transaction back, in whatever state it is (what is still held is
-        dropped unsent); a driver error on the way is swallowed (the caller raises the cause)."""
-        self._held, self._waiting = None, []
-        if self.raw.info.transaction_status != pq.TransactionStatus.IDLE:
+        """Roll the write transaction back, in whatever state it is; a driver error on the way
+        is swallowed (the caller raises the cause). Outside one, ROLLBACK if a transaction is
+        open (a failed `begin_write`)."""
+        if self._pipe is not None:
+            with contextlib.suppress(DRIVER_ERROR):
+                # Skipped by the server when an earlier statement since the last wait failed:
+                # the transaction is then still open (failed) after the wait, rolled back below.
+                self.raw.execute("ROLLBACK")
+            with contextlib.suppress(DRIVER_ERROR):
+                self._end_pipeline()
+            self._pipe = self._pipeline = None
+        if self.in_transaction:
             with contextlib.suppress(DRIVER_ERROR):
                 self.raw.execute("ROLLBACK")
 
+    def _end_pipeline(self) -> None:
+        pipe, self._pipe, self._pipeline = self._pipe, None, None
+        if pipe is not None:
+            pipe.__exit__(None, None, None)  # a Sync: the answers outstanding, errors raised
+
     @property
     def in_transaction(self) -> bool:
-        if self._held is not None:
-            return True  # a write transaction, perhaps not sent yet
         return bool(self.raw.info.transaction_status != pq.TransactionStatus.IDLE)
 
     def listen(self) -> None:
