@@ -140,6 +140,16 @@ def test_every_page_renders_for_a_session_with_the_status_in_the_title(
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in client.get("/console/incidents").text
 
 
+def test_overview_before_the_first_event_says_never_not_never_ago(
+    console: tuple[DaemonThread, str, Path],
+) -> None:
+    """A fresh daemon's overview: no event yet reads "never", not "never ago"."""
+    _, base, _ = console
+    page = login(base).get("/console/").text
+    assert "never ago" not in page
+    assert re.search(r"<dt>last event</dt><dd>never</dd>", page), page
+
+
 def test_silence_from_the_console_suppresses_the_next_owner_message_as_silenced(
     console: tuple[DaemonThread, str, Path], emu: NtfyEmulator
 ) -> None:

@@ -78,6 +78,9 @@ _ENV = jinja2.Environment(
 _ENV.filters["text"] = _text
 _ENV.filters["when"] = _when
 _ENV.filters["age"] = _age
+_ENV.filters["ago"] = lambda seconds: (
+    "never" if _age(seconds) == "never" else f"{_age(seconds)} ago"
+)
 _ENV.filters["json"] = lambda value: json.dumps(value, ensure_ascii=True, sort_keys=True)
 
 
