@@ -180,16 +180,22 @@ def probe(
     received_at: dict[str, float],
     i: int,
     title: str,
+    *,
+    poll: float = 0.0005,
+    ids: list[str] | None = None,
 ) -> tuple[float, float, float]:
-    """Publish probe `i`; (published, durably recorded, received at the receiver), monotonic."""
+    """Publish probe `i`; (published, durably recorded, received at the receiver), monotonic.
+    The audit files are looked at every `poll` seconds; `ids` gets the event's id."""
     began = time.monotonic()
     event_id = emu.publish("alerts", f"probe #{i}", title=f"{title} {i}")["id"]
+    if ids is not None:
+        ids.append(event_id)
     deadline = began + STEP_TIMEOUT_S
     while event_id not in counter.ids:
         counter.poll()
         if time.monotonic() > deadline:
             raise TimeoutError(f"event {event_id} not recorded")
-        time.sleep(0.0005)
+        time.sleep(poll)
     seen = time.monotonic()
     with arrived:
         if not arrived.wait_for(lambda: event_id in received_at, STEP_TIMEOUT_S):

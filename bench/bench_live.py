@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import AuditCounter, daemon, daemon_env, ms, percentile
+from bench_latency import probe
 from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
@@ -122,18 +123,11 @@ def live(workdir: Path, n: int, poll: float, *, settled: bool = False) -> Run:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"delivery {i} not settled")
                     time.sleep(poll)
-            began = time.monotonic()
-            event_id = emu.publish("alerts", f"probe #{i}", title=f"live probe {i}")["id"]
-            deadline = began + STEP_TIMEOUT_S
-            while event_id not in counter.ids:
-                counter.poll()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"event {event_id} not recorded")
-                time.sleep(poll)
-            seen = time.monotonic()
-            with arrived:
-                if not arrived.wait_for(lambda e=event_id: e in run.received, STEP_TIMEOUT_S):
-                    raise TimeoutError(f"event {event_id} not received")
+            ids: list[str] = []
+            began, seen, _ = probe(
+                emu, counter, arrived, run.received, i, "live probe", poll=poll, ids=ids
+            )
+            event_id = ids[0]
             if i >= WARMUP:
                 run.published[event_id] = began
                 run.recorded[event_id] = seen

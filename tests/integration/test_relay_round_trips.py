@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -25,19 +26,22 @@ async def _flushed() -> bool:
     return True
 
 
-def _relay(conn: db.Connection) -> relay.Relay:
-    return relay.Relay(
-        conn,
-        httpx.AsyncClient(),
-        run_db=db.run_inline,
-        owner_queue=owner_queue(),
-        url="http://receiver.invalid/triage",
-        timeout=5,
-        max_attempts=3,
-        clock=lambda: 100.0,
-        flush_audit=_flushed,
-        rng=lambda: 0.5,
-    )
+def _relay(
+    conn: db.Connection, client: httpx.AsyncClient | None = None, **overrides: Any
+) -> relay.Relay:
+    """The relay these tests drive: a fixed clock and jitter unless `overrides` say otherwise."""
+    settings: dict[str, Any] = {
+        "run_db": db.run_inline,
+        "owner_queue": owner_queue(),
+        "url": "http://receiver.invalid/triage",
+        "timeout": 5,
+        "max_attempts": 3,
+        "clock": lambda: 100.0,
+        "flush_audit": _flushed,
+        "rng": lambda: 0.5,
+        **overrides,
+    }
+    return relay.Relay(conn, client or httpx.AsyncClient(), **settings)
 
 
 def _pending(conn: db.Connection, *keys: str) -> None:
@@ -142,19 +146,7 @@ def test_the_idle_wait_uses_the_due_time_its_last_transaction_saw(store: db.Conn
 
     async def scenario() -> relay.Relay:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            r = relay.Relay(
-                store,
-                client,
-                run_db=run_db,
-                owner_queue=owner_queue(),
-                url="http://receiver.invalid/triage",
-                timeout=5,
-                max_attempts=3,
-                clock=time.time,
-                flush_audit=_flushed,
-                rng=lambda: 0.5,
-                retry_base=0.4,
-            )
+            r = _relay(store, client, run_db=run_db, clock=time.time, retry_base=0.4)
             running = asyncio.create_task(r.run(stop))
             deadline = time.monotonic() + 10
             while r.stats.delivered < 1 and time.monotonic() < deadline:
@@ -194,17 +186,7 @@ def _recording_relay(
     client = httpx.AsyncClient(
         transport=httpx.MockTransport(lambda request: httpx.Response(200, json={}))
     )
-    r = relay.Relay(
-        conn,
-        client,
-        run_db=run_db,
-        owner_queue=owner_queue(),
-        url="http://receiver.invalid/triage",
-        timeout=5,
-        max_attempts=3,
-        clock=time.time,
-        flush_audit=flushed,
-    )
+    r = _relay(conn, client, run_db=run_db, clock=time.time, flush_audit=flushed)
     return r, stop
 
 
