@@ -75,3 +75,59 @@ def test_check_says_never_when_no_frame_ever_came(store: sqlite3.Connection) -> 
     put_snapshot(store, updated_at=now, state="connecting", started_at=now - 5, pid=1)
     ok, line = status.healthy(status.collect(store, config(), now))
     assert not ok and "None" not in line and "no frame since start 5.0 s ago" in line
+
+
+def fast_config() -> settings.Settings:
+    """Limits tighter than the snapshot's own 2 s cadence, as the health tests run them."""
+    return settings.load(
+        None,
+        {
+            "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
+            "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+            "NTFY_INTAKE_STATE_DIR": "/nonexistent",
+            "NTFY_INTAKE_NTFY_KEEPALIVE_INTERVAL": "1s",
+            "NTFY_INTAKE_NTFY_KEEPALIVE_TIMEOUT": "1500ms",
+            "NTFY_INTAKE_NTFY_DEAD_AFTER": "3s",
+        },
+    )
+
+
+def test_a_snapshot_written_between_frames_is_not_read_as_a_silent_stream(
+    store: sqlite3.Connection,
+) -> None:
+    # The daemon stores its snapshot every 2 s; a frame 0.5 s before that write was fresh.
+    # Read 1.9 s later, the frame is 2.4 s old: past keepalive_timeout only by the read's lag.
+    now = time.time()
+    put_snapshot(
+        store, updated_at=now - 1.9, state="live", started_at=now - 60, last_frame_wall=now - 2.4
+    )
+    report = status.collect(store, fast_config(), now)
+    assert report["intake"]["state"] == "live"
+    ok, line = status.healthy(report)
+    assert ok and line == "live (last frame 2.4 s ago)"
+
+
+def test_a_frame_already_stale_when_the_snapshot_was_written_is_silence(
+    store: sqlite3.Connection,
+) -> None:
+    now = time.time()
+    put_snapshot(
+        store, updated_at=now - 1.0, state="live", started_at=now - 60, last_frame_wall=now - 2.7
+    )
+    report = status.collect(store, fast_config(), now)
+    assert report["intake"]["state"] == "reconnecting"
+    assert not status.healthy(report)[0]
+
+
+def test_an_overdue_snapshot_earns_no_more_than_two_periods_of_grace(
+    store: sqlite3.Connection,
+) -> None:
+    # Ten seconds without a snapshot (the writer stalled): its last frame, 0.2 s before the write,
+    # is judged 10.2 - 4 = 6.2 s old, past dead_after (3 s).
+    now = time.time()
+    put_snapshot(
+        store, updated_at=now - 10, state="live", started_at=now - 60, last_frame_wall=now - 10.2
+    )
+    report = status.collect(store, fast_config(), now)
+    assert report["intake"]["state"] == "dead"
+    assert report["intake"]["last_frame_age_s"] == 10.2

@@ -35,6 +35,11 @@ class State(enum.StrEnum):
     LATCHED = "latched"
 
 
+# The daemon stores its snapshot this often. A stored snapshot may trail the daemon by up to one
+# period, so a reader grants its frame that much (at most two periods) before calling it silent.
+SNAPSHOT_EVERY = 2.0
+SNAPSHOT_GRACE_MAX = 2 * SNAPSHOT_EVERY
+
 INTAKE_STATES = (State.LIVE, State.RECONNECTING, State.DEAD)
 STATES = (State.LIVE, State.DEGRADED, State.RECONNECTING, State.DEAD, State.LATCHED)
 
@@ -72,9 +77,19 @@ class Health:
 
 
 def assess(
-    snapshot: Mapping[str, Any], now: float, limits: Limits, *, running: bool = True
+    snapshot: Mapping[str, Any],
+    now: float,
+    limits: Limits,
+    *,
+    running: bool = True,
+    snapshot_lag: float = 0.0,
 ) -> Health:
     """Classify a health snapshot at wall-clock time `now`.
+
+    `snapshot_lag` is how far the snapshot may trail the daemon (0 for the daemon's own, live
+    one; the snapshot's age, capped at SNAPSHOT_GRACE_MAX, for a stored one): frames are judged
+    fresh or dead that much more leniently, since frames after the write are not in it. The
+    reported ages stay the true ones.
 
     Snapshot keys read (all optional): `state` (the connection: starting / connecting / live /
     backoff / stopped), `started_at`, `last_frame_wall`, `last_error`, `last_error_wall`,
@@ -88,7 +103,8 @@ def assess(
     error_current = error is not None and (
         frame_at is None or error_at is None or error_at >= frame_at
     )
-    intake = _intake_state(snapshot, now, limits, frame_age, error_current) if running else None
+    judged_age = None if frame_age is None else max(0.0, frame_age - snapshot_lag)
+    intake = _intake_state(snapshot, now, limits, judged_age, error_current) if running else None
 
     reasons: list[str] = []
     if not running:
