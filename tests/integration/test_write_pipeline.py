@@ -6,6 +6,7 @@ when the answers come later, or how many waits a transaction costs (issue 23, se
 from __future__ import annotations
 
 import contextlib
+import select
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -194,6 +195,34 @@ def test_a_fenced_write_reads_nothing_and_commits_nothing(store: db.Connection) 
     with db.write_txn(store):
         store.execute("INSERT INTO kv(name, value) VALUES ('leader', 'x')")
     assert _values(store) == {"leader": "x"}
+
+
+def _refusal_in(store: postgres.PgConnection) -> None:
+    """Wait until the server's answer to what was sent is readable: its refusal of the opening
+    statement is sent at once (errors are flushed), so the driver finds it at the next send."""
+    readable, _, _ = select.select([store.raw.pgconn.socket], [], [], 10.0)
+    assert readable, "no answer from the server in 10 s"
+
+
+@pytest.mark.parametrize("body", ["a statement", "nothing but COMMIT"])
+def test_a_term_refusal_that_arrives_before_the_next_send_is_still_fenced(
+    store: db.Connection, body: str
+) -> None:
+    """PostgreSQL: the driver reads answers already in whenever it sends, so the opening
+    statement's refusal can surface from the body's next statement or from COMMIT itself,
+    not only from a wait; it is errors.Fenced there too, never a cast error."""
+    if not isinstance(store, postgres.PgConnection):
+        pytest.skip("leadership is PostgreSQL's")
+    term = leadership.claim(store, "pi", "inst-a", 8.0).row.term
+    store.execute("UPDATE leadership SET term = term + 1")
+    store.term = term
+    with pytest.raises(Fenced, match=f"term {term} is over"), db.write_txn(store):
+        _refusal_in(store)
+        if body == "a statement":
+            store.execute("INSERT INTO kv(name, value) VALUES ('zombie', 'x')")
+    assert not store.in_transaction
+    store.term = None
+    assert _values(store) == {}
 
 
 def test_a_fenced_leaders_write_that_reads_nothing_is_one_round_trip(store: db.Connection) -> None:

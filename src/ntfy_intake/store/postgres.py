@@ -239,7 +239,10 @@ class PgConnection:
         if self._pipe is not None:
             # Inside a write transaction: sent now, answered when first read (module doc). Never
             # reconnects: a broken session fails the statement and the transaction is lost.
-            return Answer(self, self.raw.execute(translate(sql), _params(params)))
+            try:
+                return Answer(self, self.raw.execute(translate(sql), _params(params)))
+            except DRIVER_ERROR as exc:  # answers already in are read at each send
+                raise self._as_fenced(exc) from None
         return self._usable().execute(translate(sql), _params(params))
 
     def fence(self, term: int | None, idle_in_transaction: float | None) -> None:
@@ -281,7 +284,10 @@ class PgConnection:
         if self._pipe is not None:
             cursor = self.raw.cursor()
             if rows:  # rides the transaction's pipeline: answered at the next wait
-                cursor.executemany(translate(sql), rows)
+                try:
+                    cursor.executemany(translate(sql), rows)
+                except DRIVER_ERROR as exc:
+                    raise self._as_fenced(exc) from None
             return Answer(self, cursor)
         cursor = self._usable().cursor()
         if rows:  # none: no statement, and no round trip for the pipeline psycopg would open
@@ -327,8 +333,8 @@ class PgConnection:
 
     def commit_write(self) -> None:
         """COMMIT, and wait for every answer outstanding with it: one round trip."""
-        self.raw.execute("COMMIT")
         with self._fence_raised():
+            self.raw.execute("COMMIT")  # the driver reads answers already in as it sends
             self._end_pipeline()
 
     @contextlib.contextmanager
@@ -337,13 +343,18 @@ class PgConnection:
         try:
             yield
         except DRIVER_ERROR as exc:
-            seen = _FENCED.search(str(exc))
-            if self.term is None or seen is None:
-                raise
-            raise Fenced(
-                f"term {self.term} is over (the leadership row holds {seen.group(1)}):"
-                " this write is rolled back"
-            ) from None
+            raise self._as_fenced(exc) from None
+
+    def _as_fenced(self, exc: Exception) -> Exception:
+        """errors.Fenced for the opening statement's refusal (a transaction's statement, its
+        wait or its COMMIT can be where the driver reads it); any other error as it is."""
+        seen = _FENCED.search(str(exc))
+        if self.term is None or seen is None:
+            return exc
+        return Fenced(
+            f"term {self.term} is over (the leadership row holds {seen.group(1)}):"
+            " this write is rolled back"
+        )
 
     def rollback_write(self) -> None:
         """Roll the write transaction back, in whatever state it is; a driver error on the way
