@@ -24,7 +24,8 @@ Invariants owned here:
   `rollback_write`); nothing is committed that was not answered without error, COMMIT included.
   On a fenced connection the server compares the term in the opening statement and, when it
   is over, fails it (`_FENCE`): nothing sent after it runs, COMMIT included, and the first wait
-  raises errors.Fenced, before any answer is handed to the caller. A write transaction that
+  (or the first send that finds the refusal in) raises errors.Fenced, before any answer is
+  handed to the caller. A write transaction that
   reads nothing is one round trip, COMMIT included, fenced or not.
 
 psycopg is an optional dependency (`ntfy-intake[postgres]`): this module imports it only when a

@@ -15,8 +15,9 @@ Invariants owned here:
   `errors.Fenced` with nothing written: nothing of term T commits after term T+1 began. The
   transaction's statements are pipelined (postgres.py): the server compares the term in the
   opening statement and, when it is over, fails it, so nothing sent after it runs (COMMIT
-  included) and `Fenced` comes from the first wait, the body's first read or COMMIT, instead of
-  from BEGIN;
+  included) and `Fenced` comes from the first wait, the body's first read or COMMIT (or from
+  the next statement's send, where the driver reads the refusal if it is in), instead of from
+  BEGIN;
 - on PostgreSQL a statement's error may likewise surface at a later read or at COMMIT, never
   later than that: the body reads nothing sent after a failed statement, and the whole
   transaction rolls back as before.
