@@ -116,3 +116,11 @@ def test_every_state_name_is_one_of_the_documented_five() -> None:
         "latched",
     ]
     assert [str(s) for s in health.INTAKE_STATES] == ["live", "reconnecting", "dead"]
+
+
+def test_a_snapshot_from_a_clock_stepped_back_earns_no_grace() -> None:
+    # Written "in the future" (now stepped back 30 s): a negative age is no reason to forgive.
+    limits = health.Limits(keepalive_timeout=1.5, dead_after=3.0)
+    stale = snap(last_frame_wall=NOW - 2.0)
+    assert health.assess(stale, NOW, limits, snapshot_age=-30.0).intake is State.RECONNECTING
+    assert health.assess(stale, NOW, limits, snapshot_age=1.0).intake is State.LIVE

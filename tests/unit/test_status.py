@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from typing import Any
 
 from ntfy_intake import settings
 from ntfy_intake.store import db, outbox
@@ -92,16 +93,29 @@ def fast_config() -> settings.Settings:
     )
 
 
+def stored_report(
+    store: sqlite3.Connection, *, written_ago: float, frame_before_write: float
+) -> dict[str, Any]:
+    """`status` of a live snapshot written `written_ago` s ago, with its last frame
+    `frame_before_write` s before that write, under `fast_config`'s limits."""
+    now = time.time()
+    written = now - written_ago
+    put_snapshot(
+        store,
+        updated_at=written,
+        state="live",
+        started_at=now - 60,
+        last_frame_wall=written - frame_before_write,
+    )
+    return status.collect(store, fast_config(), now)
+
+
 def test_a_snapshot_written_between_frames_is_not_read_as_a_silent_stream(
     store: sqlite3.Connection,
 ) -> None:
     # The daemon stores its snapshot every 2 s; a frame 0.5 s before that write was fresh.
     # Read 1.9 s later, the frame is 2.4 s old: past keepalive_timeout only by the read's lag.
-    now = time.time()
-    put_snapshot(
-        store, updated_at=now - 1.9, state="live", started_at=now - 60, last_frame_wall=now - 2.4
-    )
-    report = status.collect(store, fast_config(), now)
+    report = stored_report(store, written_ago=1.9, frame_before_write=0.5)
     assert report["intake"]["state"] == "live"
     ok, line = status.healthy(report)
     assert ok and line == "live (last frame 2.4 s ago)"
@@ -110,11 +124,7 @@ def test_a_snapshot_written_between_frames_is_not_read_as_a_silent_stream(
 def test_a_frame_already_stale_when_the_snapshot_was_written_is_silence(
     store: sqlite3.Connection,
 ) -> None:
-    now = time.time()
-    put_snapshot(
-        store, updated_at=now - 1.0, state="live", started_at=now - 60, last_frame_wall=now - 2.7
-    )
-    report = status.collect(store, fast_config(), now)
+    report = stored_report(store, written_ago=1.0, frame_before_write=1.7)
     assert report["intake"]["state"] == "reconnecting"
     assert not status.healthy(report)[0]
 
@@ -124,10 +134,6 @@ def test_an_overdue_snapshot_earns_no_more_than_two_periods_of_grace(
 ) -> None:
     # Ten seconds without a snapshot (the writer stalled): its last frame, 0.2 s before the write,
     # is judged 10.2 - 4 = 6.2 s old, past dead_after (3 s).
-    now = time.time()
-    put_snapshot(
-        store, updated_at=now - 10, state="live", started_at=now - 60, last_frame_wall=now - 10.2
-    )
-    report = status.collect(store, fast_config(), now)
+    report = stored_report(store, written_ago=10.0, frame_before_write=0.2)
     assert report["intake"]["state"] == "dead"
     assert report["intake"]["last_frame_age_s"] == 10.2

@@ -82,14 +82,14 @@ def assess(
     limits: Limits,
     *,
     running: bool = True,
-    snapshot_lag: float = 0.0,
+    snapshot_age: float = 0.0,
 ) -> Health:
     """Classify a health snapshot at wall-clock time `now`.
 
-    `snapshot_lag` is how far the snapshot may trail the daemon (0 for the daemon's own, live
-    one; the snapshot's age, capped at SNAPSHOT_GRACE_MAX, for a stored one): frames are judged
-    fresh or dead that much more leniently, since frames after the write are not in it. The
-    reported ages stay the true ones.
+    `snapshot_age` is how long ago a stored snapshot was written (0 for the daemon's own, live
+    one). Frames after the write are not in it, so its frame is judged fresh or dead that much
+    more leniently, never more than SNAPSHOT_GRACE_MAX (a stalled writer) nor less than 0 (a
+    clock stepped back). The reported ages stay the true ones.
 
     Snapshot keys read (all optional): `state` (the connection: starting / connecting / live /
     backoff / stopped), `started_at`, `last_frame_wall`, `last_error`, `last_error_wall`,
@@ -103,7 +103,8 @@ def assess(
     error_current = error is not None and (
         frame_at is None or error_at is None or error_at >= frame_at
     )
-    judged_age = None if frame_age is None else max(0.0, frame_age - snapshot_lag)
+    grace = min(max(0.0, snapshot_age), SNAPSHOT_GRACE_MAX)
+    judged_age = None if frame_age is None else max(0.0, frame_age - grace)
     intake = _intake_state(snapshot, now, limits, judged_age, error_current) if running else None
 
     reasons: list[str] = []

@@ -37,7 +37,7 @@ from ntfy_intake.runtime.cluster import Holding
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.runtime.supervisor import Supervisor
-from ntfy_intake.runtime.vitals import HEALTH_EVERY, TICK_SECONDS, Vitals
+from ntfy_intake.runtime.vitals import TICK_SECONDS, Vitals
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import audit, db, retention, storage
 from ntfy_intake.store.cursor import ResumePoint
@@ -399,7 +399,7 @@ class Daemon:
 
     async def _ticker(self) -> None:
         """The loop's pulse: owed notices, the cursor, the last frame's time, liveness, closed
-        debounce windows, and the stored health snapshot every HEALTH_EVERY."""
+        debounce windows, and the stored health snapshot every SNAPSHOT_EVERY."""
         last_health = 0.0
         while True:
             await asyncio.sleep(TICK_SECONDS)
@@ -415,7 +415,7 @@ class Daemon:
             await self.vitals.observe_liveness()
             await self.writer.release_due()
             now = time.monotonic()
-            if now - last_health >= HEALTH_EVERY:
+            if now - last_health >= health_model.SNAPSHOT_EVERY:
                 last_health = now
                 await self.database.run(self.vitals.write_health)
 

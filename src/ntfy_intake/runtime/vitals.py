@@ -34,7 +34,6 @@ from ntfy_intake.store import vitals_state
 log = structlog.get_logger("ntfy_intake.daemon")
 
 TICK_SECONDS = 0.05  # the ticker's period (daemon.py); the dead-man's switch judges wedging by it
-HEALTH_EVERY = health_model.SNAPSHOT_EVERY
 
 
 class Vitals:

@@ -25,8 +25,8 @@ Invariants owned here:
   On a fenced connection the server compares the term in the opening statement and, when it
   is over, fails it (`_FENCE`): nothing sent after it runs, COMMIT included, and the first wait
   (or the first send that finds the refusal in) raises errors.Fenced, before any answer is
-  handed to the caller. A write transaction that
-  reads nothing is one round trip, COMMIT included, fenced or not.
+  handed to the caller. A write transaction that reads nothing is one round trip, COMMIT
+  included, fenced or not.
 
 psycopg is an optional dependency (`ntfy-intake[postgres]`): this module imports it only when a
 DSN is opened, and says how to install it when it is missing.

@@ -34,7 +34,7 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
         now,
         health.Limits(settings.ntfy.keepalive_timeout, settings.ntfy.dead_after),
         running=running,
-        snapshot_lag=min(max(0.0, snapshot_age or 0.0), health.SNAPSHOT_GRACE_MAX),
+        snapshot_age=snapshot_age or 0.0,
     )
     event_age = None
     if snapshot.get("last_event_wall") is not None:

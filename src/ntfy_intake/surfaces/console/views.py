@@ -68,6 +68,11 @@ def _age(seconds: object) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _ago(seconds: object) -> str:
+    age = _age(seconds)
+    return age if age == "never" else f"{age} ago"
+
+
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     autoescape=True,
@@ -78,9 +83,7 @@ _ENV = jinja2.Environment(
 _ENV.filters["text"] = _text
 _ENV.filters["when"] = _when
 _ENV.filters["age"] = _age
-_ENV.filters["ago"] = lambda seconds: (
-    "never" if _age(seconds) == "never" else f"{_age(seconds)} ago"
-)
+_ENV.filters["ago"] = _ago
 _ENV.filters["json"] = lambda value: json.dumps(value, ensure_ascii=True, sort_keys=True)
 
 
