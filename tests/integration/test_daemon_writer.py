@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake.flow import database, intake
+from ntfy_intake.flow import database, intake, journal
 from ntfy_intake.runtime.daemon import Daemon
-from ntfy_intake.store import audit, cursor, inbox
+from ntfy_intake.store import audit, cursor, db, inbox
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire import refusals
 
@@ -86,10 +86,12 @@ def event_lines(state: Path) -> Counter[str]:
 def test_storage_fault_after_the_commit_records_no_event_twice(
     daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The flush's own transaction fails after the batch committed (a full disk): the re-run of
-    the trip must not record the batch again (as duplicates, or a second event line)."""
+    """The flush fails after the batch committed (a full disk; SQLite: the mark's transaction,
+    PostgreSQL: the read of the rows the files lack, the mark riding the next transaction): the
+    re-run of the trip must not record the batch again (as duplicates, or a second line)."""
+    step = "mirror" if db.is_postgres(daemon.conn) else "_mark_flushed"
     monkeypatch.setattr(
-        audit, "_mark_flushed", failing_first(2, audit._mark_flushed, "database or disk is full")
+        audit, step, failing_first(2, getattr(audit, step), "database or disk is full")
     )
 
     asyncio.run(daemon.writer.record(received("fault0000001", "fault0000002")))
@@ -100,6 +102,7 @@ def test_storage_fault_after_the_commit_records_no_event_twice(
     assert (counters.recorded, counters.duplicates, counters.batches) == (2, 0, 1)
     assert len(daemon.resume) == 2  # both made durable for the cursor, once each
     assert daemon.storage_wait is None and daemon.storage_episodes == 1
+    asyncio.run(daemon.journal.flush_at_stop())  # PostgreSQL: writes the mark left owed
     assert audit.flushed_seq(daemon.conn) == daemon.journal.last_written_seq  # the mark caught up
 
 
@@ -109,6 +112,7 @@ def test_flush_mark_lost_with_the_power_writes_no_line_twice_after_restart(
     """The flush's mark commits without an fsync, so a power cut can lose it after the lines
     are in the files: the restart must find them there (by seq), not write them again."""
     monkeypatch.setattr(audit, "_mark_flushed", lambda conn, seq: None)  # never reached disk
+    monkeypatch.setattr(audit, "ride", lambda *args: None)  # PostgreSQL: nor the owed mark
     asyncio.run(daemon.writer.record(received("power0000001", "power0000002")))
     asyncio.run(daemon.writer.record(received("power0000003")))
     shut(daemon)
@@ -265,3 +269,23 @@ def test_cancelled_caller_keeps_the_connection_until_its_thread_is_done(daemon: 
     asyncio.run(run())
 
     assert overlapped == [False]
+
+
+def test_a_mark_no_write_came_to_carry_is_written_by_the_ticker_not_left_behind(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """PostgreSQL: the daemon's flush leaves its mark to ride the next write; when none comes
+    (the daemon idle) the ticker writes it once it is `MARK_OWED_AT_MOST` old, not sooner, so
+    back-to-back events never pay for it. SQLite owes none."""
+    asyncio.run(daemon.writer.record(received("idle00000001")))
+    top = daemon.journal.last_written_seq
+    since = db.owed_since(daemon.conn)
+    if not db.is_postgres(daemon.conn):
+        assert since is None and audit.flushed_seq(daemon.conn) == top
+        return
+    assert since is not None and audit.flushed_seq(daemon.conn) < top
+    asyncio.run(daemon.journal.write_owed_mark(since + journal.MARK_OWED_AT_MOST - 0.01))
+    assert audit.flushed_seq(daemon.conn) < top  # too young: a write may still carry it
+    asyncio.run(daemon.journal.write_owed_mark(since + journal.MARK_OWED_AT_MOST))
+    assert audit.flushed_seq(daemon.conn) == top
+    assert db.owed_since(daemon.conn) is None

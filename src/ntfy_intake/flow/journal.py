@@ -37,6 +37,10 @@ log = structlog.get_logger("ntfy_intake.pipeline")
 # fsynced appends).
 MIRROR_LIMIT = 5000
 
+# How long the audit mark may wait for a write transaction to ride (PostgreSQL): its readers
+# (status's "audit unflushed", retention) see it at most this much behind the files when idle.
+MARK_OWED_AT_MOST = 1.0
+
 
 class Journal:
     """The audit log's writer, the latch and the owner notices (module doc)."""
@@ -121,12 +125,14 @@ class Journal:
         try:
             # The flush's own commit (the mark of what the files hold) skips its fsync: losing
             # it costs nothing (lines are found by seq in the files, never written twice), and
-            # the next commit makes it durable. One fsync fewer before the relay can claim.
+            # the next commit makes it durable. One fsync fewer before the relay can claim. On
+            # PostgreSQL the mark rides the next write transaction instead (the relay's claim,
+            # within a millisecond when live): no transaction of its own (`write_owed_mark`).
             with db.commits_without_fsync(conn):
-                audit.flush(conn, self._audit)
+                audit.flush(conn, self._audit, mark_rides=True)
             if self._note_replaced_audit_files():
                 with db.commits_without_fsync(conn):
-                    audit.flush(conn, self._audit)
+                    audit.flush(conn, self._audit, mark_rides=True)
         except AuditWriteError as exc:
             failure = str(exc)
         else:
@@ -176,14 +182,22 @@ class Journal:
             self.mirror_failure = None
         return appended
 
+    async def write_owed_mark(self, now: float) -> None:
+        """The ticker's: a mark owed (PostgreSQL, `flush_sync`) since `MARK_OWED_AT_MOST` before
+        `now` (monotonic), because no write came to carry it, in a transaction of its own."""
+        since = db.owed_since(self._database.conn)
+        if since is not None and now - since >= MARK_OWED_AT_MOST:
+            await self._database.run(audit.write_owed_mark, self._database.conn)
+
     async def flush_at_stop(self) -> None:
         """The last flush; when latched, try once more: the space may be back, and what the log
         is owed is better written now (never twice: the writer knows its last seq) than left
-        to the next start."""
+        to the next start. Then the owed mark, if any."""
         await self.flush()
         if self.latched:
             with contextlib.suppress(AuditWriteError):
                 await self._database.run(audit.flush, self._database.conn, self._audit)
+        await self._database.run(audit.write_owed_mark, self._database.conn)
 
     def latch(self, detail: str) -> None:
         """In the worker thread: freeze the cursor for this process and queue exactly one owner

@@ -215,9 +215,7 @@ class Daemon:
     # -- local recovery ------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Local recovery, before READY (recovery.py).
-
-        A storage failure here names itself; a permanent one is a StartupError (exit 2)."""
+        """Local recovery before READY (recovery.py); a permanent failure: StartupError (exit 2)."""
         recovered = recovery.recover(
             self.settings,
             database=self.database,
@@ -399,7 +397,7 @@ class Daemon:
 
     async def _ticker(self) -> None:
         """The loop's pulse: owed notices, the cursor, the last frame's time, liveness, closed
-        debounce windows, and the stored health snapshot every SNAPSHOT_EVERY."""
+        debounce windows, an owed audit mark, the stored health snapshot every SNAPSHOT_EVERY."""
         last_health = 0.0
         while True:
             await asyncio.sleep(TICK_SECONDS)
@@ -415,6 +413,7 @@ class Daemon:
             await self.vitals.observe_liveness()
             await self.writer.release_due()
             now = time.monotonic()
+            await self.journal.write_owed_mark(now)
             if now - last_health >= health_model.SNAPSHOT_EVERY:
                 last_health = now
                 await self.database.run(self.vitals.write_health)

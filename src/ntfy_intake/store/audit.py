@@ -47,7 +47,7 @@ from ntfy_intake.store.audit_files import (
     repair_tails,
     seqs_above,
 )
-from ntfy_intake.store.transaction import Connection
+from ntfy_intake.store.transaction import Connection, ride
 from ntfy_intake.wire import jsonsafe
 
 # The files as read back live in audit_files; their names are the audit log's API here too.
@@ -72,6 +72,7 @@ __all__ = [
     "seqs_above",
     "stage",
     "stage_encoded",
+    "write_owed_mark",
 ]
 
 SCHEMA_VERSION = 1
@@ -298,16 +299,22 @@ _MARK_FORWARD = (
 )
 
 
-def flush(conn: Connection, log: AuditLog) -> int:
+def flush(conn: Connection, log: AuditLog, *, mark_rides: bool = False) -> int:
     """Write every journal row not yet in the files; return how many lines were written.
 
     Rows at or below `log.last_seq` are in the files already (a mark that failed to move after
     their fsync): they are not written again, only marked. On PostgreSQL that is all that
-    decides, whatever mark another node wrote, and the journal is kept (module doc)."""
+    decides, whatever mark another node wrote, and the journal is kept (module doc).
+    `mark_rides` (PostgreSQL, the daemon): the mark rides the connection's next write
+    transaction (transaction.ride) instead of committing in one of its own; whoever passes it
+    also writes it when nothing else writes (`write_owed_mark`)."""
     if dialect.is_postgres(conn):
         written = mirror(conn, log)
         if log.last_seq > log.marked:
-            _mark_flushed(conn, log.last_seq)
+            if mark_rides and isinstance(conn, postgres.PgConnection):
+                ride(conn, FLUSHED_KEY, _MARK_FORWARD, (FLUSHED_KEY, str(log.last_seq)))
+            else:
+                _mark_flushed(conn, log.last_seq)
             log.marked = log.last_seq
         return written
     mark = flushed_seq(conn)
@@ -324,6 +331,16 @@ def flush(conn: Connection, log: AuditLog) -> int:
     ):
         _mark_flushed(conn, top)
     return len(rows)
+
+
+def write_owed_mark(conn: Connection) -> bool:
+    """The mark a flush left owed (`flush(mark_rides=True)`), in a write transaction of its own
+    without an fsync, when nothing else wrote since; False when none was owed."""
+    if not isinstance(conn, postgres.PgConnection) or FLUSHED_KEY not in conn.riders:
+        return False
+    with db.commits_without_fsync(conn), db.write_txn(conn):
+        pass  # the owed mark rides this transaction's opening
+    return True
 
 
 MIRROR_BATCH = 1000  # rows per append (one fsync each) when a node catches up

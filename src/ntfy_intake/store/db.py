@@ -33,6 +33,7 @@ from ntfy_intake.store.transaction import (
     Transaction,
     commits_without_fsync,
     fail_before_commit,
+    owed_since,
     write_txn,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "fail_before_commit",
     "is_postgres",
     "migrate",
+    "owed_since",
     "read_only",
     "run_inline",
     "write_txn",

@@ -201,6 +201,7 @@ class PgConnection:
         self._pipeline: psycopg.Pipeline | None = None
         # Inside `commits_without_fsync`: write transactions commit without waiting for the WAL.
         self.relaxed = 0
+        self.riders: dict[str, Any] = {}  # owed to the next write transaction (transaction.ride)
         self._listening = False
         self._closed = False
         self.raw = _open(dsn, readonly=readonly, timeout=timeout, libpq=self._libpq)

@@ -20,7 +20,11 @@ Invariants owned here:
   BEGIN;
 - on PostgreSQL a statement's error may likewise surface at a later read or at COMMIT, never
   later than that: the body reads nothing sent after a failed statement, and the whole
-  transaction rolls back as before.
+  transaction rolls back as before;
+- on PostgreSQL a write whose loss is harmless and that nobody waits for (the audit flush's mark)
+  may ride the connection's next write transaction instead of taking one of its own (`ride`): it
+  is sent after the opening with no wait of its own, and stays owed until a transaction carrying
+  it commits.
 
 Callers outside the store reach these through `db` (`db.write_txn`, `db.Transaction`, ...):
 tests patch `db.write_txn` to fail chosen COMMITs, so every writer looks it up there.
@@ -30,8 +34,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.store import postgres
@@ -110,6 +115,9 @@ def write_txn(
         # statements that follow, answered with the first of them the body reads.
         try:
             conn.open_write()
+            riding = dict(conn.riders)
+            for rider in riding.values():
+                conn.execute(rider.sql, rider.params)
             yield txn
             if before_commit is not None:
                 before_commit()
@@ -117,6 +125,9 @@ def write_txn(
         except BaseException:
             conn.rollback_write()
             raise
+        for name, rider in riding.items():  # written, unless owed again meanwhile
+            if conn.riders.get(name) is rider:
+                del conn.riders[name]
         txn._committed()
         return
     conn.execute("BEGIN IMMEDIATE")
@@ -132,6 +143,25 @@ def write_txn(
         raise
     # Outside the handler: the rows are durable, and no effect's failure may roll them back.
     txn._committed()
+
+
+class Rider(NamedTuple):
+    sql: str
+    params: tuple[Any, ...]
+    since: float  # monotonic: when it was first owed
+
+
+def ride(conn: postgres.PgConnection, name: str, sql: str, params: tuple[Any, ...]) -> None:
+    """Owe `sql` to the next write transaction on `conn`, in place of one owed under `name`
+    (module doc). Only for a statement that cannot fail but with its transaction."""
+    owed = conn.riders.get(name)
+    conn.riders[name] = Rider(sql, params, time.monotonic() if owed is None else owed.since)
+
+
+def owed_since(conn: Connection) -> float | None:
+    """When the oldest write still owed to a transaction on `conn` was first owed (None: none)."""
+    riders = conn.riders.values() if isinstance(conn, postgres.PgConnection) else ()
+    return min((rider.since for rider in riders), default=None)
 
 
 def _rollback(conn: Connection) -> None:
