@@ -51,6 +51,10 @@ from ntfy_intake.wire.frames import Event, Junk
 log = structlog.get_logger("ntfy_intake.pipeline")
 
 MAX_BATCH = 500
+# While events flow, the settled cursor is persisted at most this often: a save every tick was a
+# write transaction queued ahead of the next event's batch. Lagging only means a restart resumes
+# a little earlier (the replayed events are duplicates); the overlap backfill reaches further.
+CURSOR_SAVE_EVERY = 1.0
 
 Frames = list[Event | Junk | Notice]
 
@@ -100,6 +104,8 @@ class Writer:
         self.cursor: Cursor | None = None  # the cursor last persisted
         self.next_release: float | None = None  # when the next debounce window closes
         self._saved_frame_time: int | None = None  # the last server time persisted
+        self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
+        self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
 
     def start_from(self, cursor: Cursor, next_release: float | None) -> None:
@@ -219,13 +225,18 @@ class Writer:
             write.release_known = True
         write.audit_written = self._journal.flush_sync()
 
-    async def settle_cursor(self) -> None:
-        """Persist the cursor over the events whose reorder window has passed (never latched)."""
-        cursor = self.resume.settle(time.monotonic())
+    async def settle_cursor(self, *, at_once: bool = False) -> None:
+        """Persist the cursor over the events whose reorder window has passed (never latched):
+        at most once per `CURSOR_SAVE_EVERY`, unless `at_once` (the drain)."""
+        now = time.monotonic()
+        self._settled = self.resume.settle(now) or self._settled
+        cursor = self._settled
         if cursor is None or self._journal.latched:
             return
+        if not at_once and now - self._cursor_saved_at < CURSOR_SAVE_EVERY:
+            return
         await self._database.run(save_cursor, self._database.conn, cursor, self._clock())
-        self.cursor = cursor
+        self.cursor, self._settled, self._cursor_saved_at = cursor, None, now
         self._counters.cursor_moves += 1
 
     # -- a backfill poll, a refused subscription -----------------------------------------------------
@@ -299,6 +310,7 @@ class Writer:
         detail = refusals.describe_error_body(body)
         notice = notices.fallback_400(cursor.value, cursor.since, detail)
         await self._database.run(self._record_drop, notice)
+        self._settled = None  # the refused cursor's successors are not saved over the reset
         self._counters.add("fallback_400")
         await self._journal.flush()
 

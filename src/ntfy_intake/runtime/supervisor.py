@@ -84,7 +84,7 @@ class Supervisor:
         if writer.resume.oldest_read_at is not None and not reader.done():
             await asyncio.sleep(reorder_window)
         await writer.wait_idle()
-        await writer.settle_cursor()
+        await writer.settle_cursor(at_once=True)
         intake_stop.set()
         with contextlib.suppress(Exception):
             await reader
