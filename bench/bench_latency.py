@@ -46,6 +46,7 @@ import httpx
 
 from _common import (
     AuditCounter,
+    FileWrites,
     Row,
     daemon,
     daemon_env,
@@ -183,9 +184,11 @@ def probe(
     *,
     poll: float = 0.0005,
     ids: list[str] | None = None,
+    writes: FileWrites | None = None,
 ) -> tuple[float, float, float]:
     """Publish probe `i`; (published, durably recorded, received at the receiver), monotonic.
-    The audit files are looked at every `poll` seconds; `ids` gets the event's id."""
+    The audit files are looked at after each write to them (`writes`), else every `poll`
+    seconds; `ids` gets the event's id."""
     began = time.monotonic()
     event_id = emu.publish("alerts", f"probe #{i}", title=f"{title} {i}")["id"]
     if ids is not None:
@@ -193,9 +196,14 @@ def probe(
     deadline = began + STEP_TIMEOUT_S
     while event_id not in counter.ids:
         counter.poll()
+        if event_id in counter.ids:
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(f"event {event_id} not recorded")
-        time.sleep(poll)
+        if writes is None:
+            time.sleep(poll)
+        else:
+            writes.wait(0.05)
     seen = time.monotonic()
     with arrived:
         if not arrived.wait_for(lambda: event_id in received_at, STEP_TIMEOUT_S):
@@ -238,8 +246,11 @@ def live_latency(
         stack.enter_context(daemon(env, workdir / "latency.log"))
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
+        writes = stack.enter_context(contextlib.closing(FileWrites(state / "audit")))
         for i in range(WARMUP + n):
-            began, seen, got = probe(emu, counter, arrived, received_at, i, "latency probe")
+            began, seen, got = probe(
+                emu, counter, arrived, received_at, i, "latency probe", writes=writes
+            )
             if i >= WARMUP:
                 recorded.append(seen - began)
                 received.append(got - began)
