@@ -159,8 +159,10 @@ def ride(conn: postgres.PgConnection, name: str, sql: str, params: tuple[Any, ..
 
 
 def owed_since(conn: Connection) -> float | None:
-    """When the oldest write still owed to a transaction on `conn` was first owed (None: none)."""
-    riders = conn.riders.values() if isinstance(conn, postgres.PgConnection) else ()
+    """When the oldest write still owed to a transaction on `conn` was first owed (None: none).
+    Safe from the event loop while the worker thread writes: the riders are copied in one step
+    (a copy made by C code, under the GIL) before they are looked at."""
+    riders = tuple(conn.riders.values()) if isinstance(conn, postgres.PgConnection) else ()
     return min((rider.since for rider in riders), default=None)
 
 
