@@ -309,9 +309,8 @@ class FileWrites:
         return self._fd >= 0
 
     def wait(self, timeout: float) -> None:
-        """Until the next write in the directory (or `timeout`), then forget what came. The
-        first wait after the watch began sleeps `poll` instead: a write just before it is not
-        in the watch's queue."""
+        """Until the next write in the directory (or `timeout`), then forget what came. Until
+        the directory exists and is watched, each wait tries to watch it and sleeps `poll`."""
         if self._fd < 0:
             self._watching()
             time.sleep(min(self.poll, timeout))
