@@ -126,7 +126,7 @@ def test_relay_refuses_a_concurrency_below_one(store: sqlite3.Connection) -> Non
         )
 
 
-class _WatchedWakeup(asyncio.Event):
+class _WatchedWakeup(relay.Wakeup):
     """Remembers whether it was already set each time the relay started waiting on it."""
 
     def __init__(self) -> None:

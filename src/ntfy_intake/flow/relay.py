@@ -15,7 +15,9 @@ each incident's claimed rows go out one after another, oldest due first. Claims 
 earlier attempts are still in flight; what finished is settled in one transaction per turn and
 the audit flushed once for it: at once when the turn also claimed, else once no release came
 within `FLUSH_GRACE` (a request released meanwhile is claimed first, so back-to-back alerts do
-not each wait behind the last one's audit flush).
+not each wait behind the last one's audit flush). A row the writer releases while the relay has
+room is leased to it in the release's own transaction and handed over once committed (`room`,
+`take`, outbox.ask_hand_off): its POST waits for no claim.
 
 `classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
 """
@@ -36,6 +38,7 @@ import structlog
 from ntfy_intake import __version__
 from ntfy_intake.flow import relay_outcome
 from ntfy_intake.flow.relay_outcome import Outcome, RelayStats, classify, retry_delay
+from ntfy_intake.flow.relay_wakeup import Wakeup
 from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
@@ -110,7 +113,7 @@ class Relay:
         self.signing_key = signing_key
         self.token = token
         self.unauthorized_streak = False
-        self.wakeup = asyncio.Event()
+        self.wakeup = Wakeup()
         self.stats = RelayStats()
         self.lease = timeout * 2 + 5.0
         self._timeout = {"timeout": httpx.Timeout(timeout).as_dict()}
@@ -150,8 +153,8 @@ class Relay:
                 # Taken before looking, not after: a row released while we look (the writer sets
                 # the wakeup from the event loop between our awaits) must not wait out the poll.
                 if self.wakeup.is_set():
+                    look = look or self.wakeup.look
                     self.wakeup.clear()
-                    look = True
                 # A turn (a claim, one settle transaction, one audit flush) when the lanes run dry
                 # or half the window waits to be settled: not one per delivery under load, and
                 # at once for a lone delivery.
@@ -181,7 +184,7 @@ class Relay:
                     wait = 1.0 if due is None else min(1.0, max(0.0, due - self.clock()))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
-                look = True
+                look = look or not self.wakeup.is_set()  # a due time, the poll; else as woken
         except BaseException:
             for task in self._tasks:  # a failure or a cancel: no attempt outlives the relay
                 task.cancel()
@@ -225,6 +228,24 @@ class Relay:
         if self._flush_owed and (claims or not defer_flush):
             await self._flush()  # the claims' POSTs are out already
         return claims
+
+    def room(self) -> outbox.HandOff | None:
+        """The rows a release may lease to this relay in its own transaction (the writer's, via
+        outbox.ask_hand_off): the window's free room while `run` runs, else none."""
+        if self._stop is None or self._stopping():
+            return None
+        free = self.window - len(self._held)
+        return outbox.HandOff(free, self.lease) if free > 0 else None
+
+    def take(self, claims: list[outbox.Claim]) -> None:
+        """Rows a release leased to this relay (`room`), committed: started as if claimed here,
+        with no claim's round trip before their POST. Once stopping they are put back with the
+        unstarted claims (`_settle_in_flight`), or by the next start's `release_leases`."""
+        self._dispatch(claims)
+
+    def wake(self) -> None:
+        """Rows may be due (a release it was not handed, a redrive): the next turn claims."""
+        self.wakeup.set()
 
     def _owe_flush(self) -> None:
         if not self._flush_owed:
@@ -290,7 +311,7 @@ class Relay:
                 queue.popleft()
                 self.after_post()
                 self._finished.append((claim, outcome))
-                self.wakeup.set()
+                self.wakeup.settle()
         finally:
             if not queue:
                 del self._lanes[lane_key]
@@ -299,7 +320,7 @@ class Relay:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self._failure is None:
             self._failure = task.exception()
-            self.wakeup.set()
+            self.wakeup.settle()
 
     def headers_for(self, claim: outbox.Claim, body: bytes) -> dict[str, str]:
         """This attempt's headers, signed now (a retry carries a fresh timestamp)."""

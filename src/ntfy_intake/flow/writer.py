@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import structlog
 
@@ -59,6 +60,17 @@ CURSOR_SAVE_EVERY = 1.0
 Frames = list[Event | Junk | Notice]
 
 
+class RelayDoor(Protocol):
+    """What the writer sees of the relay: the rows a release may lease to it in the release's
+    own transaction (outbox.ask_hand_off), handed over once committed, and a wake for the rest."""
+
+    def wake(self) -> None: ...
+
+    def room(self) -> outbox.HandOff | None: ...
+
+    def take(self, claims: list[outbox.Claim]) -> None: ...
+
+
 @dataclass(slots=True)
 class _BatchWrite:
     """One batch on its way to disk, and how far it got (see `Writer._write_batch`)."""
@@ -66,6 +78,7 @@ class _BatchWrite:
     frames: Frames
     now: float
     also: inbox.InTransaction | None
+    hand_off: outbox.HandOff | None = None
     result: inbox_batch.BatchResult | None = None
     next_release: float | None = None
     release_known: bool = False
@@ -99,7 +112,7 @@ class Writer:
         self._crash = crash
         self._relay_enabled = relay_enabled
         self._boot_id = boot_id
-        self._relay_wakeup: asyncio.Event | None = None
+        self._relay: RelayDoor | None = None
         self.subscribed = asyncio.Event()  # set when a subscription first opens
         self.cursor: Cursor | None = None  # the cursor last persisted
         self.next_release: float | None = None  # when the next debounce window closes
@@ -113,9 +126,10 @@ class Writer:
         self.cursor = cursor
         self.next_release = next_release
 
-    def wake_relay_with(self, wakeup: asyncio.Event) -> None:
-        """The relay runs now: wake it through `wakeup` when a request is released."""
-        self._relay_wakeup = wakeup
+    def wake_relay_with(self, relay: RelayDoor) -> None:
+        """The relay runs now: a release hands it the rows it has room for, and wakes it for the
+        rest (it claims them itself)."""
+        self._relay = relay
 
     # -- the loop: batches off the queue, in order ---------------------------------------------------
 
@@ -159,7 +173,8 @@ class Writer:
             item.frame if isinstance(item, intake.Received) else item for item in batch
         ]
         # The inbox transaction, then the audit line: one trip to the worker thread.
-        write = _BatchWrite(frames, self._clock(), also)
+        room = self._relay.room() if self._relay is not None else None
+        write = _BatchWrite(frames, self._clock(), also, room)
         await self._database.run(self._write_batch, write, asyncio.get_running_loop())
         result = write.result
         assert result is not None
@@ -207,14 +222,16 @@ class Writer:
                 feed_append=append_triage_entry,
                 also=write.also,
                 note_append=append_info_entry,
+                hand_off=write.hand_off,
             )
             # Committed: the owner queue has adopted the batch's cadence decisions already,
             # before the flush (which may queue a notice) decides on them.
             write.result = result
             self._crash.hit("after_inbox_commit")
-            if result.released and self._relay_wakeup is not None:
-                # The rows are durable: the relay queues for the lock while the audit is written.
-                loop.call_soon_threadsafe(self._relay_wakeup.set)
+            if result.released and self._relay is not None:
+                # The rows are durable: the handed ones go out while the audit is written, and
+                # the relay queues for the lock to claim the rest.
+                loop.call_soon_threadsafe(self._hand_over, result.released, result.handed)
         if write.result.recorded and not write.release_known:
             # Read in the batch's transaction when it could be (not one by one, after a value
             # broke the batch): no statement of its own then.
@@ -335,20 +352,31 @@ class Writer:
         """Debounce windows that closed with no new event: freeze and release their requests."""
         if self.next_release is None or self.next_release > self._clock():
             return
-        await self._database.run(self._release_due)
-        if self._relay_wakeup is not None:
-            self._relay_wakeup.set()
+        room = self._relay.room() if self._relay is not None else None
+        released, handed = await self._database.run(self._release_due, room)
+        if released:
+            self._hand_over(released, handed)
 
-    def _release_due(self) -> None:
+    def _release_due(self, room: outbox.HandOff | None) -> tuple[list[str], list[outbox.Claim]]:
         conn = self._database.conn
+        now = self._clock()
         with db.write_txn(conn):
-            outbox.release_due(
-                conn,
-                self._clock(),
-                relay_enabled=self._relay_enabled,
-                feed_append=append_triage_entry,
+            released = outbox.release_due(
+                conn, now, relay_enabled=self._relay_enabled, feed_append=append_triage_entry
             )
+            handed = outbox.ask_hand_off(conn, released, now, room)
         self.next_release = outbox.next_release_at(conn)
+        return released, handed()
+
+    def _hand_over(self, released: list[str], handed: list[outbox.Claim]) -> None:
+        """In the event loop, once the release committed: the relay starts what it was handed
+        and is woken to claim what it was not."""
+        if self._relay is None:
+            return
+        if handed:
+            self._relay.take(handed)
+        if len(handed) < len(released):
+            self._relay.wake()
 
 
 def _gap_notice(gap: intake.GapFound) -> Notice:

@@ -287,7 +287,7 @@ class Daemon:
             senders_stop = asyncio.Event()
             if self.settings.relay.url is not None:
                 self.relay = self._relay(client, self.settings.relay.url)
-                self.writer.wake_relay_with(self.relay.wakeup)
+                self.writer.wake_relay_with(self.relay)
                 tasks.start(self.relay.run(senders_stop), "relay")
             self.owner = self._owner_sender(client)
             self.journal.wake_owner_sender_with(self.owner.wakeup)
@@ -467,7 +467,7 @@ class Daemon:
             conn=lambda: self.conn,
             queue=self.owner_queue,
             flush=self.journal.flush,
-            wake_relay=lambda: self.relay.wakeup.set() if self.relay is not None else None,
+            wake_relay=lambda: self.relay.wake() if self.relay is not None else None,
             clock=self.clock,
         )
         cadence_now = lambda: (self.policy, self.owner_queue.view)  # noqa: E731

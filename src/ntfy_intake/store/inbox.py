@@ -51,12 +51,15 @@ def record_batch(
     before_commit: db.BeforeCommit | None = None,
     also: InTransaction | None = None,
     note_append: NoteAppend | None = None,
+    hand_off: outbox.HandOff | None = None,
 ) -> BatchResult:
     """Record a batch in one transaction. When a value in it breaks processing (the transaction
     rolled back, nothing recorded), the frames are recorded one transaction each instead, and
     the frame that still fails alone gets outcome `quarantined` with the error: no value read
     from ntfy can stop intake. Storage failures are not blamed on a value and propagate.
-    `also` runs once, in the batch's transaction, or after the last frame's when one by one."""
+    `also` runs once, in the batch's transaction, or after the last frame's when one by one.
+    `hand_off`: room the caller's relay has for released rows (outbox.ask_hand_off); the batch
+    only, never the one-by-one re-run (`BatchResult.handed`)."""
     record = functools.partial(
         _record_batch,
         conn,
@@ -68,12 +71,12 @@ def record_batch(
         note_append=note_append,
     )
     try:
-        return record(frames, also=also)
+        return record(frames, also=also, hand_off=hand_off)
     except Exception as exc:
         if not quarantine.blames_the_value(exc):
             raise
         log.warning("inbox.batch_failed_one_by_one", frames=len(frames), error=repr(exc))
-    total = _one_by_one(conn, frames, now, queue, record)
+    total = _one_by_one(conn, frames, now, queue, record)  # no hand-off: a fault's slow path
     if also is not None:
         with db.write_txn(conn, before_commit=before_commit):
             also(conn, total)
@@ -91,6 +94,7 @@ def _record_batch(
     before_commit: db.BeforeCommit | None = None,
     also: InTransaction | None = None,
     note_append: NoteAppend | None = None,
+    hand_off: outbox.HandOff | None = None,
 ) -> BatchResult:
     with db.write_txn(conn, before_commit=before_commit) as txn:
         batch = Batch(conn, now, queue.policy, queue.fork_for(txn))
@@ -112,9 +116,11 @@ def _record_batch(
         batch.result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
+        handed = outbox.ask_hand_off(conn, batch.result.released, now, hand_off)
         # Answered with the COMMIT's answer on PostgreSQL: no wait of its own after it.
         next_release = outbox.ask_next_release(conn) if batch.result.recorded else None
     batch.result.state = batch.work
+    batch.result.handed = handed()
     if next_release is not None:
         batch.result.next_release = next_release()
         batch.result.release_known = True

@@ -45,6 +45,8 @@ class BatchResult:
     conflicts: int = 0
     quarantined: int = 0
     released: list[str] = field(default_factory=list)
+    # Released rows leased to the caller's relay in the batch's transaction (outbox.ask_hand_off).
+    handed: list[outbox.Claim] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)  # cadence records written this batch
     # When the next debounce window closes, as the batch's transaction left the outbox (read
     # in it when it recorded something): `release_known` False when not read.

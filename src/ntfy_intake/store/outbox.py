@@ -256,6 +256,47 @@ def ask_lease(
     return lambda: claims
 
 
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """Room this process's relay has for rows a release frees (`ask_hand_off`): up to `limit`
+    of them leased to it in the release's own transaction, for `lease` seconds."""
+
+    limit: int
+    lease: float
+
+
+# A released row is leased in its release's transaction only when no other row of its incident
+# is pending or leased: the relay's order within an incident (oldest due first) then holds as if
+# it had claimed the row itself, with no claim's round trip between the release and the POST.
+_HAND_OFF_SQLITE = (
+    "UPDATE outbox SET state = 'leased', lease_until = :until, attempts = attempts + 1"
+    " WHERE delivery_key IN (SELECT value FROM json_each(:keys)) AND state = 'pending'"
+    "   AND NOT EXISTS (SELECT 1 FROM outbox AS other WHERE other.incident_key = outbox.incident_key"
+    "     AND other.delivery_key <> outbox.delivery_key AND other.state IN ('pending', 'leased'))"
+    " RETURNING delivery_key, payload, attempts, incident_key, due_at, created_at"
+)
+_HAND_OFF_PG = _HAND_OFF_SQLITE.replace("json_each(:keys)", _PG_KEYS.format(":keys"))
+
+
+def ask_hand_off(
+    conn: Connection, released: Sequence[str], now: float, room: HandOff | None
+) -> Callable[[], list[Claim]]:
+    """Inside the release's write transaction: lease up to `room.limit` of the `released` rows
+    to the caller's relay (see `_HAND_OFF_SQLITE`), its claims read by calling the result once
+    committed (PostgreSQL: with the COMMIT's answer). Nothing is asked without room or rows."""
+    keys = list(released[: room.limit]) if room is not None else []
+    if room is None or not keys:
+        return list
+    cursor = conn.execute(
+        dialect.pick(conn, sqlite=_HAND_OFF_SQLITE, postgresql=_HAND_OFF_PG),
+        {"until": now + room.lease, "keys": json.dumps(keys)},
+    )
+    if dialect.is_postgres(conn):
+        return lambda: _claims(cursor.fetchall())
+    claims = _claims(cursor.fetchall())
+    return lambda: claims
+
+
 def _claims(rows: list[Any]) -> list[Claim]:
     # RETURNING comes in no promised order: oldest due first (the relay keeps that order within
     # each incident), the key breaking ties.
