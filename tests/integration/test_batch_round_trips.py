@@ -21,9 +21,10 @@ pytestmark = pytest.mark.engines
 NOW = 1_764_470_100.0
 
 # A live event's batch on PostgreSQL: the known ids and sequences (with the transaction's
-# opening), the incidents they name, the release's keys, their payloads, and COMMIT; the feed's
-# entry is one INSERT whose answer comes with COMMIT (store/feed.py). Before: 21, then 7.
-LIVE_BATCH_WAITS = 5
+# opening), the incidents they name, the due requests with what their payloads are built from,
+# and COMMIT; the feed's entry is one INSERT whose answer comes with COMMIT (store/feed.py).
+# Before: 21, then 7, then 5 (the release's keys and their payloads were two waits).
+LIVE_BATCH_WAITS = 4
 
 
 def _delete(event_id: str, sequence: str, time: int) -> DeviceAction:
@@ -98,11 +99,13 @@ def test_requests_released_together_each_get_their_own_payload(store: db.Connect
         for i in range(count)
     ]
     inbox.record_batch(store, events, NOW, queue=queue, relay_enabled=True)
-    with db.write_txn(store):
+    with db.write_txn(store), answers_waited(store) as waited:
         released = outbox.release_due(
             store, NOW + 31, relay_enabled=True, feed_append=append_triage_entry
         )
     assert len(released) == count
+    if db.is_postgres(store):
+        assert waited[0] == 2  # one per read-ahead step; before: the keys first, then 2
     for key in released:
         (stored,) = store.execute(
             "SELECT payload FROM outbox WHERE delivery_key = ?", (key,)

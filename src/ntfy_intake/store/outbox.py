@@ -73,42 +73,98 @@ def release_due(
     conn: Connection, now: float, *, relay_enabled: bool, feed_append: FeedAppend | None
 ) -> list[str]:
     """Freeze the payload of every request whose window closed; call inside a write txn.
-    Payloads are read ahead, up to `_READ_AHEAD` at a time (their reads asked together: one
-    answer to wait for on PostgreSQL), before those requests are written: no write here changes
-    what another request's payload reads."""
-    keys = [
-        row[0]
-        for row in conn.execute(
-            "SELECT delivery_key FROM outbox WHERE state = 'collecting' AND due_at <= ?"
-            " ORDER BY due_at, delivery_key",
-            (now,),
-        )
-    ]
-    built: list[tuple[dict[str, Any], str, int]] = []
-    for index, key in enumerate(keys):
-        if index == len(built):
-            ahead = keys[index : index + _READ_AHEAD]
-            asked = [_ask_payload(conn, k) for k in ahead]
-            built += [_payload_from(k, *answers) for k, answers in zip(ahead, asked, strict=True)]
-        payload, summary, version = built[index]
-        conn.execute(
-            "UPDATE outbox SET state = ?, payload = ?, incident_version = ? WHERE delivery_key = ?",
-            (
-                "pending" if relay_enabled else "skipped",
-                json.dumps(payload, separators=(",", ":"), ensure_ascii=True),
-                version,
-                key,
-            ),
-        )
-        if feed_append is not None:
-            feed_append(conn, key, payload, summary, now)
-        # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
-        audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
-    return keys
+    Up to `_READ_AHEAD` due requests at a time, oldest due first, are read with everything their
+    payloads are built from (`_ask_due`: three reads asked together, one answer to wait for on
+    PostgreSQL), then written; no write here changes what another request's payload reads, and
+    a written request is no longer `collecting`, so the next read takes the ones after it."""
+    released: list[str] = []
+    while True:
+        due = _ask_due(conn, now)
+        for key, (payload, summary, version) in due:
+            conn.execute(
+                "UPDATE outbox SET state = ?, payload = ?, incident_version = ?"
+                " WHERE delivery_key = ?",
+                (
+                    "pending" if relay_enabled else "skipped",
+                    json.dumps(payload, separators=(",", ":"), ensure_ascii=True),
+                    version,
+                    key,
+                ),
+            )
+            if feed_append is not None:
+                feed_append(conn, key, payload, summary, now)
+            # The frozen payload is audited: the audit log can rebuild the request (rebuild.py).
+            audit.stage(conn, "release", now, delivery_key=key, summary=summary, payload=payload)
+            released.append(key)
+        if len(due) < _READ_AHEAD:
+            return released
 
 
-# Requests whose payload reads are asked at once (a backlog releases one per incident).
+# Requests read per release step (a backlog releases one per incident).
 _READ_AHEAD = 64
+
+Built = tuple[dict[str, Any], str, int]  # a payload, its one-line summary, the incident version
+
+# The due requests, oldest due first: each read below names them by this same subquery, so the
+# three agree on the set within the transaction.
+_DUE = (
+    "SELECT o.delivery_key FROM outbox o JOIN incidents i ON i.key = o.incident_key"
+    " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key LIMIT ?"
+)
+_HEAD = "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version"
+_HEADS_DUE = (
+    f"{_HEAD} FROM outbox o JOIN incidents i ON i.key = o.incident_key"
+    " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key LIMIT ?"
+)
+_EVENTS = (
+    "SELECT e.delivery_key, n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    " WHERE e.delivery_key IN ({}) ORDER BY n.time, n.seq"
+)
+# ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
+# agent, never a resolution: the request goes out all the same.
+_ACTIONS = (
+    "SELECT DISTINCT e.delivery_key, a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+    " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
+    " WHERE e.delivery_key IN ({}) AND a.event IN ('message_delete', 'message_clear')"
+    " ORDER BY a.time, a.seq"
+)
+
+
+def _ask_due(conn: Connection, now: float) -> list[tuple[str, Built]]:
+    """Up to `_READ_AHEAD` due requests with their payloads built, oldest due first."""
+    due = (now, _READ_AHEAD)
+    heads = conn.execute(_HEADS_DUE, due)
+    events = conn.execute(_EVENTS.format(_DUE), due)
+    actions = conn.execute(_ACTIONS.format(_DUE), due)
+    return _built(heads.fetchall(), events.fetchall(), actions.fetchall())
+
+
+def build_payload(conn: Connection, key: str) -> Built:
+    """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
+    heads = conn.execute(
+        f"{_HEAD} FROM outbox o JOIN incidents i ON i.key = o.incident_key"
+        " WHERE o.delivery_key = ?",
+        (key,),
+    )
+    events = conn.execute(_EVENTS.format("?"), (key,))
+    actions = conn.execute(_ACTIONS.format("?"), (key,))
+    [(_, built)] = _built(heads.fetchall(), events.fetchall(), actions.fetchall())
+    return built
+
+
+def _built(heads: list[Any], events: list[Any], actions: list[Any]) -> list[tuple[str, Built]]:
+    """Each head's payload from the rows read for it (rows of other heads' keys set aside)."""
+    raws: dict[str, list[str]] = {}
+    for key, raw in events:
+        raws.setdefault(key, []).append(raw)
+    seen: dict[str, list[Any]] = {}
+    for row in actions:
+        seen.setdefault(row[0], []).append(row[1:])
+    return [
+        (head[0], _payload_from(head, raws.get(head[0], []), seen.get(head[0], [])))
+        for head in heads
+    ]
 
 
 def event_view(frame: dict[str, Any]) -> dict[str, Any]:
@@ -128,42 +184,10 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def build_payload(conn: Connection, key: str) -> tuple[dict[str, Any], str, int]:
-    """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
-    return _payload_from(key, *_ask_payload(conn, key))
-
-
-def _ask_payload(conn: Connection, key: str) -> tuple[Cursor, Cursor, Cursor]:
-    """The three reads a payload is built from, asked (not yet read)."""
-    head = conn.execute(
-        "SELECT o.reason, i.key, i.severity, i.status, i.version"
-        " FROM outbox o JOIN incidents i ON i.key = o.incident_key WHERE o.delivery_key = ?",
-        (key,),
-    )
-    events = conn.execute(
-        "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
-        " WHERE e.delivery_key = ? ORDER BY n.time, n.seq",
-        (key,),
-    )
-    # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
-    # agent, never a resolution: the request goes out all the same.
-    actions = conn.execute(
-        "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
-        " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
-        " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
-        " WHERE e.delivery_key = ? AND a.event IN ('message_delete', 'message_clear')"
-        " ORDER BY a.time, a.seq",
-        (key,),
-    )
-    return head, events, actions
-
-
-def _payload_from(
-    key: str, head: Cursor, events_rows: Cursor, actions: Cursor
-) -> tuple[dict[str, Any], str, int]:
-    reason, incident_key, severity, status, version = head.fetchone()
+def _payload_from(head: Any, raws: list[str], actions: list[Any]) -> Built:
+    key, reason, incident_key, severity, status, version = head
     # The raw frame is kept as received; what reaches an agent obeys the decode rule.
-    events = [event_view(sanitize.valid_utf8(json.loads(raw))) for (raw,) in events_rows]
+    events = [event_view(sanitize.valid_utf8(json.loads(raw))) for raw in raws]
     device_actions = [
         {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
         for row in actions
