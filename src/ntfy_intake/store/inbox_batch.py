@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
 from ntfy_intake.store import audit, dialect, event_line, incident_rows, outbox
 from ntfy_intake.store.owner_queue import Record
-from ntfy_intake.store.transaction import Connection
+from ntfy_intake.store.transaction import Connection, Cursor
 from ntfy_intake.wire.frames import Event, Ignored, Junk, Message
 
 # An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
@@ -107,7 +107,7 @@ class Batch:
         self.result = BatchResult()
         self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
         self.touched: dict[str, incidents.IncidentState] = {}
-        # As the batch found them (None: not recorded yet), for every key prefetch_incidents read.
+        # As the batch found them (None: not recorded yet), for every key `prefetch` read.
         self.stored: dict[str, incidents.IncidentState | None] = {}
         self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
         self.collecting: dict[str, bool] = {}
@@ -124,9 +124,13 @@ class Batch:
         self.fold_ts = timestamps.parse_ts(self.ts_text)
 
     def prefetch(self, events: Sequence[Event]) -> None:
-        """What the batch reads before deciding: the ids already recorded and the incident of
-        every sequence the events name, asked together (one answer to wait for on PostgreSQL),
-        then every incident they name (`prefetch_incidents`)."""
+        """What the batch reads before deciding, asked together (one answer to wait for on
+        PostgreSQL): the ids already recorded, the incident of every sequence the events name,
+        and every incident the messages' signals name (a backlog repeats a few incidents: one
+        lookup each per batch, not per event). Which events are duplicates is not known when
+        their incidents are asked: a duplicate's key is read too, at no other cost. An earlier
+        message of a sequence may name an incident no signal does (an update that changed its
+        title): those few are read after, in a wait of their own."""
         ids = [e.id for e in events]
         known = [
             self.conn.execute(
@@ -149,37 +153,38 @@ class Batch:
             )
             for chunk in _chunks(wanted)
         ]
+        messages = [e for e in events if isinstance(e, Message)]
+        for message in messages:
+            if message.id not in self.signals:
+                self.signals[message.id] = incidents.signal_of(message)
+        named = self._ask_incidents({signal.key for signal in self.signals.values()})
         for cursor in known:
             self.known.update(cursor.fetchall())
         for cursor in sequences:
             for topic, sequence, key in cursor:
                 self.sequences.setdefault((topic, sequence), key)
-        self.prefetch_incidents(events)
+        self._take_incidents(named)
+        for event_id in self.known:  # duplicates and conflicts: `seen` skips them
+            self.signals.pop(event_id, None)
+        joined = {
+            key
+            for message in messages
+            if message.id in self.signals
+            and (key := self.sequences.get((message.topic, message.sequence))) is not None
+        }
+        self._take_incidents(self._ask_incidents(joined - self.stored.keys()))
 
-    def prefetch_incidents(self, events: Sequence[Event]) -> None:
-        """The signal of each message this batch will record, and every incident they name, in
-        one query (a backlog repeats a few incidents: one lookup each per batch, not per event).
-        Duplicates and conflicts are skipped as `seen` will skip them."""
-        ids = set(self.known)
-        keys: set[str] = set()
-        for event in events:
-            if event.id in ids:
-                continue
-            ids.add(event.id)
-            if isinstance(event, Message):
-                signal = incidents.signal_of(event)
-                self.signals[event.id] = signal
-                keys.add(signal.key)
-                joined = self.sequences.get((event.topic, event.sequence))
-                if joined is not None:
-                    keys.add(joined)
+    def _ask_incidents(self, keys: set[str]) -> list[Cursor]:
+        """The incidents `keys` name, asked (not yet read); each key marked as looked up."""
         wanted = sorted(keys)
         self.stored.update(dict.fromkeys(wanted))
-        found = [
+        return [
             self.conn.execute(f"{incident_rows.SELECT} WHERE key IN ({_marks(chunk)})", chunk)
             for chunk in _chunks(wanted)
         ]
-        for cursor in found:
+
+    def _take_incidents(self, asked: list[Cursor]) -> None:
+        for cursor in asked:
             for row in cursor:
                 self.stored[row[0]] = incident_rows.from_row(row)
 
@@ -296,7 +301,7 @@ class Batch:
     def _stored_incident(self, key: str) -> incidents.IncidentState | None:
         if key in self.stored:
             return self.stored[key]
-        return incident_rows.load(self.conn, key)  # a key prefetch_incidents did not foresee
+        return incident_rows.load(self.conn, key)  # a key `prefetch` did not foresee
 
     def write(self) -> None:
         """The rows gathered in memory, before anything reads them back (release_due does)."""
