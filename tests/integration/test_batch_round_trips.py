@@ -6,11 +6,12 @@ payloads of requests released together read ahead, the next release time answere
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from ntfy_intake.flow.pipeline import append_triage_entry
-from ntfy_intake.store import db, inbox, outbox
+from ntfy_intake.store import db, inbox, inbox_batch, outbox
 from ntfy_intake.wire.frames import DeviceAction, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
@@ -142,3 +143,46 @@ def test_requests_released_together_each_get_their_own_payload(store: db.Connect
         json.loads(p)["events"][0]["title"] for (p,) in store.execute("SELECT payload FROM outbox")
     }
     assert titles == {f"incident {i}" for i in range(count)}
+
+
+def test_a_batch_of_duplicates_reads_no_incident(
+    store: db.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart's overlap backfill is mostly duplicates: asking their incidents before knowing
+    they are duplicates (as a live batch does) doubled such a batch's time on PostgreSQL."""
+    queue = owner_queue()
+    events = [make_message(f"dup{i:09d}", title=f"probe {i}") for i in range(40)]
+    inbox.record_batch(store, events, NOW, queue=queue, relay_enabled=True)
+    asked: list[set[str]] = []
+    original = inbox_batch.Batch._ask_incidents
+
+    def spy(batch: inbox_batch.Batch, keys: set[str]) -> Any:
+        asked.append(set(keys))
+        return original(batch, keys)
+
+    monkeypatch.setattr(inbox_batch.Batch, "_ask_incidents", spy)
+    result = inbox.record_batch(store, events, NOW + 1, queue=queue, relay_enabled=True)
+    assert result.duplicates == 40
+    assert set().union(*asked) == set()
+
+
+def test_due_requests_are_read_on_their_indexes_before_the_tables_are_analyzed(
+    store: db.Connection,
+) -> None:
+    """PostgreSQL's release read (one statement): a plan joining the whole inbox and every
+    request's events (a hash join over seq scans, what a planner without statistics chose for
+    an IN over the due requests) read 20k rows per live release on a big inbox."""
+    if not db.is_postgres(store):
+        pytest.skip("the plan of PostgreSQL's one-statement release read")
+    events = [make_message(f"big{i:09d}", title=f"probe {i}") for i in range(2000)]
+    for start in range(0, len(events), 500):
+        chunk = events[start : start + 500]
+        inbox.record_batch(store, chunk, NOW, queue=owner_queue(), relay_enabled=True)
+    collecting = make_message("collect00001", title="collecting")
+    inbox.record_batch(
+        store, [collecting], NOW, queue=owner_queue(debounce=60.0), relay_enabled=True
+    )
+    plan = "\n".join(
+        row[0] for row in store.execute("EXPLAIN " + outbox._DUE_PG, (NOW + 61, 64)).fetchall()
+    )
+    assert "Seq Scan on inbox" not in plan and "Seq Scan on outbox_events" not in plan, plan

@@ -13,7 +13,7 @@ delete/clears a batch's messages name is one statement that nothing waits for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
@@ -35,6 +35,12 @@ class Candidate:
     event_id: str
     message_time: int
     cached: bool
+
+
+# A batch of at most this many messages (a live one) asks its incidents with its first reads;
+# a larger one (a backfill's overlap, a replay: mostly duplicates on a restart) once it knows
+# which of its events are new, so a duplicate costs no incident read (`Batch.prefetch`).
+SPECULATE_AT_MOST = 8
 
 
 @dataclass(slots=True)
@@ -124,13 +130,13 @@ class Batch:
         self.fold_ts = timestamps.parse_ts(self.ts_text)
 
     def prefetch(self, events: Sequence[Event]) -> None:
-        """What the batch reads before deciding, asked together (one answer to wait for on
-        PostgreSQL): the ids already recorded, the incident of every sequence the events name,
-        and every incident the messages' signals name (a backlog repeats a few incidents: one
-        lookup each per batch, not per event). Which events are duplicates is not known when
-        their incidents are asked: a duplicate's key is read too, at no other cost. An earlier
-        message of a sequence may name an incident no signal does (an update that changed its
-        title): those few are read after, in a wait of their own."""
+        """What the batch reads before deciding: the ids already recorded and the incident of
+        every sequence the events name, asked together (one answer to wait for on PostgreSQL),
+        then every incident the messages name (a backlog repeats a few incidents: one lookup
+        each per batch, not per event). A batch of at most `SPECULATE_AT_MOST` messages (a live
+        one) asks its signals' incidents with the first reads, before it knows which of them
+        are duplicates: one wait fewer. Then only what those did not foresee is asked: the
+        incident an earlier message of a sequence names (an update that changed its title)."""
         ids = [e.id for e in events]
         known = [
             self.conn.execute(
@@ -154,9 +160,9 @@ class Batch:
             for chunk in _chunks(wanted)
         ]
         messages = [e for e in events if isinstance(e, Message)]
-        for message in messages:
-            if message.id not in self.signals:
-                self.signals[message.id] = incidents.signal_of(message)
+        speculate = len(messages) <= SPECULATE_AT_MOST
+        if speculate:
+            self._sign(messages)
         named = self._ask_incidents({signal.key for signal in self.signals.values()})
         for cursor in known:
             self.known.update(cursor.fetchall())
@@ -166,13 +172,20 @@ class Batch:
         self._take_incidents(named)
         for event_id in self.known:  # duplicates and conflicts: `seen` skips them
             self.signals.pop(event_id, None)
-        joined = {
-            key
-            for message in messages
-            if message.id in self.signals
-            and (key := self.sequences.get((message.topic, message.sequence))) is not None
-        }
-        self._take_incidents(self._ask_incidents(joined - self.stored.keys()))
+        if not speculate:
+            self._sign(m for m in messages if m.id not in self.known)
+        keys = {signal.key for signal in self.signals.values()}
+        for message in messages:
+            joined = self.sequences.get((message.topic, message.sequence))
+            if joined is not None and message.id in self.signals:
+                keys.add(joined)
+        self._take_incidents(self._ask_incidents(keys - self.stored.keys()))
+
+    def _sign(self, messages: Iterable[Message]) -> None:
+        """The signal of each message, by id (a repeated id: its first)."""
+        for message in messages:
+            if message.id not in self.signals:
+                self.signals[message.id] = incidents.signal_of(message)
 
     def _ask_incidents(self, keys: set[str]) -> list[Cursor]:
         """The incidents `keys` name, asked (not yet read); each key marked as looked up."""

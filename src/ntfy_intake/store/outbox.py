@@ -105,66 +105,57 @@ _READ_AHEAD = 64
 
 Built = tuple[dict[str, Any], str, int]  # a payload, its one-line summary, the incident version
 
-# The due requests, oldest due first: each read below names them by this same subquery, so the
-# three agree on the set within the transaction.
-_DUE = (
-    "SELECT o.delivery_key FROM outbox o JOIN incidents i ON i.key = o.incident_key"
-    " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key LIMIT ?"
+_HEAD = (
+    "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version"
+    " FROM outbox o LEFT JOIN incidents i ON i.key = o.incident_key"
 )
-_HEAD = "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version"
-_HEADS_DUE = (
-    f"{_HEAD} FROM outbox o JOIN incidents i ON i.key = o.incident_key"
-    " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key LIMIT ?"
-)
+_DUE_ORDER = " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key"
 _EVENTS = (
-    "SELECT e.delivery_key, n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
-    " WHERE e.delivery_key IN ({}) ORDER BY n.time, n.seq"
+    "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    " WHERE e.delivery_key = {} ORDER BY n.time, n.seq"
 )
 # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
 # agent, never a resolution: the request goes out all the same.
-_ACTIONS = (
-    "SELECT DISTINCT e.delivery_key, a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
+_ACTION_ROWS = (
+    "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
     " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
-    " WHERE e.delivery_key IN ({}) AND a.event IN ('message_delete', 'message_clear')"
-    " ORDER BY a.time, a.seq"
+    " WHERE e.delivery_key = {} AND a.event IN ('message_delete', 'message_clear')"
+)
+_ACTIONS = f"{_ACTION_ROWS} ORDER BY a.time, a.seq"
+# PostgreSQL: the due requests and what their payloads are built from in ONE statement, so one
+# answer to wait for. The per-request reads are scalar subqueries of the outer row (run per row
+# on their indexes, whatever the planner knows of the tables' sizes), their rows in JSON arrays.
+_DUE_PG = (
+    "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version,"
+    " (SELECT json_agg(n.raw ORDER BY n.time, n.seq)"
+    "   FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    "   WHERE e.delivery_key = o.delivery_key),"
+    " (SELECT json_agg(json_build_array(d.event_id, d.event, d.sequence_id, d.topic, d.time)"
+    f"   ORDER BY d.time, d.seq) FROM ({_ACTION_ROWS.format('o.delivery_key')}) d)"
+    " FROM outbox o LEFT JOIN incidents i ON i.key = o.incident_key"
+    f"{_DUE_ORDER} LIMIT ?"
 )
 
 
 def _ask_due(conn: Connection, now: float) -> list[tuple[str, Built]]:
-    """Up to `_READ_AHEAD` due requests with their payloads built, oldest due first."""
-    due = (now, _READ_AHEAD)
-    heads = conn.execute(_HEADS_DUE, due)
-    events = conn.execute(_EVENTS.format(_DUE), due)
-    actions = conn.execute(_ACTIONS.format(_DUE), due)
-    return _built(heads.fetchall(), events.fetchall(), actions.fetchall())
+    """Up to `_READ_AHEAD` due requests, oldest due first, with their payloads built: on
+    PostgreSQL from one statement (`_DUE_PG`), on SQLite (no round trips) as `build_payload`."""
+    if dialect.is_postgres(conn):
+        rows = conn.execute(_DUE_PG, (now, _READ_AHEAD)).fetchall()
+        return [(row[0], _payload_from(row[:6], row[6] or [], row[7] or [])) for row in rows]
+    keys = conn.execute(
+        f"SELECT o.delivery_key FROM outbox o{_DUE_ORDER} LIMIT ?", (now, _READ_AHEAD)
+    )
+    return [(key, build_payload(conn, key)) for (key,) in keys.fetchall()]
 
 
 def build_payload(conn: Connection, key: str) -> Built:
     """The relay body (DESIGN.md section 5), a one-line summary for wake lines, the version."""
-    heads = conn.execute(
-        f"{_HEAD} FROM outbox o JOIN incidents i ON i.key = o.incident_key"
-        " WHERE o.delivery_key = ?",
-        (key,),
-    )
+    head = conn.execute(f"{_HEAD} WHERE o.delivery_key = ?", (key,))
     events = conn.execute(_EVENTS.format("?"), (key,))
     actions = conn.execute(_ACTIONS.format("?"), (key,))
-    [(_, built)] = _built(heads.fetchall(), events.fetchall(), actions.fetchall())
-    return built
-
-
-def _built(heads: list[Any], events: list[Any], actions: list[Any]) -> list[tuple[str, Built]]:
-    """Each head's payload from the rows read for it (rows of other heads' keys set aside)."""
-    raws: dict[str, list[str]] = {}
-    for key, raw in events:
-        raws.setdefault(key, []).append(raw)
-    seen: dict[str, list[Any]] = {}
-    for row in actions:
-        seen.setdefault(row[0], []).append(row[1:])
-    return [
-        (head[0], _payload_from(head, raws.get(head[0], []), seen.get(head[0], [])))
-        for head in heads
-    ]
+    return _payload_from(head.fetchone(), [raw for (raw,) in events], actions.fetchall())
 
 
 def event_view(frame: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +177,8 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
 
 def _payload_from(head: Any, raws: list[str], actions: list[Any]) -> Built:
     key, reason, incident_key, severity, status, version = head
+    if incident_key is None:  # written in one transaction with its request: never, unless edited
+        raise LookupError(f"triage request {key} names no recorded incident")
     # The raw frame is kept as received; what reaches an agent obeys the decode rule.
     events = [event_view(sanitize.valid_utf8(json.loads(raw))) for raw in raws]
     device_actions = [
