@@ -8,6 +8,9 @@ placeholders are the same text on both (postgres.translate rewrites them).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from ntfy_intake.store import postgres
 from ntfy_intake.store.transaction import Connection
 
@@ -18,3 +21,11 @@ def is_postgres(conn: Connection) -> bool:
 
 def pick(conn: Connection, *, sqlite: str, postgresql: str) -> str:
     return postgresql if isinstance(conn, postgres.PgConnection) else sqlite
+
+
+def one_of(conn: Connection, column: str, values: Sequence[str]) -> tuple[str, object]:
+    """`column` is one of `values`, as a condition on ONE parameter, and that parameter: a
+    text array for PostgreSQL's `= ANY`, a JSON array for SQLite's `json_each`."""
+    if isinstance(conn, postgres.PgConnection):
+        return f"{column} = ANY(?)", list(values)
+    return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(list(values))

@@ -137,13 +137,9 @@ class Batch:
         one) asks its signals' incidents with the first reads, before it knows which of them
         are duplicates: one wait fewer. Then only what those did not foresee is asked: the
         incident an earlier message of a sequence names (an update that changed its title)."""
-        ids = [e.id for e in events]
-        known = [
-            self.conn.execute(
-                f"SELECT event_id, raw_sha256 FROM inbox WHERE event_id IN ({_marks(chunk)})", chunk
-            )
-            for chunk in _chunks(ids)
-        ]
+        known = self._ask(
+            "SELECT event_id, raw_sha256 FROM inbox WHERE {}", "event_id", [e.id for e in events]
+        )
         wanted = sorted(
             {
                 e.sequence if isinstance(e, Message) else e.sequence_id
@@ -151,14 +147,12 @@ class Batch:
                 if not isinstance(e, Ignored)
             }
         )
-        sequences = [
-            self.conn.execute(
-                "SELECT topic, sequence_id, incident_key FROM inbox"
-                f" WHERE sequence_id IN ({_marks(chunk)}) AND event = 'message' ORDER BY seq",
-                chunk,
-            )
-            for chunk in _chunks(wanted)
-        ]
+        sequences = self._ask(
+            "SELECT topic, sequence_id, incident_key FROM inbox"
+            " WHERE {} AND event = 'message' ORDER BY seq",
+            "sequence_id",
+            wanted,
+        )
         messages = [e for e in events if isinstance(e, Message)]
         speculate = len(messages) <= SPECULATE_AT_MOST
         if speculate:
@@ -191,10 +185,16 @@ class Batch:
         """The incidents `keys` name, asked (not yet read); each key marked as looked up."""
         wanted = sorted(keys)
         self.stored.update(dict.fromkeys(wanted))
-        return [
-            self.conn.execute(f"{incident_rows.SELECT} WHERE key IN ({_marks(chunk)})", chunk)
-            for chunk in _chunks(wanted)
-        ]
+        return self._ask(f"{incident_rows.SELECT} WHERE {{}}", "key", wanted)
+
+    def _ask(self, select: str, column: str, values: list[str]) -> list[Cursor]:
+        """`select`'s rows where `column` is one of `values`, asked (none when there are none).
+        The values are one parameter (dialect.one_of): the statement's text is the same for
+        any batch, so the driver and the server parse and plan it once, not per batch size."""
+        if not values:
+            return []
+        where, parameter = dialect.one_of(self.conn, column, values)
+        return [self.conn.execute(select.format(where), (parameter,))]
 
     def _take_incidents(self, asked: list[Cursor]) -> None:
         for cursor in asked:
@@ -356,12 +356,3 @@ class Batch:
                 sha256=junk.raw_sha256,
             )
             self.result.quarantined += 1
-
-
-def _chunks(values: list[str]) -> list[list[str]]:
-    """At most 500 values per `IN (...)` (SQLite's limit on host parameters is far above)."""
-    return [values[start : start + 500] for start in range(0, len(values), 500)]
-
-
-def _marks(chunk: list[str]) -> str:
-    return ",".join("?" * len(chunk))
