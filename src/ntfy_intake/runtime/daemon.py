@@ -6,15 +6,15 @@ the writer (flow/writer.py: frame -> inbox transaction -> audit line -> cursor),
 (vitals.py: liveness, systemd, health, metrics) and the supervisor (supervisor.py: the tasks and
 the drain). The state they share is small named objects made here (intake's health, the counters,
 the heartbeat, the storage waits, the degraded reasons), given to those who read or change them.
-`recover` does local recovery before READY (recovery.py); `run` starts the tasks (intake, the
-writer, the ticker, the relay, the owner sender, systemd, the HTTP surface, the dead-man's
-switch, retention on a schedule), supervises them, and drains on SIGTERM.
+`recover` does local recovery before READY (recovery.py); `run` starts the tasks (intake, writer,
+ticker, relay, owner sender, systemd, HTTP, dead-man's switch, retention), supervises, drains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import time
 import uuid
 from collections.abc import Callable
@@ -248,9 +248,8 @@ class Daemon:
     # -- the tasks and their supervision -------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        # The event loop and the database thread take turns on the GIL. A thread that wants it
-        # back (an fsync returned) waits up to the switch interval while the other runs Python
-        # (httpx reading a reply): 5 ms by default, which is a live event's whole budget.
+        # The event loop and the database thread take turns on the GIL: a thread wanting it back
+        # (an fsync returned) waited up to the default switch interval, 5 ms, a live event's all.
         with switches.fast():
             await self._run(stop)
 
@@ -459,7 +458,9 @@ class Daemon:
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
         await supervisor.after_subscribing(self.writer.subscribed, self.queue)
-        # starlette, uvicorn and jinja2: imported after intake is running
+        # starlette, uvicorn, jinja2: once intake runs, in a thread (~300 ms held the loop's frames)
+        for name in ("http_api", "console"):
+            await asyncio.to_thread(importlib.import_module, f"ntfy_intake.surfaces.{name}")
         from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
 
         actions = console.Actions(
