@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import AuditCounter, daemon, daemon_env, ms, percentile
-from bench_latency import probe
+from bench_latency import probe, warm_up
 from ntfy_intake.store import audit
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
-WARMUP = 20
 STEP_TIMEOUT_S = 10.0
 
 
@@ -116,7 +115,13 @@ def live(workdir: Path, n: int, poll: float, *, settled: bool = False) -> Run:
         emu.wait_for_subscribers(1, timeout=30)
         counter = AuditCounter(state / "audit")
         deliveries = DeliveryCounter(state / "audit")
-        for i in range(WARMUP + n):
+
+        def warming(i: int) -> float:
+            began, _, got = probe(emu, counter, arrived, run.received, i, "live probe", poll=poll)
+            return got - began
+
+        sent, _ = warm_up(counter, warming)
+        for i in range(sent, sent + n):
             if settled:
                 deadline = time.monotonic() + STEP_TIMEOUT_S
                 while deliveries.poll() < i:
@@ -128,9 +133,8 @@ def live(workdir: Path, n: int, poll: float, *, settled: bool = False) -> Run:
                 emu, counter, arrived, run.received, i, "live probe", poll=poll, ids=ids
             )
             event_id = ids[0]
-            if i >= WARMUP:
-                run.published[event_id] = began
-                run.recorded[event_id] = seen
+            run.published[event_id] = began
+            run.recorded[event_id] = seen
     run.floor = durable_floor(workdir, n)
     return run
 

@@ -5,7 +5,9 @@ a time, each a new incident, the in-thread emulator and reference receiver), onc
 on SQLite and once on PostgreSQL (a fresh schema on the server `NTFY_INTAKE_BENCH_DATABASE` or
 `NTFY_INTAKE_TEST_DATABASE` names), `--rounds` times, alternating, so both see the same machine.
 Prints each run's publish -> received and publish -> durably recorded p50 / p99, the relay's
-share, and the load average when each run ended.
+share, the worst publish -> received of the warm-up after its first 20 events (until the
+start-up overlap backfill is recorded: `bench_latency.warm_up`), and the load average when each
+run ended.
 
 Run alone: NTFY_INTAKE_TEST_DATABASE=postgresql://... uv run python bench/bench_live_engines.py
 [--rounds 3] [--events 300]
@@ -33,6 +35,8 @@ def one_run(work: Path, events: int, dsn: str | None) -> dict[str, float]:
         "rec99": percentile(result.recorded, 99),
         "share50": percentile(share, 50),
         "share99": percentile(share, 99),
+        "startup_max": max(result.startup, default=0.0),
+        "startup_n": len(result.startup),
         "load": os.getloadavg()[0],
     }
 
@@ -48,8 +52,9 @@ def main() -> None:
     lines = [
         f"live latency, n={args.events} per run, engines alternating",
         "",
-        "| run | engine | received p50 / p99 | recorded p50 / p99 | relay's share p50 / p99 | load |",
-        "|---|---|---|---|---|---|",
+        "| run | engine | received p50 / p99 | recorded p50 / p99 | relay's share p50 / p99"
+        " | start-up max (n) | load |",
+        "|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory(prefix="bench-live-engines-") as tmp:
         for number in range(1, args.rounds + 1):
@@ -64,7 +69,8 @@ def main() -> None:
                 lines.append(
                     f"| {number} | {engine} | {ms(run['rx50'])} / {ms(run['rx99'])} |"
                     f" {ms(run['rec50'])} / {ms(run['rec99'])} |"
-                    f" {ms(run['share50'])} / {ms(run['share99'])} | {run['load']:.2f} |"
+                    f" {ms(run['share50'])} / {ms(run['share99'])} |"
+                    f" {ms(run['startup_max'])} ({run['startup_n']:.0f}) | {run['load']:.2f} |"
                 )
                 print(lines[-1], flush=True)
     print("\n".join(lines))
