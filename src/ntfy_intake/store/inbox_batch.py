@@ -156,7 +156,7 @@ class Batch:
         messages = [e for e in events if isinstance(e, Message)]
         speculate = len(messages) <= SPECULATE_AT_MOST
         if speculate:
-            self._sign(messages)
+            self._sign(messages, ahead=True)
         named = self._ask_incidents({signal.key for signal in self.signals.values()})
         for cursor in known:
             self.known.update(cursor.fetchall())
@@ -175,11 +175,18 @@ class Batch:
                 keys.add(joined)
         self._take_incidents(self._ask_incidents(keys - self.stored.keys()))
 
-    def _sign(self, messages: Iterable[Message]) -> None:
-        """The signal of each message, by id (a repeated id: its first)."""
+    def _sign(self, messages: Iterable[Message], *, ahead: bool = False) -> None:
+        """The signal of each message, by id (a repeated id: its first). `ahead`: before the
+        duplicates are known, so a value that breaks `signal_of` is left for `message` to meet
+        (a duplicate never does, as before: it must not fail the batch)."""
         for message in messages:
-            if message.id not in self.signals:
+            if message.id in self.signals:
+                continue
+            try:
                 self.signals[message.id] = incidents.signal_of(message)
+            except Exception:
+                if not ahead:
+                    raise
 
     def _ask_incidents(self, keys: set[str]) -> list[Cursor]:
         """The incidents `keys` name, asked (not yet read); each key marked as looked up."""
