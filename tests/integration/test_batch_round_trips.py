@@ -219,3 +219,19 @@ def test_a_batch_larger_than_any_parameter_limit_records_and_repeats_whole(
     first = inbox.record_batch(store, events, NOW, queue=queue, relay_enabled=True)
     again = inbox.record_batch(store, events, NOW + 1, queue=queue, relay_enabled=True)
     assert (first.recorded, again.duplicates) == (1200, 1200)
+
+
+def test_an_incident_whose_key_holds_a_nul_is_found_by_its_next_event(
+    store: db.Connection,
+) -> None:
+    """A title with a NUL names an incident whose key holds it. SQLite's json_each cut the
+    looked-up key at the NUL, and PostgreSQL stores it as U+FFFD and answered under that key:
+    either way the batch took a known incident for a new one and wrote over its count."""
+    queue = owner_queue()
+    for n in range(3):
+        line = {"id": f"nultitle{n:04d}", "time": 1_764_470_000 + n, "event": "message"}
+        line |= {"topic": "alerts", "title": "disk\u0000full", "message": f"event {n}"}
+        frame = decode_line(json.dumps(line).encode(), TOPICS)
+        inbox.record_batch(store, [frame], NOW + n, queue=queue, relay_enabled=True)
+    (events,) = store.execute("SELECT events FROM incidents").fetchone()
+    assert events == 3

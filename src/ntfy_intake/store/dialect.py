@@ -8,7 +8,6 @@ placeholders are the same text on both (postgres.translate rewrites them).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from ntfy_intake.store import postgres
@@ -23,9 +22,22 @@ def pick(conn: Connection, *, sqlite: str, postgresql: str) -> str:
     return postgresql if isinstance(conn, postgres.PgConnection) else sqlite
 
 
-def one_of(conn: Connection, column: str, values: Sequence[str]) -> tuple[str, object]:
-    """`column` is one of `values`, as a condition on ONE parameter, and that parameter: a
-    text array for PostgreSQL's `= ANY`, a JSON array for SQLite's `json_each`."""
+def one_of(
+    conn: Connection, column: str, values: Sequence[str]
+) -> list[tuple[str, Sequence[object]]]:
+    """`column` is one of `values`: the conditions, each with its parameters, that together
+    name them all (none for no values). PostgreSQL: one condition, the values ONE array parameter (`= ANY`), so its
+    text is the same for any number of them (psycopg caches no statement text over 4 KB, and the
+    server plans each text anew). SQLite: a placeholder per value, at most 500 per condition
+    (its statements are cheap to parse; a JSON array for json_each would cut a value at a NUL)."""
+    if not values:
+        return []  # nothing to name: no statement at all
     if isinstance(conn, postgres.PgConnection):
-        return f"{column} = ANY(?)", list(values)
-    return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(list(values))
+        return [(f"{column} = ANY(?)", (list(values),))]
+    chunks = [values[start : start + 500] for start in range(0, len(values), 500)]
+    return [(f"{column} IN ({','.join('?' * len(chunk))})", tuple(chunk)) for chunk in chunks]
+
+
+def stored_text(conn: Connection, value: str) -> str:
+    """`value` as the engine stores and answers it (PostgreSQL: NUL as U+FFFD, postgres._text)."""
+    return postgres.stored_text(value) if isinstance(conn, postgres.PgConnection) else value

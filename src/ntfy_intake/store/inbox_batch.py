@@ -188,25 +188,28 @@ class Batch:
                 if not ahead:
                     raise
 
-    def _ask_incidents(self, keys: set[str]) -> list[Cursor]:
-        """The incidents `keys` name, asked (not yet read); each key marked as looked up."""
+    def _ask_incidents(self, keys: set[str]) -> tuple[list[Cursor], dict[str, str]]:
+        """The incidents `keys` name, asked (not yet read), each key marked as looked up; and
+        each key by the form its row answers under (dialect.stored_text: a NUL as U+FFFD on
+        PostgreSQL), so the row is kept under the key the batch asks by."""
         wanted = sorted(keys)
         self.stored.update(dict.fromkeys(wanted))
-        return self._ask(f"{incident_rows.SELECT} WHERE {{}}", "key", wanted)
+        asked = self._ask(f"{incident_rows.SELECT} WHERE {{}}", "key", wanted)
+        return asked, {dialect.stored_text(self.conn, key): key for key in wanted}
 
     def _ask(self, select: str, column: str, values: list[str]) -> list[Cursor]:
-        """`select`'s rows where `column` is one of `values`, asked (none when there are none).
-        The values are one parameter (dialect.one_of): the statement's text is the same for
-        any batch, so the driver and the server parse and plan it once, not per batch size."""
-        if not values:
-            return []
-        where, parameter = dialect.one_of(self.conn, column, values)
-        return [self.conn.execute(select.format(where), (parameter,))]
+        """`select`'s rows where `column` is one of `values`, asked (none when there are none;
+        dialect.one_of: on PostgreSQL one statement text whatever the number of values)."""
+        return [
+            self.conn.execute(select.format(where), parameters)
+            for where, parameters in dialect.one_of(self.conn, column, values)
+        ]
 
-    def _take_incidents(self, asked: list[Cursor]) -> None:
-        for cursor in asked:
+    def _take_incidents(self, asked: tuple[list[Cursor], dict[str, str]]) -> None:
+        cursors, by_stored = asked
+        for cursor in cursors:
             for row in cursor:
-                self.stored[row[0]] = incident_rows.from_row(row)
+                self.stored[by_stored.get(row[0], row[0])] = incident_rows.from_row(row)
 
     def seen(self, index: int, event: Event) -> bool:
         """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""

@@ -411,12 +411,17 @@ def _params(params: Sequence[Any] | Mapping[str, Any]) -> Any:
     return params
 
 
+def stored_text(value: str) -> str:
+    """What a text value reads back as once stored (`_text`)."""
+    return value.replace("\x00", "\ufffd")
+
+
 def _text(value: Any) -> Any:
     """PostgreSQL text cannot hold NUL: it is stored as U+FFFD, the way the daemon already stores
     bytes that are not text (a base64 body, a junk frame). Lookups map the same way, so a key
     with a NUL still finds its row; the audit log keeps the original."""
     if isinstance(value, str) and "\x00" in value:
-        return value.replace("\x00", "\ufffd")
+        return stored_text(value)
     if isinstance(value, list):  # an array parameter: its strings alike
         return [_text(item) for item in value]
     return value
