@@ -24,6 +24,8 @@ from ntfy_intake.store import audit, db, inbox, outbox
 
 from ..conftest import make_message, owner_queue
 from ..harness import engine_fault, settings_for
+from .test_relay_concurrency import _pending
+from .test_relay_round_trips import _relay as relay_under_test
 
 pytestmark = pytest.mark.engines
 
@@ -42,14 +44,6 @@ def _rows(conn: db.Connection) -> list[tuple[Any, ...]]:
         "SELECT delivery_key, state, attempts, lease_until FROM outbox ORDER BY delivery_key"
     ).fetchall()
     return [tuple(row) for row in rows]
-
-
-def _pending(conn: db.Connection, key: str, incident: str) -> None:
-    with db.write_txn(conn):
-        outbox.create(conn, key, incident, "new_incident", 0.0, 1.0)
-        conn.execute(
-            "UPDATE outbox SET state = 'pending', payload = '{}' WHERE delivery_key = ?", (key,)
-        )
 
 
 # -- the release's transaction ---------------------------------------------------------------------
@@ -72,7 +66,7 @@ def test_released_row_waits_for_no_claim_when_the_relay_has_room(store: db.Conne
 def test_handed_row_never_overtakes_an_earlier_row_of_its_incident(store: db.Connection) -> None:
     """Its incident's earlier request still waits (pending): handing the new one over would
     send it first. It stays pending for the relay's claim, which keeps the order."""
-    _pending(store, "triage_earlier", "alerts:disk full")
+    _pending(store, "triage_earlier", "alerts:disk full", 1.0)
     result = _record(store, make_message("handoff00002"), make_message("other0000001", title="Fan"))
     assert sorted(result.released) == ["tri_handoff00002", "tri_other0000001"]
     assert [claim.delivery_key for claim in result.handed] == ["tri_other0000001"]
@@ -121,17 +115,7 @@ class _Relay:
     async def run(self, scenario: Any) -> None:
         stop = asyncio.Event()
         async with httpx.AsyncClient(transport=httpx.MockTransport(self.handler)) as client:
-            self.relay = relay.Relay(
-                self.conn,
-                client,
-                run_db=self.run_db,
-                owner_queue=owner_queue(),
-                url="http://receiver.invalid/triage",
-                timeout=5,
-                max_attempts=3,
-                clock=lambda: NOW,
-                flush_audit=_flushed,
-            )
+            self.relay = relay_under_test(self.conn, client, run_db=self.run_db, clock=lambda: NOW)
             task = asyncio.create_task(self.relay.run(stop))
             try:
                 await scenario(self.relay)
@@ -143,10 +127,6 @@ class _Relay:
     def delivered(self) -> list[str]:
         rows = self.conn.execute("SELECT delivery_key FROM outbox WHERE state = 'delivered'")
         return [row[0] for row in rows.fetchall()]
-
-
-async def _flushed() -> bool:
-    return True
 
 
 async def _until(condition: Any) -> None:
@@ -180,7 +160,7 @@ def test_finished_attempt_is_settled_without_a_claim_that_finds_nothing(
 ) -> None:
     """An attempt that ends wakes the relay to settle it; that makes nothing new due, so its
     turn claims nothing (before: a claim transaction per delivery that found nothing)."""
-    _pending(store, "triage_alone", "alerts:alone")
+    _pending(store, "triage_alone", "alerts:alone", 1.0)
     driver = _Relay(store)
 
     async def scenario(r: relay.Relay) -> None:

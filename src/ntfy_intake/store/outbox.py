@@ -74,8 +74,8 @@ def release_due(
 ) -> list[str]:
     """Freeze the payload of every request whose window closed; call inside a write txn.
     Up to `_READ_AHEAD` due requests at a time, oldest due first, are read with everything their
-    payloads are built from (`_ask_due`: three reads asked together, one answer to wait for on
-    PostgreSQL), then written; no write here changes what another request's payload reads, and
+    payloads are built from (`_ask_due`: one statement, one answer to wait for on PostgreSQL),
+    then written; no write here changes what another request's payload reads, and
     a written request is no longer `collecting`, so the next read takes the ones after it."""
     released: list[str] = []
     while True:
