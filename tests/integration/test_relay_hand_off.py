@@ -10,6 +10,7 @@ its incident's order, sent twice, lost, or a claim trip spent where nothing is d
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,13 @@ import pytest
 from ntfy_intake.flow import database, intake, relay
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db, inbox, outbox
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..conftest import make_message, owner_queue
-from ..harness import engine_fault, settings_for
+from ..harness import daemon_process, engine_fault, env_for, query, settings_for, wait_until
 from .test_relay_concurrency import _pending
+from .test_relay_failures import deliveries, only_key
 from .test_relay_round_trips import _relay as relay_under_test
 
 pytestmark = pytest.mark.engines
@@ -260,3 +264,30 @@ def test_storage_fault_after_the_commit_hands_no_row_over_twice(
     asyncio.run(_record_live(daemon, make_message("fault0000003")))
     assert calls["n"] >= 2  # the trip ran again
     assert door.taken == [["tri_fault0000003"]] and door.woken == 0
+
+
+@pytest.mark.slow
+def test_kill9_after_the_hand_off_commits_before_its_post_delivers_the_row_once(
+    tmp_path: Path,
+) -> None:
+    """The release leased the row to this relay and committed; the daemon died before the POST.
+    The lease must not strand it: the next start releases it and delivers it, once."""
+    state, receipts_db = tmp_path / "state", tmp_path / "receiver.sqlite3"
+    with (
+        NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
+        receiver.running(receipts_db) as triage,
+    ):
+        env = env_for(emu.url, state, relay_url=triage.url, cadence_debounce="0s")
+        crash = {"NTFY_INTAKE_TEST_CRASH_AT": "after_inbox_commit"}
+        with daemon_process(env, extra_env=crash) as proc:
+            emu.wait_for_subscribers(1)
+            emu.publish("alerts", "disk full", title="Disk")
+            assert proc.wait(timeout=20) == -signal.SIGKILL
+        assert query(state, "SELECT state, attempts FROM outbox") == [("leased", 1)]
+        assert receiver.receipts(receipts_db) == []
+        key = only_key(state)
+        with daemon_process(env):
+            wait_until(lambda: bool(deliveries(state, key)), timeout=30)
+        (receipt,) = receiver.receipts(receipts_db)
+        assert receipt.key == key and receipt.repeats == 0
+        assert [d["result"] for d in deliveries(state, key)] == ["delivered"]
