@@ -168,3 +168,19 @@ def takeover(node: str, before_node: str, term: int, previous_term: int) -> Noti
         # No `term` field: the audit line's envelope carries the term it was written under.
         fields={"node": node, "previous_node": before_node, "previous_term": str(previous_term)},
     )
+
+
+def yielded(node: str, to: str, reason: str, term: int) -> Notice:
+    """One per hand-over (DESIGN.md section 11): the leader that cannot do the work gives the
+    lease to a ready node. Its key is the next term's takeover key: the yielding leader records
+    it under its own term before it releases, and the next leader's takeover notice for that
+    same term is then a no-op, so the owner hears once whether or not the yielder lived to
+    release (runtime/yielding.py)."""
+    return Notice(
+        "yielded",
+        f"{node} yielded to {to}: {reason}. Node {node!r} gave up the lease (term {term}) for"
+        f" node {to!r}, which reaches ntfy; it resumes from the durable cursor with an overlap"
+        " backfill, so nothing ntfy still holds is lost or counted twice.",
+        key=f"takeover:{term + 1}",
+        fields={"node": node, "to": to, "reason": reason, "previous_term": str(term)},
+    )

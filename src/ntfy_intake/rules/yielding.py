@@ -1,0 +1,131 @@
+"""When a leader gives the work to another node (DESIGN.md section 11): plain values, a clock.
+
+A second box exists for the day the first cannot do the work. Renewing the lease proves only
+that a leader reaches the database; these rules look at the work itself:
+
+- `work_state`: what the leader stores as its work at each probe, from the one health model's
+  notions (rules/health.py): `latched` while the audit latch is set; `dead` while intake is not
+  live AND a (re)connect has failed since the last frame (the health model's `error_current`),
+  since the last frame (or since the term's daemon started, before its first one); `live`
+  otherwise (frames fresh, or the first reconnect after a clean drop still under way);
+- `decide`: yield, and to whom, or keep leading, and why. A leader yields only when
+  * its work has been dead for `yield_after` (silence AND failing reconnects), or it is latched
+    (with no wait of its own: the audit log it owes cannot be written, and a latch lasts until
+    the daemon restarts, which a new term on another node is), AND
+  * another node is ready (`ready_peers`, rules/readiness.py: seen ready within the last two
+    probes, same fingerprint, known schema), AND
+  * `yield_after` has passed in its own term: a node that just took over does not hand the
+    work straight back; this bounds any back-and-forth to one move per `yield_after`;
+  with no ready peer it keeps leading (nothing better exists), and health says so;
+- `cooloff`: after a yield, this node does not campaign for `cluster.yield_cooloff` while
+  another node is ready, so the node it yielded to takes the lease, not itself again. The
+  cool-off never leaves the work undone: it gives way at once when no other node is ready, and
+  when the lease has stayed free for `grace` (lease_ttl + renew_every: the ready node should
+  have taken it by then, and two nodes that each yielded within a cool-off must not both wait).
+
+No flapping: with ntfy unreachable from every node, no node is ready (each one's own probe of
+ntfy fails), so no leader yields at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ntfy_intake.rules.readiness import NodeSeen, WorkState
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """`to` is the node to yield to, None to keep leading; `reason` says why it yields ("ntfy
+    unreachable from pi for 60 s"), or why it keeps leading (for the log and health)."""
+
+    to: str | None
+    reason: str
+
+    @property
+    def yields(self) -> bool:
+        return self.to is not None
+
+
+def work_state(
+    now: float,
+    before: WorkState,
+    *,
+    latched: bool,
+    intake_live: bool,
+    reconnects_failing: bool,
+    silent_since: float,
+) -> WorkState:
+    """This leader's work at `now` (module doc). `before` is what it said last (its `since`
+    carries on while the state holds); `silent_since` is the last frame's instant, or the
+    daemon's start before its first frame (all monotonic)."""
+    if latched:
+        return before if before.intake == "latched" else WorkState("latched", now)
+    if not intake_live and reconnects_failing:
+        return WorkState("dead", silent_since)
+    if before.intake == "live" and before.since is not None:
+        return before
+    return WorkState("live", now)
+
+
+def decide(
+    now: float,
+    work: WorkState,
+    *,
+    me: str,
+    term_began: float,
+    yield_after: float,
+    peers: Sequence[NodeSeen],
+) -> Verdict:
+    """Yield or keep leading (module doc); every time monotonic, `peers` already the ready
+    ones (rules/readiness.ready_peers), freshest first."""
+    if work.intake == "latched":
+        cause = f"the audit log cannot be written on {me} (latched)"
+    elif work.intake == "dead":
+        dead_for = max(0.0, now - (work.since if work.since is not None else now))
+        if dead_for < yield_after:
+            return Verdict(
+                None,
+                f"ntfy unreachable for {seconds(dead_for)}; yields after {seconds(yield_after)}",
+            )
+        cause = f"ntfy unreachable from {me} for {seconds(dead_for)}"
+    else:
+        return Verdict(None, f"intake {work.intake}")
+    leading = now - term_began
+    if leading < yield_after:
+        return Verdict(
+            None,
+            f"{cause}; it leads for {seconds(leading)} only, and no node yields before "
+            f"cluster.yield_after ({seconds(yield_after)}) in its own term",
+        )
+    if not peers:
+        return Verdict(None, f"{cause}; no other node is ready: it keeps leading")
+    return Verdict(peers[0].node, cause)
+
+
+def cooloff(
+    now: float,
+    until: float | None,
+    *,
+    peers: Sequence[NodeSeen],
+    lease_free_for: float | None,
+    grace: float,
+) -> str | None:
+    """Why this node does not campaign now, after a yield (module doc), or None. `until` is
+    the end of its cool-off (monotonic, None: never yielded); `lease_free_for` how long the
+    lease has been free (None: it is held)."""
+    if until is None or now >= until or not peers:
+        return None
+    if lease_free_for is not None and lease_free_for >= grace:
+        return None
+    return (
+        f"yielded the work: no campaign for cluster.yield_cooloff ({seconds(until - now)} "
+        f"left) while {peers[0].node} is ready"
+    )
+
+
+def seconds(value: float) -> str:
+    """`60 s`: whole seconds, rounded down (the owner reads "for 60 s", never "59.98")."""
+    return f"{math.floor(max(0.0, value) + 1e-9):d} s"
