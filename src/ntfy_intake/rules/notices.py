@@ -184,3 +184,17 @@ def yielded(node: str, to: str, reason: str, term: int) -> Notice:
         key=f"takeover:{term + 1}",
         fields={"node": node, "to": to, "reason": reason, "previous_term": str(term)},
     )
+
+
+def work_differs(leader: str, node: str, keys: list[str], theirs: str, mine: str) -> Notice:
+    """Once per pair of fingerprints (DESIGN.md section 11): a node whose work settings differ
+    from the leader's is not ready and never campaigns (it would lose or double alerts). Names
+    the differing KEYS only, never their values (rules/readiness.py)."""
+    return Notice(
+        "work_differs",
+        f"Node {node!r} is configured for different work than the leader {leader!r}"
+        f" ({', '.join(keys)} differ): it will not take over while they differ, so it is no"
+        " standby for this work. Give both nodes the same values for these keys.",
+        key=f"work_differs:{node}:{theirs}:{mine}",
+        fields={"node": node, "leader": leader, "keys": ",".join(keys)},
+    )

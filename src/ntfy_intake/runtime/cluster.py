@@ -137,6 +137,14 @@ class Member:
         self._conn: Any = None
         self._listener: leadership.ReleaseListener | None = None
         self._migrated = False
+        # Why this node must not take the lease now (runtime/node.py composes it: readiness,
+        # a yield's cool-off), None when it may. Asked at every campaign step, in the lease
+        # thread; it may raise StartupError (a node name in use, a work that differs at start).
+        self.hold_off: Callable[[], str | None] = lambda: None
+        self.held_off: str | None = None  # the last reason given, for status and logs
+        # Readiness as this node's probe sees it (runtime/readiness.Prober.view): merged into
+        # `view`, so status, health and metrics read one model.
+        self.readiness_view: Callable[[], dict[str, Any]] = dict
 
     # -- what the rest of the daemon asks ------------------------------------------------------------
 
@@ -166,6 +174,8 @@ class Member:
             "lease_remaining_s": None if remaining is None else round(remaining, 3),
             "takeovers": self.takeovers,
             "problem": self.problem,
+            "held_off": self.held_off,
+            **self.readiness_view(),
         }
 
     # -- standing by ---------------------------------------------------------------------------------
@@ -214,6 +224,10 @@ class Member:
             migrations.apply(conn)
             self._migrated = True
         self._saw(leadership.read(conn))
+        reason = self.hold_off()  # every step: a StartupError it raises ends the campaign
+        if reason != self.held_off and reason is not None:
+            log.warning("cluster.holding_off", node=self.node, reason=reason)
+        self.held_off = reason
         decision = decide(
             self.row,
             node=self.node,
@@ -227,6 +241,10 @@ class Member:
             raise StartupError(decision.message)
         if decision.action is not Action.TAKE:
             return None, decision.action, decision.wait
+        if reason is not None:
+            # Not ready to do the work: it waits as for a fresh lease (a NOTIFY or the next
+            # poll looks again), leaving the lease to a node that is.
+            return None, Action.STAND_BY, self.renew_every
         started = self._monotonic()
         claimed = leadership.claim(
             conn,

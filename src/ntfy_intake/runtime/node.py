@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from ntfy_intake.flow.database import StorageWaits
-from ntfy_intake.runtime import recovery
+from ntfy_intake.runtime import readiness, recovery
 from ntfy_intake.runtime.cluster import Holding, Member, directory_prefix
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
@@ -86,6 +86,10 @@ async def serve(
     )
     failed = False
     waits = StorageWaits()
+    prober = readiness.Prober(settings, member)  # section 11: could this node do the work?
+    member.hold_off = prober.hold_off
+    member.readiness_view = prober.view
+    probing: asyncio.Task[None] | None = None
     try:
         # The store first (its migrations hold the lease table): a database still booting is
         # waited out, degraded, and owes the owner one notice, written by the first leader.
@@ -93,19 +97,28 @@ async def serve(
             member.prepare, stop, waits, {}, notifier, member.instance
         ):
             return 0
+        await prober.start(stop)  # a work differing from the leader's: exit 2, naming the keys
+        probing = asyncio.create_task(prober.run(stop), name="readiness")
         while not stop.is_set():
             holding = await Standby(settings, member, notifier).run(stop)
             if holding is None:
                 break
             holding.owed, waits.notices_owed = waits.notices_owed, []
             leader = make_leader(holding=holding, state_lock=lock)
+            prober.lead(leader)
             failed = await _lead(leader, member, holding, stop)
+            prober.stand_by()
             if failed or stop.is_set():
                 break
             log.warning("cluster.stepped_down", node=member.node, term=holding.term)
             notifier.status(f"standby: term {holding.term} is over; standing by")
     finally:
         await member.release()
+        if probing is not None:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+        prober.close()
         member.close()
         lock.release()
     return 1 if failed else 0

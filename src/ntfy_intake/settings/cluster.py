@@ -6,6 +6,8 @@ Invariants owned here:
   asking for `cluster.node`, on SQLite (nothing reads the node) it is made to fit instead;
 - `lease_ttl` and `renew_every` are durations longer than 0s that pass `lease.check_timing`
   (lease_ttl at least 3 x renew_every), reported on the key that was given;
+- `probe_every` and `yield_after` are longer than 0s, `yield_cooloff` at least 0s, and
+  yield_after is at least 2 x probe_every (DESIGN.md section 11), reported on the key given;
 - any `[cluster]` key given (file or environment) without `[state] database` is one ConfigError:
   a standby shares one database with its leader, a SQLite file cannot be shared.
 """
@@ -16,11 +18,15 @@ import socket
 from urllib.parse import urlsplit
 
 from ntfy_intake.rules import lease
+from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.settings.rules import _duration, _Reader, _url
 from ntfy_intake.settings.schema import (
     _SECTIONS,
     DEFAULT_LEASE_TTL,
+    DEFAULT_PROBE_EVERY,
     DEFAULT_RENEW_EVERY,
+    DEFAULT_YIELD_AFTER,
+    DEFAULT_YIELD_COOLOFF,
     MAX_NODE_LENGTH,
     ClusterSettings,
     env_name,
@@ -38,6 +44,9 @@ def _cluster(r: _Reader, *, postgres: bool) -> ClusterSettings:
         lease_ttl=_duration(r, "cluster", "lease_ttl", DEFAULT_LEASE_TTL, 0.0, strict=True),
         renew_every=_duration(r, "cluster", "renew_every", DEFAULT_RENEW_EVERY, 0.0, strict=True),
         url=_advertised(r),
+        probe_every=_duration(r, "cluster", "probe_every", DEFAULT_PROBE_EVERY, 0.0, strict=True),
+        yield_after=_duration(r, "cluster", "yield_after", DEFAULT_YIELD_AFTER, 0.0, strict=True),
+        yield_cooloff=_duration(r, "cluster", "yield_cooloff", DEFAULT_YIELD_COOLOFF, 0.0),
         configured=bool(_given(r)),
     )
 
@@ -55,6 +64,16 @@ def _cluster_fits(r: _Reader, cluster: ClusterSettings | None, *, postgres: bool
         given_ttl = r.has("cluster", "lease_ttl") or not r.has("cluster", "renew_every")
         key = "lease_ttl" if given_ttl else "renew_every"
         r.fail("cluster", key, problem)
+    if cluster.yield_after < 2 * cluster.probe_every:
+        # A leader's intake state is stored once per probe and a peer counts as ready for two
+        # probes: a yield_after shorter than that would be decided on rows older than itself.
+        given_after = r.has("cluster", "yield_after") or not r.has("cluster", "probe_every")
+        r.fail(
+            "cluster",
+            "yield_after" if given_after else "probe_every",
+            f"yield_after ({format_duration(cluster.yield_after)}) must be at least 2 x"
+            f" probe_every ({format_duration(cluster.probe_every)})",
+        )
 
 
 def _advertised(r: _Reader) -> str | None:

@@ -33,6 +33,9 @@ MAX_FILE_BYTES = 64 * 1024
 MAX_NODE_LENGTH = 63  # a DNS label: a host name's first part fits
 DEFAULT_LEASE_TTL = 8.0
 DEFAULT_RENEW_EVERY = 2.0
+DEFAULT_PROBE_EVERY = 10.0  # readiness per node (DESIGN.md section 11)
+DEFAULT_YIELD_AFTER = 60.0
+DEFAULT_YIELD_COOLOFF = 300.0
 
 Kind = Literal["str", "list", "duration", "int"]
 T = TypeVar("T")
@@ -55,6 +58,9 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("cluster", "lease_ttl"): "duration",
     ("cluster", "renew_every"): "duration",
     ("cluster", "url"): "str",
+    ("cluster", "probe_every"): "duration",
+    ("cluster", "yield_after"): "duration",
+    ("cluster", "yield_cooloff"): "duration",
     ("relay", "url"): "str",
     ("relay", "timeout"): "duration",
     ("relay", "max_attempts"): "int",
@@ -207,6 +213,12 @@ class ClusterSettings:
     # This node's HTTP surface as the other nodes' owners reach it (http://pi.lan:8080): a
     # standby's console links there and posts its forms there. None: not advertised.
     url: str | None = None
+    # Readiness (DESIGN.md section 11): how often each node probes that it could do the work;
+    # how long a leader's intake may be dead (or latched) before it yields to a ready node; how
+    # long a node that yielded leaves the lease to the others.
+    probe_every: float = DEFAULT_PROBE_EVERY
+    yield_after: float = DEFAULT_YIELD_AFTER
+    yield_cooloff: float = DEFAULT_YIELD_COOLOFF
     # Whether any [cluster] key was given (file or environment): where the values came from,
     # not a key of its own.
     configured: bool = dataclasses.field(default=False, metadata={"key": False})

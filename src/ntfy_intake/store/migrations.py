@@ -195,6 +195,8 @@ SQLITE: tuple[Migration, ...] = (
     # one box on SQLite has no second process to fence. The step is named here too, so both
     # engines' ledgers list the same names.
     ("0007_leadership", []),
+    # Readiness per node (DESIGN.md section 11) exists on PostgreSQL only, as the lease does.
+    ("0008_nodes", []),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

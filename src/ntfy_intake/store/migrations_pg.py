@@ -182,4 +182,25 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
             "ALTER TABLE audit_journal ADD COLUMN term BIGINT NOT NULL DEFAULT 0",
         ],
     ),
+    # Readiness per node (DESIGN.md section 11, store/nodes.py): one row per node name, written
+    # by that node's probe on a connection of its own. The work fingerprint is read from the
+    # leader's row (the lease holder's instance), not a column of `leadership`: the lease row's
+    # statements stay as they are (a renewal touches no key column, store/leadership.py).
+    (
+        "0008_nodes",
+        [
+            """CREATE TABLE nodes(
+                node TEXT PRIMARY KEY,
+                instance TEXT NOT NULL,
+                ready BOOLEAN NOT NULL,
+                reason TEXT,
+                fingerprint TEXT NOT NULL,
+                parts TEXT NOT NULL CHECK (parts::json IS NOT NULL),
+                version TEXT NOT NULL,
+                schema_known BOOLEAN NOT NULL,
+                intake TEXT NOT NULL CHECK (intake IN ('live', 'dead', 'latched', 'standby')),
+                intake_since TIMESTAMPTZ,
+                seen_at TIMESTAMPTZ NOT NULL)""",
+        ],
+    ),
 )
