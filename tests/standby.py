@@ -98,7 +98,12 @@ class Cluster:
         state_dir.parent.mkdir(parents=True, exist_ok=True)
         port = free_port()
         if self.tagged is not None:
-            settings = {"relay_url": self.tagged.url_for(name), **settings}
+            # One receiver, a path per node (to tell who posted): the work's relay is one.
+            settings = {
+                "relay_url": self.tagged.url_for(name),
+                "test_work_relay_url": f"{self.tagged.base}/triage",
+                **settings,
+            }
         env = env_for(
             self.emu.url,
             state_dir,

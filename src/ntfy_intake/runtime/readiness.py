@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -62,13 +63,20 @@ log = structlog.get_logger("ntfy_intake.readiness")
 NOT_PROBED = "readiness not probed yet"
 
 
-def parts_of(settings: Settings) -> dict[str, str]:
+# Test hooks (never set in production): the URLs a node's fingerprint names in place of its
+# own, where a test gives each node its own route to ONE ntfy (a loopback proxy it can cut) or
+# its own path on ONE receiver (to tell who posted). A real pair names one address for both.
+WORK_NTFY_URL_ENV = "NTFY_INTAKE_TEST_WORK_NTFY_URL"
+WORK_RELAY_URL_ENV = "NTFY_INTAKE_TEST_WORK_RELAY_URL"
+
+
+def parts_of(settings: Settings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """This node's work fingerprint, per key (rules/readiness: never of a secret)."""
     c = settings.cadence
     return readiness.fingerprint_parts(
-        ntfy_url=settings.ntfy.url,
+        ntfy_url=environ.get(WORK_NTFY_URL_ENV) or settings.ntfy.url,
         topics=settings.ntfy.topics,
-        relay_url=settings.relay.url,
+        relay_url=environ.get(WORK_RELAY_URL_ENV) or settings.relay.url,
         recipients=settings.owner.recipients,
         fallback_topic=settings.owner.fallback_topic,
         policy={
