@@ -19,7 +19,7 @@ import pytest
 
 from ntfy_intake import cli
 from ntfy_intake.testbed import drill, drill_args
-from ntfy_intake.testbed.drill_standby_parts import KINDS, build_plan
+from ntfy_intake.testbed.drill_standby_parts import KINDS, LEASE_KINDS, build_plan
 
 from .. import engines
 from .test_drill import children_of, value
@@ -72,12 +72,13 @@ def test_standby_drill_of_three_rounds_passes_with_every_figure(
         assert server is not None  # the engine fixture skipped (or failed) without one
     else:
         server, pg_data = own_server
-    plan = build_plan(3, random.Random(SEED), pg_restart=pg_data is not None)
+    plan = build_plan(3, random.Random(SEED), pg_restart=pg_data is not None, kinds=LEASE_KINDS)
     assert plan == (
         ["sigterm", "kill9", "pg_restart"] if pg_data else ["sigterm", "sigstop", "kill9"]
     )
     children_before = set(children_of(os.getpid()))
     argv = ["drill", "--standby", "--rounds", "3", "--seed", str(SEED), "--database", server]
+    argv += ["--kinds", ",".join(LEASE_KINDS)]  # the lease's faults (the work's: _work.py)
     code = cli.main([*argv, *(["--pg-data", str(pg_data)] if pg_data else [])])
     table = capsys.readouterr().out
     assert code == 0, table

@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="standby",
         help="two nodes (pi, nas) on one PostgreSQL (--database), --rounds faults against the"
         " leader: kill -9, SIGSTOP past the lease, pg_terminate_backend, an immediate server"
-        " restart (with --pg-data), SIGTERM; failover times and the standby's verdict",
+        " restart (with --pg-data), SIGTERM, and the work's: its route to ntfy cut, its audit"
+        " directory full, its ntfy stream silent; failover times and the standby's verdict",
     )
     parser.add_argument(
         "--rounds",
@@ -96,4 +97,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         metavar="SECONDS",
         help="--standby: the nodes' [cluster] renew_every (default 1)",
+    )
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        metavar="KIND,...",
+        help="--standby: only these fault kinds (kill9, sigstop, pg_terminate, pg_restart, sigterm,"
+        " route_cut, audit_full, stream_silent; default: all)",
+    )
+    parser.add_argument(
+        "--yield-after",
+        type=float,
+        default=4.0,
+        metavar="SECONDS",
+        help="--standby: the nodes' [cluster] yield_after (default 4; the daemon's own is 60)",
+    )
+    parser.add_argument(
+        "--probe-every",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="--standby: the nodes' [cluster] probe_every (default 1; the daemon's own is 10)",
     )

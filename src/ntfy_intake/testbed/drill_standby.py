@@ -13,7 +13,11 @@ against the node that leads at that moment:
 - `pg_terminate`: pg_terminate_backend of every session of the leader's process;
 - `pg_restart`: an immediate restart of the server (`--pg-data DIR` only; both nodes lose
   every session);
-- `sigterm`: a graceful stop (exit 0), the lease released; the node is started again.
+- `sigterm`: a graceful stop (exit 0), the lease released; the node is started again;
+- `route_cut`, `stream_silent`, `audit_full`: the leader cannot do the work (its route to ntfy
+  cut or silent, its audit directory full) while the other node can: it must yield
+  (drill_standby_work.py); the fault is lifted once the other node leads, and the faulted node
+  must be ready again before the next round.
 
 Each round waits for a leader to be back, settled (`_await_leader`), and measures the failover
 time two ways: fault -> the lease row written after the fault (a new term for the process
@@ -46,6 +50,7 @@ from ntfy_intake.testbed import drill_parts, drill_store, receiver
 from ntfy_intake.testbed.drill_standby_parts import (
     KINDS,
     PROCESS_FAULTS,
+    WORK_FAULTS,
     Cluster,
     Fault,
     Journal,
@@ -55,6 +60,7 @@ from ntfy_intake.testbed.drill_standby_parts import (
     build_plan,
 )
 from ntfy_intake.testbed.drill_standby_report import StandbyTally, render
+from ntfy_intake.testbed.drill_standby_work import PROBE_EVERY_S, YIELD_AFTER_S, WorkFaults
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 NODES = ("pi", "nas")
@@ -82,6 +88,8 @@ class StandbyDrill:
         emu: NtfyEmulator,
         receiver_server: drill_parts.ReceiverServer,
         progress: TextIO | None,
+        yield_after: float = YIELD_AFTER_S,
+        probe_every: float = PROBE_EVERY_S,
     ) -> None:
         self.rng = random.Random(seed)
         self.plan = build_plan(rounds, self.rng, pg_restart=pg_data is not None, kinds=kinds)
@@ -103,9 +111,20 @@ class StandbyDrill:
             self.ledger,
             drill_parts.EMULATOR_PACE,
         )
+        self.work = WorkFaults(
+            emu.url,
+            NODES,
+            workdir,
+            audit_full="audit_full" in self.plan,
+            yield_after=yield_after,
+            probe_every=probe_every,
+        )
         env = self._env()
         self.nodes = {
-            name: Node(name, {**env, "NTFY_INTAKE_CLUSTER_NODE": name}, workdir) for name in NODES
+            name: Node(
+                name, {**env, "NTFY_INTAKE_CLUSTER_NODE": name, **self.work.env(name)}, workdir
+            )
+            for name in NODES
         }
         self.tally = StandbyTally(
             seed=seed,
@@ -115,6 +134,9 @@ class StandbyDrill:
             target=f"bundled emulator {emu.url} (topics {','.join(drill_parts.EMULATOR_TOPICS)})",
             state_dirs=[n.state_dir for n in self.nodes.values()],
             pg_restart=pg_data is not None,
+            yield_after=yield_after,
+            probe_every=probe_every,
+            work_how={k: self.work.describe(k) for k in WORK_FAULTS if k in self.plan},
         )
 
     def _env(self) -> dict[str, str]:
@@ -246,7 +268,7 @@ class StandbyDrill:
         leader, lease = found
         self.say(f"{what} against {leader.name} (term {lease.term})")
         self.journal.poll()
-        done = Round(index, kind, leader.name, lease.term)
+        done = Round(index, kind, leader.name, lease.term, fault_mark=leader.mark())
         fault = Fault(self.journal.last_seq, self.cluster.server_now(), time.time())
         fault.started = time.monotonic()
         self._inject(kind, leader, done)
@@ -261,6 +283,8 @@ class StandbyDrill:
                 done.exit_code = code
             leader.start()
             self._await_ready(leader, f"{what}, started again")
+        elif kind in WORK_FAULTS:
+            self._lift(leader, done, what)
         self.tally.rounds.append(done)
         self.say(done.describe())
 
@@ -273,6 +297,8 @@ class StandbyDrill:
             os.kill(pid, signal.SIGSTOP)
         elif kind == "sigterm":
             os.kill(pid, signal.SIGTERM)
+        elif kind in WORK_FAULTS:
+            done.detail = self.work.inject(kind, leader.name, pid)
         elif kind == "pg_terminate":
             done.sessions = drill_store.terminate(self.database, pid)
         elif kind == "pg_restart":
@@ -291,9 +317,10 @@ class StandbyDrill:
         lease_ttl + renew_every: a leader that lapses a moment after the fault (one failed
         renewal can cost a lease this short) is not taken for one that held on. `stopped`
         (SIGSTOP) is resumed with SIGCONT a little after another node took the lease."""
-        new_term = done.kind in PROCESS_FAULTS
+        new_term = done.kind in PROCESS_FAULTS or done.kind in WORK_FAULTS
         settle = self.ttl + self.renew_every
-        give_up = fault.started + self.crash_bound + GIVE_UP_AFTER_S + settle
+        bound = max(self.crash_bound, self.tally.bound(done.kind))
+        give_up = fault.started + bound + GIVE_UP_AFTER_S + settle
         resume_after = self.rng.uniform(0.2, 1.0)
         held: Lease | None = None  # the term that counts, and since when
         since = 0.0
@@ -329,6 +356,25 @@ class StandbyDrill:
         if stopped is not None:  # nobody took over: resume it anyway
             done.resumed_mark = stopped.mark()
             os.kill(stopped.process.pid or 0, signal.SIGCONT)
+
+    def _lift(self, node: Node, done: Round, what: str) -> None:
+        """After a work fault: lifted; a latched node restarted (its latch notice advises it);
+        then the node must be ready to take the work again before the next round."""
+        self.work.lift(done.kind, node.name)
+        lifted = time.monotonic()
+        done.latched = node.said("audit.latched", since=done.fault_mark)
+        if not node.process.alive():
+            self._unexpected_exit(node, f"{what}, after the fault")
+        elif done.latched:
+            done.exit_code = node.process.terminate(drill_parts.STOP_BOUND_S)
+        if not node.process.alive():
+            node.start()
+            if not self._await_ready(node, f"{what}, started again"):
+                return
+        if self.work.await_ready(self.store, node.name, since=self.cluster.server_now()):
+            done.ready_again_s = time.monotonic() - lifted
+        else:
+            self.tally.stalls.append(f"{what}: node {node.name} not ready again after the fault")
 
     def _stood_by(self, leader: Node, done: Round) -> None:
         """After SIGCONT the old leader must step down and stand by, in the same process."""
@@ -416,6 +462,8 @@ def prepared(
     kinds: Sequence[str] = KINDS,
     keep: bool = False,
     progress: TextIO | None = sys.stderr,
+    yield_after: float = YIELD_AFTER_S,
+    probe_every: float = PROBE_EVERY_S,
 ) -> Iterator[StandbyDrill]:
     """A drill ready to `run` (its schema, emulator, receiver and temp dir exist until the end
     of the block): the CLI's, and the bench's (bench/bench_standby.py, its failover rows)."""
@@ -444,8 +492,11 @@ def prepared(
             emu=emu,
             receiver_server=receiver_server,
             progress=progress,
+            yield_after=yield_after,
+            probe_every=probe_every,
         )
         stack.callback(standby.store.close)
+        stack.callback(standby.work.close, keep)
         standby.tally.kept = keep
         standby.tally.store = f"PostgreSQL {db.Dsn(database)} schema {schema}" + (
             "" if keep else " (dropped after)"
@@ -473,7 +524,11 @@ def main(args: argparse.Namespace) -> int:
     elif args.pg_data is not None and not args.pg_data.is_dir():
         problem = f"--pg-data {args.pg_data}: no such directory"
     else:
-        problem = check_timing(args.lease_ttl, args.renew_every)
+        problem = check_timing(args.lease_ttl, args.renew_every) or _check_kinds(
+            args.kinds, args.pg_data
+        )
+    if problem is None and (args.yield_after <= 0 or args.probe_every <= 0):
+        problem = "--yield-after and --probe-every must be above 0"
     if problem is not None:
         print(f"drill: {problem}", file=sys.stderr)
         return 2
@@ -485,4 +540,18 @@ def main(args: argparse.Namespace) -> int:
         renew_every=args.renew_every,
         pg_data=args.pg_data,
         keep=args.keep,
+        kinds=args.kinds.split(",") if args.kinds else KINDS,
+        yield_after=args.yield_after,
+        probe_every=args.probe_every,
     )
+
+
+def _check_kinds(kinds: str | None, pg_data: Path | None) -> str | None:
+    if kinds is None:
+        return None
+    unknown = [k for k in kinds.split(",") if k not in KINDS]
+    if unknown:
+        return f"--kinds: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})"
+    if pg_data is None and set(kinds.split(",")) == {"pg_restart"}:
+        return "--kinds pg_restart needs --pg-data DIR"
+    return None

@@ -16,14 +16,21 @@ from pathlib import Path
 from ntfy_intake.testbed import drill_parts
 from ntfy_intake.testbed.drill_store import StoreView
 
-KINDS = ("kill9", "sigstop", "pg_terminate", "pg_restart", "sigterm")
+LEASE_KINDS = ("kill9", "sigstop", "pg_terminate", "pg_restart", "sigterm")
 PROCESS_FAULTS = ("kill9", "sigstop", "sigterm")  # the leader's process: a new term must follow
+# The leader cannot do the work, another node can: it must yield, a new term must follow
+# (DESIGN.md section 11; drill_standby_work.py).
+WORK_FAULTS = ("route_cut", "audit_full", "stream_silent")
+KINDS = (*LEASE_KINDS, *WORK_FAULTS)
 LABELS = {
     "kill9": "kill -9",
     "sigstop": "SIGSTOP past the TTL",
     "pg_terminate": "pg_terminate_backend",
     "pg_restart": "PostgreSQL restart",
     "sigterm": "SIGTERM (graceful)",
+    "route_cut": "route to ntfy cut",
+    "audit_full": "audit directory full",
+    "stream_silent": "ntfy stream silent, connection open",
 }
 JOURNAL_PAGE = 2000
 
@@ -263,6 +270,10 @@ class Round:
     resumed_mark: int = 0  # sigstop: the old leader's log size at SIGCONT
     sessions: int = 0  # pg_terminate: sessions ended
     server_back_s: float | None = None  # pg_restart: pg_ctl restart took
+    fault_mark: int = 0  # the faulted node's log size at the fault
+    detail: str = ""  # a work fault: what was done
+    latched: bool | None = None  # a work fault: the faulted node's audit latch was set
+    ready_again_s: float | None = None  # a work fault: lifted -> the faulted node ready again
 
     @property
     def failover(self) -> bool:
@@ -286,7 +297,8 @@ class Round:
     def describe(self) -> str:
         lease = "-" if self.lease_s is None else f"{self.lease_s:.2f} s"
         event = "-" if self.event_s is None else f"{self.event_s:.2f} s"
+        detail = f" ({self.detail})" if self.detail else ""
         return (
-            f"{LABELS[self.kind]} of {self.target} (term {self.term_before}): {self.outcome};"
-            f" lease {lease}, first event {event}"
+            f"{LABELS[self.kind]}{detail} of {self.target} (term {self.term_before}):"
+            f" {self.outcome}; lease {lease}, first event {event}"
         )

@@ -6,9 +6,11 @@ PASS only when: nothing lost or doubled in either node's audit files, every publ
 an inbox row, every triage request was receipted once as an effect and audited as delivered
 once, no journal row of an older term follows a newer term's first, one takeover notice per
 term taken from another node, both nodes' audit files equal the journal, every round had a
-leader back within its bound (graceful < 2 s; otherwise lease_ttl + renew_every + 5 s, for the
+leader back within its bound (graceful < 2 s; a fault of the work, which the leader must yield,
+yield_after + lease_ttl + renew_every + 5 s; otherwise lease_ttl + renew_every + 5 s, for the
 lease and for the first event recorded), every SIGTERM stop was clean, every old leader stood by
-after SIGCONT, and no node exited on its own.
+after SIGCONT, every node faulted in its work was ready again after, and no node exited on its
+own.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ntfy_intake.testbed import drill_report
-from ntfy_intake.testbed.drill_standby_parts import LABELS, Journal, Round
+from ntfy_intake.testbed.drill_standby_parts import LABELS, WORK_FAULTS, Journal, Round
 from ntfy_intake.testbed.drill_store import StoreView
 
 GRACEFUL_BOUND_S = 2.0
@@ -54,12 +56,22 @@ class StandbyTally:
     receipts_s: float | None = None
     mirrors_s: float | None = None
     wall_s: float = 0.0
+    yield_after: float = 0.0
+    probe_every: float = 0.0
+    work_how: dict[str, str] = field(default_factory=dict)  # work fault -> how it is made
 
     @property
     def crash_bound(self) -> float:
         return self.lease_ttl + self.renew_every + CRASH_SLACK_S
 
+    @property
+    def yield_bound(self) -> float:
+        """A fault of the work: the leader yields after yield_after, then as a crash at most."""
+        return self.yield_after + self.crash_bound
+
     def bound(self, kind: str) -> float:
+        if kind in WORK_FAULTS:
+            return self.yield_bound
         return GRACEFUL_BOUND_S if kind == "sigterm" else self.crash_bound
 
     def late(self, r: Round) -> bool:
@@ -68,7 +80,18 @@ class StandbyTally:
             return True
         if r.kind == "sigterm":
             return r.lease_s >= GRACEFUL_BOUND_S or r.event_s > self.crash_bound
-        return r.lease_s > self.crash_bound or r.event_s > self.crash_bound
+        bound = self.bound(r.kind)
+        return r.lease_s > bound or r.event_s > bound
+
+    def bound_text(self, kind: str) -> str:
+        if kind == "sigterm":
+            return f"< {GRACEFUL_BOUND_S:g} s, events <= {self.crash_bound:g} s"
+        if kind in WORK_FAULTS:
+            return (
+                f"<= {self.yield_bound:g} s = yield_after {self.yield_after:g} + lease_ttl"
+                f" {self.lease_ttl:g} + renew_every {self.renew_every:g} + {CRASH_SLACK_S:g}"
+            )
+        return f"<= {self.crash_bound:g} s"
 
 
 # -- the verdict -----------------------------------------------------------------------------------
@@ -130,8 +153,8 @@ def render(
         f"{sum(failovers.values())} ("
         + ", ".join(f"{LABELS[k]} {failovers[k]}/{kinds[k]}" for k in order)
         + ")",
-        any(failovers[k] != kinds[k] for k in ("kill9", "sigstop", "sigterm")),
-        "a process fault of the leader without a failover",
+        any(failovers[k] != kinds[k] for k in ("kill9", "sigstop", "sigterm", *WORK_FAULTS)),
+        "a process or work fault of the leader without a failover",
     )
     for kind in ("pg_terminate", "pg_restart"):
         mine = [r for r in tally.rounds if r.kind == kind and not r.failover]
@@ -145,16 +168,24 @@ def render(
         mine = [r for r in tally.rounds if r.kind == kind]
         leases = [r.lease_s for r in mine if r.lease_s is not None]
         events = [r.event_s for r in mine if r.event_s is not None]
-        bound = f"< {GRACEFUL_BOUND_S:g} s" if kind == "sigterm" else f"<= {tally.crash_bound:g} s"
         late = [r for r in mine if tally.late(r)]
         row(
             f"failover time, {LABELS[kind]} (p50 / max)",
             f"lease {_p50_max(leases)}, first event {_p50_max(events)} (n={len(mine)};"
-            f" bound {bound}"
-            + (f", events <= {tally.crash_bound:g} s" if kind == "sigterm" else "")
-            + ")",
+            f" bound {tally.bound_text(kind)})",
             bool(late),
             f"{len(late)} {LABELS[kind]} round(s) over the bound",
+        )
+    for kind in (k for k in WORK_FAULTS if kinds[k]):
+        mine = [r for r in tally.rounds if r.kind == kind]
+        again = [r.ready_again_s for r in mine if r.ready_again_s is not None]
+        latched = sum(1 for r in mine if r.latched)
+        row(
+            f"  {LABELS[kind]}: how / latched / ready again (p50 / max)",
+            f"{tally.work_how.get(kind, '-')} / {latched} of {len(mine)} / {_p50_max(again)}",
+            len(again) != len(mine) or (kind == "audit_full" and latched != len(mine)),
+            f"a node faulted by {LABELS[kind]} not ready again"
+            + (" or not latched" if kind == "audit_full" else ""),
         )
     stops = [r for r in tally.rounds if r.kind == "sigstop"]
     if stops:
@@ -266,7 +297,12 @@ def render(
     print(
         f"ntfy-intake drill --standby: seed {tally.seed}, {tally.rounds_requested} rounds,"
         f" nodes {' and '.join(names)}, lease_ttl {tally.lease_ttl:g}s,"
-        f" renew_every {tally.renew_every:g}s",
+        f" renew_every {tally.renew_every:g}s"
+        + (
+            f", yield_after {tally.yield_after:g}s, probe_every {tally.probe_every:g}s"
+            if tally.work_how
+            else ""
+        ),
         file=out,
     )
     print(f"target: {tally.target}", file=out)
