@@ -329,6 +329,9 @@ def test_redacted_shows_cluster_on_postgresql_in_config_syntax() -> None:
         "lease_ttl": "1m30s",
         "renew_every": "2s",
         "url": None,
+        "probe_every": "10s",
+        "yield_after": "1m",
+        "yield_cooloff": "5m",
     }
 
 
@@ -338,6 +341,9 @@ def test_redacted_shows_cluster_unset_on_sqlite() -> None:
         "lease_ttl": None,
         "renew_every": None,
         "url": None,
+        "probe_every": None,
+        "yield_after": None,
+        "yield_cooloff": None,
     }
 
 

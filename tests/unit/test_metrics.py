@@ -36,6 +36,8 @@ FULL: dict[str, Any] = {
     "leader": 1,
     "term": 4,
     "failovers_total": 2,
+    "ready": True,
+    "cluster_intake_live": False,
 }
 
 

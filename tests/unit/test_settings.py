@@ -172,6 +172,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("cluster", "lease_ttl"): "12s",
         ("cluster", "renew_every"): "3s",
         ("cluster", "url"): "http://pi-b.lan:8080",
+        ("cluster", "probe_every"): "20s",
+        ("cluster", "yield_after"): "2m",
+        ("cluster", "yield_cooloff"): "10m",
         ("relay", "url"): "http://127.0.0.1:9000/triage",
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
@@ -210,7 +213,16 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         state=settings.StateSettings(
             tmp_path, database=Dsn("postgresql://intake@db.lan:5433/alerts")
         ),
-        cluster=settings.ClusterSettings("pi-b", 12, 3, "http://pi-b.lan:8080", configured=True),
+        cluster=settings.ClusterSettings(
+            "pi-b",
+            12,
+            3,
+            "http://pi-b.lan:8080",
+            probe_every=20,
+            yield_after=120,
+            yield_cooloff=600,
+            configured=True,
+        ),
         relay=settings.RelaySettings(
             "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token", concurrency=2
         ),

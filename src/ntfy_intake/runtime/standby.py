@@ -98,20 +98,29 @@ class Standby:
     # -- what a standby says about itself ------------------------------------------------------------
 
     def health(self) -> tuple[bool, Mapping[str, Any]]:
+        """Healthy while a node leads AND the work is in hand (DESIGN.md section 11): this
+        node ready itself, the leader's stored intake not dead or latched past yield_after with
+        nobody ready to take over (`cluster_problems`, rules/readiness.judge)."""
         view = self.member.view()
         leader = view["leader"]
+        work = list(view.get("cluster_problems") or [])
+        status = "standby" if leader is not None else "no_leader"
+        if leader is not None and work:
+            status = "not_ready" if not view.get("ready", True) else "work_stalled"
         details: dict[str, Any] = {
-            "status": "standby" if leader is not None else "no_leader",
+            "status": status,
             "role": "standby",
             "node": view["node"],
             "leader": leader,
             "term": view["term"],
             "lease_age_s": view["lease_age_s"],
+            "ready": view.get("ready"),
+            "cluster_intake_live": view.get("cluster_intake_live"),
         }
-        problems = [p for p in (view["problem"], self.mirror_problem) if p]
+        problems = [*work, *(p for p in (view["problem"], self.mirror_problem) if p)]
         if problems:
             details["reason"] = "; ".join(problems)
-        return leader is not None, details
+        return leader is not None and not work, details
 
     def leader_console(self) -> str:
         """Where the console sends the owner: the leader's console, or who leads."""
@@ -126,16 +135,21 @@ class Standby:
         ok, details = self.health()
         if ok:
             return f"standby: node {details['leader']!r} leads (term {details['term']})"
+        if details["leader"] is not None:
+            return f"standby: {details['reason']}"
         return f"standby: no node leads ({details.get('reason', 'the lease is free')})"
 
     def metrics(self) -> Mapping[str, Any]:
+        ok, _details = self.health()  # the one model: /healthz and /metrics agree
         view = self.member.view()
         return {
             "intake_state": "dead",  # this node does not subscribe
-            "health_state": "live" if view["leader"] is not None else "dead",
+            "health_state": "live" if ok else "dead",
             "leader": 0,
             "term": view["term"],
             "failovers_total": view["takeovers"],
+            "ready": view.get("ready"),
+            "cluster_intake_live": view.get("cluster_intake_live"),
         }
 
     async def _systemd(self) -> None:
@@ -176,6 +190,9 @@ class Standby:
                     self.settings, self.health, lambda: (policy, idle), leader=self.leader_console
                 )
             ),
+            # No login_notice: a standby cannot write. Its failed logins are held and logged
+            # (http.logins_held); the leader's own surface notices what is tried against it.
+            hosts=http_api.trusted_hosts(self.settings),
         )
         try:
             await http_api.serve(app, self.settings.http.host, self.settings.http.port, stop)

@@ -306,6 +306,9 @@ class Vitals:
             "leader": 1 if view["role"] == "leader" else 0,
             "term": view["term"],
             "failovers_total": view["takeovers"],
+            # Readiness (runtime/readiness.py, merged into the view): on every node.
+            "ready": view.get("ready"),
+            "cluster_intake_live": view.get("cluster_intake_live"),
         }
 
     # -- the dead-man's switch -----------------------------------------------------------------------

@@ -30,6 +30,7 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
         "owner_suppressed_total": 1,
         "feed_head": {"triage": 12},       # channel -> highest seq
         "leader": 1, "term": 4, "failovers_total": 1,  # with a standby (PostgreSQL)
+        "ready": True, "cluster_intake_live": True,     # readiness (PostgreSQL)
     }
 
 `snapshot()` is called on the scraping thread (the HTTP app calls it on its event loop), once per
@@ -136,6 +137,21 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "failovers_total",
         "counter",
         "Terms this process took over from another holder.",
+    ),
+    # Readiness (DESIGN.md section 11), on every node of a cluster.
+    (
+        "ready",
+        "ready",
+        "gauge",
+        "1 while this node's last probe found it could do the work (its own ntfy answers, its"
+        " code knows the schema, its work equals the leader's); 0 otherwise.",
+    ),
+    (
+        "cluster_intake_live",
+        "cluster_intake_live",
+        "gauge",
+        "1 while the leader's intake, as the leader last stored it, is live; 0 otherwise (no"
+        " leader, its intake dead or latched, or it stopped reporting). Same on every node.",
     ),
 )
 

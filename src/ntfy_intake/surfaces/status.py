@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ntfy_intake.rules import health
+from ntfy_intake.rules import health, readiness
 from ntfy_intake.settings import Settings
-from ntfy_intake.store import db, leadership, summary
+from ntfy_intake.store import db, leadership, nodes, summary
 
 # A health snapshot older than this means the daemon is not running (it writes one every 2 s).
 SNAPSHOT_STALE_AFTER = 15.0
@@ -104,6 +104,18 @@ def _cluster(conn: db.Connection, settings: Settings) -> dict[str, Any] | None:
         return None  # no node ever led: nothing to say but what the daemon's snapshot says
     me = settings.cluster.node
     fresh = row is not None and not row.expired
+    try:
+        seen = nodes.read_all(conn)
+    except db.ERRORS:
+        seen = []  # no node table yet: no daemon of this version has started
+    c = settings.cluster
+    verdict = readiness.judge(
+        seen,
+        me=me,
+        leader=(row.node, row.instance) if fresh else None,
+        probe_every=c.probe_every,
+        yield_after=c.yield_after,
+    )
     return {
         "node": me,
         "role": "leader" if fresh and row is not None and row.node == me else "standby",
@@ -112,6 +124,26 @@ def _cluster(conn: db.Connection, settings: Settings) -> dict[str, Any] | None:
         "lease_age_s": None
         if row is None
         else round(settings.cluster.lease_ttl - row.remaining, 1),
+        # Readiness (DESIGN.md section 11): the same model the daemons' surfaces read.
+        "ready": verdict.ready,
+        "not_ready": verdict.reason,
+        "intake_live": verdict.intake_live,
+        "problems": list(verdict.problems),
+        "nodes": [_node(n, row if fresh else None) for n in seen],
+    }
+
+
+def _node(seen: readiness.NodeSeen, lease: Any) -> dict[str, Any]:
+    leads = lease is not None and (lease.node, lease.instance) == (seen.node, seen.instance)
+    return {
+        "node": seen.node,
+        "role": "leader" if leads else "standby",
+        "ready": seen.ready,
+        "reason": seen.reason,
+        "version": seen.version,
+        "seen_age_s": round(seen.seen_age_s, 1),
+        "intake": seen.intake,
+        "intake_age_s": None if seen.intake_age_s is None else round(seen.intake_age_s, 1),
     }
 
 
@@ -119,9 +151,13 @@ def healthy(report: dict[str, Any]) -> tuple[bool, str]:
     """The `check` verdict for container health checks: the health model's one line."""
     cluster = report.get("cluster")
     if cluster is not None and cluster["role"] == "standby":
-        # A standby does none of the leader's work: it is well while some node leads.
+        # A standby does none of the leader's work: it is well while some node leads and the
+        # work is in hand (rules/readiness.judge: this node ready, the leader's intake not
+        # stalled with nobody to take over).
         if cluster["leader"] is None:
             return False, f"standby: no node leads (lease {_lease(cluster)})"
+        if cluster.get("problems"):
+            return False, "standby: " + "; ".join(cluster["problems"])
         return True, f"standby: node {cluster['leader']!r} leads (term {cluster['term']})"
     verdict = report["health"]
     line = verdict["state"]
@@ -175,7 +211,12 @@ def render(report: dict[str, Any]) -> str:
     if relay["dead_keys"]:
         rows.append(("dead keys", " ".join(relay["dead_keys"])))
     if report.get("cluster") is not None:
-        rows.insert(1, ("cluster", _cluster_line(report["cluster"])))
+        cluster = report["cluster"]
+        rows[1:1] = [
+            ("cluster", _cluster_line(cluster)),
+            *(("  problem", text) for text in cluster.get("problems", [])),
+            *(("  node", _node_line(n)) for n in cluster.get("nodes", [])),
+        ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
 
@@ -207,6 +248,16 @@ def _cluster_line(cluster: dict[str, Any]) -> str:
     if cluster["leader"] is None:
         return f"{role}; no node leads, lease {_lease(cluster)}"
     return f"{role}; leader {cluster['leader']!r}, term {cluster['term']}, lease {_lease(cluster)}"
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    """`'pi' leader, ready, version 0.1.0, seen 3.0 s ago, intake live since 12.0 min ago`."""
+    ready = "ready" if node["ready"] else f"NOT READY: {node['reason'] or 'no reason given'}"
+    held = "" if node["intake_age_s"] is None else f" since {health.ago(node['intake_age_s'])}"
+    return (
+        f"{node['node']!r} {node['role']}, {ready}, version {node['version']},"
+        f" seen {health.ago(node['seen_age_s'])}, intake {node['intake']}{held}"
+    )
 
 
 def _lease(cluster: dict[str, Any]) -> str:
