@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from ntfy_intake import cli
 from ntfy_intake.rules import cadence
 from ntfy_intake.store import db, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import Message, decode_line
 
 from . import engines, harness
@@ -31,10 +34,13 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Storage-touching tests run on both engines (tests/engines.py)."""
+    """Storage-touching tests run on both engines (tests/engines.py); a test about the wire or a
+    surface whose store is incidental says `one_engine(reason)` and runs on SQLite only."""
     if "engine" not in metafunc.fixturenames:
         return
     if metafunc.definition.get_closest_marker("sqlite_only"):
+        return
+    if metafunc.definition.get_closest_marker("one_engine"):
         return
     if metafunc.definition.get_closest_marker("engines") or "store" in metafunc.fixturenames:
         metafunc.parametrize("engine", engines.ENGINES, indirect=True)
@@ -67,6 +73,23 @@ def store(tmp_path: Path, engine: str) -> Iterator[db.Connection]:
     migrations.apply(conn)
     yield conn
     conn.close()
+
+
+@pytest.fixture
+def emulator_config(request: pytest.FixtureRequest) -> EmulatorConfig:
+    """The `emu` fixture's config: a 1 s keepalive unless the test or its module says
+    `@pytest.mark.emulator(**EmulatorConfig fields)`; a module whose config needs another
+    fixture (a clock it moves) overrides this fixture instead."""
+    marker = request.node.get_closest_marker("emulator")
+    options: dict[str, object] = {"keepalive_interval": 1.0, **(marker.kwargs if marker else {})}
+    return EmulatorConfig(**options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def emu(emulator_config: EmulatorConfig) -> Iterator[NtfyEmulator]:
+    """The bundled ntfy-compatible server on 127.0.0.1, stopped after the test."""
+    with NtfyEmulator(emulator_config).running() as emulator:
+        yield emulator
 
 
 def make_message(
@@ -119,6 +142,37 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Child]]:
     yield start
     for child in children:  # killed by pid, whatever the test did
         child.kill()
+
+
+CliRun = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def cli_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> CliRun:
+    """cli_in_process(*args, env={...}) -> `ntfy-intake ARGS` run in this process, for checks
+    that end before any daemon, server or store would start (bad arguments, bad settings,
+    --help): a child would spend a second importing to say one line. The exit code, stdout and
+    stderr come back as a subprocess's would; the signal handlers `run` installs first are put
+    back."""
+
+    def run(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        capsys.readouterr()
+        with monkeypatch.context() as scoped:
+            for name, value in (env or {}).items():
+                scoped.setenv(name, value)
+            try:
+                code: object = cli.main(list(args))
+            except SystemExit as exc:  # argparse: --help exits 0, a usage error 2
+                code = exc.code
+            finally:
+                for sig, handler in saved.items():
+                    signal.signal(sig, handler)
+        out, err = capsys.readouterr()
+        returncode = code if isinstance(code, int) else (0 if code is None else 1)
+        return subprocess.CompletedProcess(["ntfy-intake", *args], returncode, out, err)
+
+    return run
 
 
 @pytest.fixture

@@ -1,4 +1,8 @@
-"""The command line as a user meets it: exit codes, one-line errors, the feed commands."""
+"""The command line as a user meets it: exit codes, one-line errors, the feed commands.
+
+A check that ends before any daemon, server or store would start (--help, bad settings, bad
+arguments) runs the CLI in this process (`cli_in_process`); only the tests that read or write
+the store run on both engines."""
 
 from __future__ import annotations
 
@@ -16,9 +20,8 @@ import pytest
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from .. import engines, harness
+from ..conftest import CliRun
 from ..harness import DaemonThread, settings_for, wait_until
-
-pytestmark = pytest.mark.engines
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
@@ -51,8 +54,8 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_help_and_is_in_the_readme(command: str) -> None:
-    result = cli(command, "--help")
+def test_every_command_has_help_and_is_in_the_readme(command: str, cli_in_process: CliRun) -> None:
+    result = cli_in_process(command, "--help")
     assert result.returncode == 0, result.stderr
     assert f"`{command}" in (ROOT / "README.md").read_text()
 
@@ -80,14 +83,15 @@ def test_every_command_has_help_and_is_in_the_readme(command: str) -> None:
     ],
 )
 def test_bad_config_stops_startup_with_exit_2_and_one_line_naming_the_key(
-    env: dict[str, str], key: str
+    env: dict[str, str], key: str, cli_in_process: CliRun
 ) -> None:
-    result = cli("run", env=env)
+    result = cli_in_process("run", env=env)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in result.stderr
 
 
+@pytest.mark.engines
 def test_feed_commands_round_trip_a_recorded_alert(tmp_path: Path) -> None:
     with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu:
         config = settings_for(emu.url, tmp_path, cadence_debounce="0s")
@@ -141,6 +145,7 @@ def test_feed_commands_round_trip_a_recorded_alert(tmp_path: Path) -> None:
     assert (timed_out.returncode, timed_out.stdout.strip()) == (1, "null")
 
 
+@pytest.mark.engines
 def test_read_only_commands_work_without_ntfy_url(tmp_path: Path) -> None:
     with (
         NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
@@ -159,14 +164,17 @@ def test_read_only_commands_work_without_ntfy_url(tmp_path: Path) -> None:
     assert caught_up.returncode == 0 and json.loads(caught_up.stdout) == []
 
 
-def test_missing_config_says_where_config_is_looked_for(tmp_path: Path) -> None:
-    result = cli("run", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path)})
+def test_missing_config_says_where_config_is_looked_for(
+    tmp_path: Path, cli_in_process: CliRun
+) -> None:
+    result = cli_in_process("run", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path)})
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("config error: ntfy.url: required, and so is ntfy.topics")
     assert "--config" in line and "/etc/ntfy-intake/config.toml" in line
 
 
+@pytest.mark.engines
 def test_status_without_state_names_the_path_and_the_config_options(tmp_path: Path) -> None:
     result = cli("status", env={"NTFY_INTAKE_STATE_DIR": str(tmp_path / "none")})
     assert result.returncode == 1
@@ -175,8 +183,10 @@ def test_status_without_state_names_the_path_and_the_config_options(tmp_path: Pa
     assert "--config" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_several_config_errors_are_all_reported_one_line_each(tmp_path: Path) -> None:
-    result = cli(
+def test_several_config_errors_are_all_reported_one_line_each(
+    tmp_path: Path, cli_in_process: CliRun
+) -> None:
+    result = cli_in_process(
         "run",
         env={
             "NTFY_INTAKE_NTFY_URL": "ftp://x",
@@ -242,8 +252,10 @@ def test_busy_port_is_one_line_and_exit_2_not_a_traceback(command: str, tmp_path
 @pytest.mark.parametrize(
     ("command", "port"), [("emulator", "8786"), ("receiver", "8790"), ("signal-standin", "8791")]
 )
-def test_default_ports_are_in_help_and_the_emulator_keeps_off_8080(command: str, port: str) -> None:
-    assert f"(default: {port})" in cli(command, "--help").stdout
+def test_default_ports_are_in_help_and_the_emulator_keeps_off_8080(
+    command: str, port: str, cli_in_process: CliRun
+) -> None:
+    assert f"(default: {port})" in cli_in_process(command, "--help").stdout
 
 
 def test_signal_standin_command_accepts_a_send(tmp_path: Path) -> None:
@@ -283,8 +295,8 @@ def test_emulator_token_option_turns_auth_on(tmp_path: Path) -> None:
         stop(proc)
 
 
-def test_emulator_refuses_a_malformed_token_with_one_line() -> None:
-    result = cli("emulator", "--port", "0", "--token", "secret")
+def test_emulator_refuses_a_malformed_token_with_one_line(cli_in_process: CliRun) -> None:
+    result = cli_in_process("emulator", "--port", "0", "--token", "secret")
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("config error: --token:")
@@ -303,6 +315,7 @@ def test_receiver_keeps_its_receipts_in_the_state_home_not_the_current_directory
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.engines
 def test_feed_ack_defaults_to_the_triage_channel(tmp_path: Path) -> None:
     state = ["--state-dir", str(tmp_path)]
     assert cli("feed", "catch-up", *state, "--handle", "h").returncode == 0
