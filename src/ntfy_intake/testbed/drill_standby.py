@@ -266,6 +266,10 @@ class StandbyDrill:
         if found is None:
             return
         leader, lease = found
+        if kind in WORK_FAULTS and not self._recording(lease.term):
+            # A fault of the work against a leader that is not working tests nothing.
+            self.tally.stalls.append(f"{what}: {leader.name} records nothing before the fault")
+            return
         self.say(f"{what} against {leader.name} (term {lease.term})")
         self.journal.poll()
         done = Round(index, kind, leader.name, lease.term, fault_mark=leader.mark())
@@ -356,6 +360,26 @@ class StandbyDrill:
         if stopped is not None:  # nobody took over: resume it anyway
             done.resumed_mark = stopped.mark()
             os.kill(stopped.process.pid or 0, signal.SIGCONT)
+
+    def _recording(self, term: int) -> bool:
+        """Whether the leader of `term` records the live stream: an event row of that term read
+        from now on, within READY_BOUND_S."""
+        self.journal.poll()
+        since = time.monotonic()
+        return (
+            self._until(
+                lambda: (
+                    self.journal.poll() >= 0
+                    and any(
+                        r.kind == "event" and r.term == term and r.seen >= since
+                        for r in self.journal.rows[-50:]
+                    )
+                ),
+                READY_BOUND_S,
+                since,
+            )
+            is not None
+        )
 
     def _lift(self, node: Node, done: Round, what: str) -> None:
         """After a work fault: lifted; a latched node restarted (its latch notice advises it);

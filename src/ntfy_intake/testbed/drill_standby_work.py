@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ntfy_intake.runtime.readiness import WORK_NTFY_URL_ENV
 from ntfy_intake.settings import schema
 from ntfy_intake.store import audit
 from ntfy_intake.testbed import drill_storage
@@ -62,6 +63,7 @@ class WorkFaults:
         yield_after: float,
         probe_every: float,
     ) -> None:
+        self.upstream = upstream
         self.yield_after = yield_after
         self.probe_every = probe_every
         self.workdir = workdir
@@ -84,7 +86,8 @@ class WorkFaults:
     def env(self, name: str) -> dict[str, str]:
         """Node `name`'s settings for these faults: its route to ntfy, and the yield's timing
         (only the keys this daemon knows: a key it does not know would stop its start)."""
-        out = {"NTFY_INTAKE_NTFY_URL": self.routes[name].url}
+        # One ntfy behind both routes: one work (the fingerprint names ntfy's own address).
+        out = {"NTFY_INTAKE_NTFY_URL": self.routes[name].url, WORK_NTFY_URL_ENV: self.upstream}
         timing = {
             "probe_every": self.probe_every,
             "yield_after": self.yield_after,
