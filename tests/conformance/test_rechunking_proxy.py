@@ -69,7 +69,7 @@ def rechunking_proxy(upstream: str) -> Iterator[str]:
         loop.close()
 
 
-@pytest.mark.engines  # the daemon records into its store
+@pytest.mark.one_engine("the chunked reader behind a proxy; the store is only where events land")
 def test_chunk_sizes_with_trailing_whitespace_from_a_proxy_are_read_not_refused(
     server: Server, tmp_path: Path
 ) -> None:

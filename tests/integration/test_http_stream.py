@@ -387,7 +387,7 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         sink.shutdown(socket.SHUT_WR)
 
 
-@pytest.mark.engines  # the daemon records into its store
+@pytest.mark.one_engine("the stream reader's proxy; the store is only where events land")
 def test_stream_goes_through_the_proxy_the_environment_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -315,7 +315,7 @@ def non_ascii_ntfy() -> Iterator[NonAsciiHeaderNtfy]:
         server.server_close()
 
 
-@pytest.mark.engines  # the daemon records into its store
+@pytest.mark.one_engine("the stream reader on a hostile wire; the store is only where events land")
 def test_latin1_byte_in_a_proxy_header_does_not_stop_the_daemon(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with non_ascii_ntfy() as ntfy:
@@ -434,7 +434,7 @@ def test_any_reply_is_read_or_a_transport_error_never_another_exception(
         asyncio.run(read())
 
 
-@pytest.mark.engines  # the daemon records into its store
+@pytest.mark.one_engine("the stream reader on a hostile wire; the store is only where events land")
 def test_daemon_on_the_lean_reader_records_each_event_once_through_repeated_disconnects(
     tmp_path: Path,
 ) -> None:

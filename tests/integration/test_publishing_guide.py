@@ -14,7 +14,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 
-pytestmark = pytest.mark.engines
+pytestmark = pytest.mark.one_engine("which incident a publish lands on is a rule; no storage")
 
 
 def publish(url: str, body: str, title: str | None = None) -> None:

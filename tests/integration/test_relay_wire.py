@@ -20,7 +20,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for, wait_until
 
-pytestmark = pytest.mark.engines
+pytestmark = pytest.mark.one_engine("the relay's HTTP exchanges; the outbox is incidental")
 
 UNSOLICITED_408 = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 7\r\n\r\ntimeout"
 UNSOLICITED_408_CLOSE = (

@@ -11,7 +11,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, settings_for
 
-pytestmark = pytest.mark.engines
+pytestmark = pytest.mark.one_engine("a log line at start-up; no storage")
 
 
 def test_start_up_logs_the_server_and_topics_it_subscribes_to(tmp_path: Path) -> None:

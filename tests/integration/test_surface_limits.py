@@ -123,7 +123,7 @@ def _open_fds(pid: int) -> int:
     return -1
 
 
-@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
+@pytest.mark.one_engine("the HTTP surface's bounds; the store is only where alerts land")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_slow_connection_flood_latches_nothing_loses_nothing_and_healthz_recovers(
@@ -311,9 +311,9 @@ def test_a_kept_alive_connection_is_bounded_again_after_each_response(tmp_path: 
     asyncio.run(_serving(_app(tmp_path), limits, scenario))
 
 
-@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
+@pytest.mark.one_engine("the long-poll cap and deadlines of the HTTP surface")
 def test_long_polls_past_the_cap_get_a_503(tmp_path: Path) -> None:
-    wait = b"GET /v1/feed/agent/wait?timeout=5 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
+    wait = b"GET /v1/feed/agent/wait?timeout=5 HTTP/1.1\r\nHost: [::1]\r\nAuthorization: Bearer tok\r\n\r\n"
 
     async def scenario(port: int) -> None:
         first = await asyncio.open_connection("127.0.0.1", port)
@@ -334,11 +334,11 @@ def test_caps_shrink_to_keep_the_descriptor_reserve() -> None:
     assert small.max_connections >= 1 and small.max_long_polls >= 1
 
 
-@pytest.mark.engines  # the daemon's store, or the feed's long poll on it
+@pytest.mark.one_engine("the long-poll cap and deadlines of the HTTP surface")
 def test_a_client_that_never_takes_its_answer_is_cut_off_at_the_response_timeout(
     tmp_path: Path,
 ) -> None:
-    wait = b"GET /v1/feed/agent/wait?timeout=60 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
+    wait = b"GET /v1/feed/agent/wait?timeout=60 HTTP/1.1\r\nHost: [::1]\r\nAuthorization: Bearer tok\r\n\r\n"
 
     async def scenario(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
