@@ -4,27 +4,34 @@ A process on PostgreSQL runs this loop (one box on SQLite runs the daemon alone)
 state directory's lock for its whole life, stands by (runtime/standby.py) until it wins a term,
 then runs a fresh `Daemon` for that term: recovery before its first decision rebuilds the
 cadence from the journal this node mirrored and resumes from the durable cursor and the
-backfill owed. A term ends three ways:
+backfill owed. A term ends four ways:
 - a graceful stop (SIGTERM): the daemon drains under its still-valid term, then the lease is
   released with a NOTIFY, so a standby takes over within a second;
 - the lease lost (a renewal refused or late, the local deadline passed, a fence that saw a new
   term): the daemon stops its side effects at once, without a drain (its writes would be fenced),
   and the node stands by again, in the same process, with memory rebuilt at its next term;
-- a task that failed: exit 1 (systemd restarts the process), the lease released first.
+- a task that failed: exit 1 (systemd restarts the process), the lease released first;
+- a yield (DESIGN.md section 11, runtime/yielding.py): the term's work dead or latched while
+  another node is ready, the owner's notice recorded under the term, the daemon drains as at
+  SIGTERM, the lease is released with a NOTIFY, and the node stands by in a cool-off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import threading
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import structlog
 
 from ntfy_intake.flow.database import StorageWaits
-from ntfy_intake.runtime import readiness, recovery
+from ntfy_intake.rules.yielding import Verdict
+from ntfy_intake.runtime import readiness, recovery, yielding
 from ntfy_intake.runtime.cluster import Holding, Member, directory_prefix
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
@@ -35,8 +42,8 @@ from ntfy_intake.settings.schema import Dsn
 log = structlog.get_logger("ntfy_intake.cluster")
 
 
-class Leader(Protocol):
-    """What this loop needs of the daemon it runs for a term."""
+class Leader(yielding.Working, Protocol):
+    """What this loop needs of the daemon it runs for a term (and the yield watch reads)."""
 
     @property
     def failed(self) -> bool: ...
@@ -86,8 +93,10 @@ async def serve(
     )
     failed = False
     waits = StorageWaits()
-    prober = readiness.Prober(settings, member)  # section 11: could this node do the work?
-    member.hold_off = prober.hold_off
+    work = yielding.WorkWatch()  # what this node's row says of its work: the yield rule's view
+    prober = readiness.Prober(settings, member, work)  # section 11: could this node do the work?
+    cooloff = yielding.Cooloff(member, cooloff=cluster.yield_cooloff, peers=prober.peers_ready)
+    member.hold_off = lambda: prober.hold_off() or cooloff()
     member.readiness_view = prober.view
     probing: asyncio.Task[None] | None = None
     try:
@@ -106,10 +115,29 @@ async def serve(
             holding.owed, waits.notices_owed = waits.notices_owed, []
             leader = make_leader(holding=holding, state_lock=lock)
             prober.lead(leader)
-            failed = await _lead(leader, member, holding, stop)
+            work.leading(leader)
+            watch = functools.partial(
+                yielding.watch_term,
+                leader,
+                holding,
+                work=work,
+                peers=prober.peers_ready,
+                yield_after=cluster.yield_after,
+                term_began=time.monotonic(),
+                record_within=cluster.lease_ttl,
+            )
+            failed, yielded = await _lead(leader, member, holding, stop, watch)
+            work.leading(None)
             prober.stand_by()
             if failed or stop.is_set():
                 break
+            if yielded is not None:
+                # Drained under the term: now the lease, with its NOTIFY, to the ready node.
+                await member.release()
+                cooloff.began()
+                log.warning("cluster.yielded", node=member.node, term=holding.term, to=yielded.to)
+                notifier.status(f"standby: yielded term {holding.term} to {yielded.to}")
+                continue
             log.warning("cluster.stepped_down", node=member.node, term=holding.term)
             notifier.status(f"standby: term {holding.term} is over; standing by")
     finally:
@@ -124,10 +152,22 @@ async def serve(
     return 1 if failed else 0
 
 
-async def _lead(leader: Leader, member: Member, holding: Holding, stop: asyncio.Event) -> bool:
-    """One term; True when it ended in a failure (not when the lease was lost)."""
+async def _lead(
+    leader: Leader,
+    member: Member,
+    holding: Holding,
+    stop: asyncio.Event,
+    watch: Callable[[], Coroutine[Any, Any, Verdict]],
+) -> tuple[bool, Verdict | None]:
+    """One term: True when it ended in a failure (not when the lease was lost); the verdict
+    when it ended in a yield (`watch` said so: the daemon stopped as at SIGTERM, and drained)."""
     lead_stop = asyncio.Event()
     keeper = asyncio.create_task(member.hold(holding), name="lease")
+    yielded: list[Verdict] = []
+
+    async def until_it_cannot_work() -> None:
+        yielded.append(await watch())
+        lead_stop.set()
 
     async def until_stop_or_lost() -> None:
         waits = [asyncio.create_task(stop.wait()), asyncio.create_task(holding.lost.wait())]
@@ -139,14 +179,16 @@ async def _lead(leader: Leader, member: Member, holding: Holding, stop: asyncio.
         lead_stop.set()
 
     watcher = asyncio.create_task(until_stop_or_lost(), name="lead-stop")
+    yielder = asyncio.create_task(until_it_cannot_work(), name="yield-watch")
     try:
         await leader.run(lead_stop)
     finally:
-        for task in (watcher, keeper):
+        for task in (watcher, yielder, keeper):
             task.cancel()
-        for task in (watcher, keeper):
+        for task in (watcher, yielder, keeper):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    verdict = yielded[0] if yielded else None
     if holding.lost.is_set() and not stop.is_set():
-        return False
-    return leader.failed
+        return False, verdict
+    return leader.failed, verdict

@@ -1,0 +1,191 @@
+"""A leader that cannot do the work yields to a node that can (DESIGN.md section 11, issue 32):
+two real `ntfy-intake run` processes on one PostgreSQL, lease 3 s / renew 1 s, each node
+reaching the bundled ntfy emulator through its own loopback route (testbed/ntfy_route.py) the
+test can cut, with `cluster.probe_every` 1 s and `cluster.yield_after` 4 s so that a yield takes
+seconds. Each test is named after the failure it kills and makes the checks every two-node test
+makes (tests/standby.py `settle`: every id recorded once, terms in order, every delivery
+delivered, every node's audit files equal to the journal); the hand-over is bounded by
+yield_after + lease_ttl + renew_every + 5 s from the fault, and printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.testbed.ntfy_route import NtfyRoute
+
+from ...harness import wait_until
+from ...standby import RENEW, TTL, Cluster, Lease, serving_as_leader, settle, standing_by
+from ...standby_nodes import Node, Stream
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
+]
+
+PROBE_EVERY = 1.0
+YIELD_AFTER = 4.0
+YIELD_BOUND = YIELD_AFTER + TTL + RENEW + 5.0
+
+
+@pytest.fixture
+def routes(cluster: Cluster) -> Iterator[dict[str, NtfyRoute]]:
+    """alpha's and beta's own routes to ntfy."""
+    made = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
+    try:
+        yield made
+    finally:
+        for route in made.values():
+            route.close()
+
+
+def start_pair(cluster: Cluster, routes: dict[str, NtfyRoute]) -> tuple[Node, Node, Lease]:
+    """alpha leading and recording, beta standing by and READY (its row says so): the lease."""
+    cluster.settings.update(
+        cluster_probe_every=f"{PROBE_EVERY:g}s", cluster_yield_after=f"{YIELD_AFTER:g}s"
+    )
+    # One ntfy, reached through each node's own route: the work (its fingerprint) is the same.
+    alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
+    beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
+    for node in (alpha, beta):
+        node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
+    alpha.start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+    beta.start()
+    wait_until(lambda: standing_by(beta), 30, "beta standing by")
+    wait_until(lambda: ready(cluster, "beta"), 30, "beta's row saying ready")
+    lease = cluster.lease()
+    assert lease is not None and lease.node == "alpha"
+    return alpha, beta, lease
+
+
+def ready(cluster: Cluster, node: str) -> bool:
+    return bool(cluster.try_rows("SELECT ready FROM nodes WHERE node = ?", node) == [(True,)])
+
+
+def handover_notices(cluster: Cluster) -> list[tuple[str, str, str]]:
+    """The owner's notices of a change of leader: (key, kind, text)."""
+    rows = cluster.rows(
+        "SELECT key, topic, text FROM owner_outbox WHERE kind = 'notice'"
+        " AND topic IN ('yielded', 'takeover') ORDER BY key"
+    )
+    return [(str(k), str(t), str(x)) for k, t, x in rows]
+
+
+def test_a_leader_cut_off_from_ntfy_yields_instead_of_leading_deaf_while_alerts_age_out(
+    cluster: Cluster, routes: dict[str, NtfyRoute]
+) -> None:
+    """Issue 32: a leader whose route to ntfy was cut held the lease for the whole 60 s tried,
+    alerts unrecorded, while the standby reached ntfy. Now the standby takes over within
+    yield_after + lease_ttl + renew_every + 5 s, everything published during the cut is
+    recorded once, and the owner reads one notice naming both nodes and the reason."""
+    alpha, _beta, lease = start_pair(cluster, routes)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        routes["alpha"].cut()
+        fault = cluster.fault(alpha, "the leader's route to ntfy cut", time.monotonic())
+        taken, took = cluster.failover(fault, lease.term, YIELD_BOUND)
+        assert taken.node == "beta"
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published)
+    assert alpha.alive, alpha.stderr()  # it stands by, in the same process
+    notices = handover_notices(cluster)
+    assert [(k, kind) for k, kind, _ in notices] == [(f"takeover:{taken.term}", "yielded")]
+    text = notices[0][2]
+    assert text.startswith("alpha yielded to beta: ntfy unreachable from alpha for "), text
+    yielded = alpha.events("cluster.yielding")
+    assert len(yielded) == 1 and yielded[0]["to"] == "beta", yielded
+    print(f"{len(published)} published; yield hand-over {took:.2f} s (bound {YIELD_BOUND:g} s)")
+
+
+@contextlib.contextmanager
+def audit_disk_full(state_dir: Path) -> Iterator[None]:
+    """Every write to today's audit file fails with ENOSPC (the file swapped for /dev/full
+    under the running daemon; the original kept aside and put back at the end)."""
+    audit = state_dir / "audit"
+    (today,) = sorted(audit.glob("audit-*.jsonl"))[-1:]
+    aside = today.with_name(today.name + ".aside")
+    link = today.with_name(today.name + ".full")
+    link.symlink_to("/dev/full")
+    os.rename(today, aside)
+    os.rename(link, today)
+    try:
+        yield
+    finally:
+        today.unlink()
+        os.rename(aside, today)
+
+
+def test_a_leader_whose_audit_disk_is_full_yields_instead_of_leading_latched_until_a_restart(
+    cluster: Cluster, routes: dict[str, NtfyRoute]
+) -> None:
+    """Issue 32: a leader whose audit disk filled (latched: the cursor frozen, the audit log it
+    owes unwritten) led until a person restarted it. Now it yields to the ready standby."""
+    if not Path("/dev/full").exists():
+        pytest.skip("/dev/full is not available")
+    alpha, _beta, lease = start_pair(cluster, routes)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        with audit_disk_full(alpha.state_dir):
+            fault = cluster.fault(alpha, "the leader's audit disk full", time.monotonic())
+            taken, took = cluster.failover(fault, lease.term, YIELD_BOUND)
+            assert taken.node == "beta"
+            assert alpha.events("audit.latched"), "the fault did not latch the leader"
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published)
+    assert alpha.alive, alpha.stderr()
+    notices = handover_notices(cluster)
+    assert [(k, kind) for k, kind, _ in notices] == [(f"takeover:{taken.term}", "yielded")]
+    assert notices[0][2].startswith("alpha yielded to beta: the audit log cannot be written")
+    print(f"{len(published)} published; yield hand-over {took:.2f} s (bound {YIELD_BOUND:g} s)")
+
+
+def test_ntfy_unreachable_from_both_nodes_never_moves_the_lease_back_and_forth(
+    cluster: Cluster, routes: dict[str, NtfyRoute]
+) -> None:
+    """No flapping: with ntfy unreachable from alpha AND beta, no node is ready, so the leader
+    keeps the lease (nothing better exists) through four yield_after periods, and no notice is
+    sent. Then beta's route comes back: the move happens once, to beta, and the alerts published
+    while both were cut are recorded once."""
+    alpha, _beta, lease = start_pair(cluster, routes)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        routes["alpha"].cut()
+        routes["beta"].cut()
+        wait_until(lambda: not ready(cluster, "beta"), 30, "beta's row saying not ready")
+        held_until = time.monotonic() + 4 * YIELD_AFTER
+        while time.monotonic() < held_until:
+            now = cluster.lease()
+            assert now is not None and (now.node, now.term) == ("alpha", lease.term), now
+            time.sleep(0.2)
+        assert alpha.events("cluster.keeps_leading"), "alpha never saw its work dead"
+        assert handover_notices(cluster) == []
+        routes["beta"].restore()
+        fault = cluster.fault(alpha, "beta's route to ntfy back", time.monotonic())
+        # beta ready at its next probe; alpha, dead for long, yields at once.
+        taken, took = cluster.failover(fault, lease.term, 2 * PROBE_EVERY + TTL + RENEW + 5.0)
+        assert taken == Lease("beta", lease.term + 1, True)
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published)
+    assert [kind for _, kind, _ in handover_notices(cluster)] == ["yielded"]
+    print(f"{len(published)} published; moved once, {took:.2f} s after beta's route came back")
