@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules.durations import format_duration, parse_duration
+from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.settings.schema import (
     _URL_KEYS,
     CONFIG_ENV,
@@ -36,7 +37,6 @@ from ntfy_intake.settings.schema import (
     StateSettings,
     _mask_url,
     env_name,
-    is_dsn,
     split_listen,
 )
 from ntfy_intake.settings.sources import _type_name, _Value
@@ -287,23 +287,16 @@ def _state(r: _Reader, environ: Mapping[str, str]) -> StateSettings:
 
 
 def _database(r: _Reader) -> Dsn | None:
-    """`[state] database`: a PostgreSQL URI, or unset for SQLite in the state dir."""
+    """`[state] database`: a PostgreSQL DSN read by libpq's parser (settings/dsn.py), or unset
+    for SQLite in the state dir."""
     text = r.text("state", "database")
     if text is None:
         return None
-    if not is_dsn(text):
-        r.fail(
-            "state",
-            "database",
-            "expected a PostgreSQL URI like postgresql://user@host/db (value not shown);"
-            " unset for SQLite in the state dir",
-        )
-    dsn = Dsn(text)
     try:
-        dsn.where  # noqa: B018 - parses host, port and database
-    except ValueError:
-        r.fail("state", "database", "not a valid PostgreSQL URI (value not shown)")
-    return dsn
+        dsn_rules.check(text)
+    except dsn_rules.DsnError as exc:
+        r.fail("state", "database", str(exc))
+    return Dsn(text)
 
 
 def _state_dir(r: _Reader, environ: Mapping[str, str]) -> Path:

@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
-from urllib.parse import parse_qsl, urlsplit
 from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules.durations import format_duration
+from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.wire import signing
 
 ENV_PREFIX = "NTFY_INTAKE_"
@@ -136,19 +136,21 @@ class NtfySettings:
     overlap: float = 30.0
 
 
-DSN_SCHEMES = ("postgresql://", "postgres://")
+DSN_SCHEMES = dsn_rules.SCHEMES
 
 
 def is_dsn(value: object) -> bool:
-    """A PostgreSQL connection URI (`[state] database`), not a file path."""
+    """A PostgreSQL connection string (`[state] database`: a URI or libpq's key=value words),
+    not a file path."""
     text = value.conninfo if isinstance(value, Dsn) else str(value)
-    return text.startswith(DSN_SCHEMES)
+    return dsn_rules.looks_like_dsn(text)
 
 
 @dataclass(frozen=True, slots=True)
 class Dsn:
-    """A PostgreSQL connection string. Its `str` names host, port and database and never the
-    password (a DSN with a password is a secret: DESIGN.md section 8)."""
+    """A PostgreSQL connection string, read by libpq's own parser (settings/dsn.py). Its `str`
+    names user, host, port and database and never the password (a DSN with a password is a
+    secret: DESIGN.md sections 8 and 11)."""
 
     conninfo: str
 
@@ -160,22 +162,19 @@ class Dsn:
 
     @property
     def where(self) -> str:
-        parts = urlsplit(self.conninfo)
-        query = dict(parse_qsl(parts.query))
-        host = parts.hostname or query.get("host") or "localhost"
-        port = f":{parts.port}" if parts.port else ""
-        database = parts.path.lstrip("/") or query.get("dbname") or parts.username or "postgres"
-        user = f"{parts.username}@" if parts.username else ""
-        return f"postgresql://{user}{host}{port}/{database}"
+        return dsn_rules.describe(self.conninfo)
 
     @property
     def host(self) -> str:
-        return urlsplit(self.conninfo).hostname or "localhost"
+        return dsn_rules.host(self.conninfo)
 
     @property
     def database(self) -> str:
-        parts = urlsplit(self.conninfo)
-        return parts.path.lstrip("/") or parts.username or "postgres"
+        return dsn_rules.database(self.conninfo)
+
+    def redact(self, message: str) -> str:
+        """`message` without this DSN's password in any form libpq or psycopg could print it."""
+        return dsn_rules.redact(message, self.conninfo)
 
 
 @dataclass(frozen=True, slots=True)

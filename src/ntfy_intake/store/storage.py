@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ Kind = Literal[
     "unreachable",
     "refused",
     "no_database",
+    "malformed",
     "other",
 ]
 TRANSIENT: frozenset[Kind] = frozenset(
@@ -51,6 +53,7 @@ _WORDS: dict[Kind, str] = {
     "unreachable": "database unreachable",
     "refused": "database refused the login",
     "no_database": "no such database",
+    "malformed": "the DSN is malformed",
     "other": "storage error",
 }
 
@@ -116,6 +119,15 @@ _SQLSTATE_KINDS: dict[str, Kind] = {
 }
 
 
+# A connection parameter libpq or psycopg refuses at connect (libpq checks ports, modes and
+# options only then): no wait makes it valid, only a person can (issue 32: it was taken for
+# "unreachable" and waited out for ever).
+_MALFORMED = re.compile(
+    r"invalid [\w ]*value|could not match \d+ (?:port numbers|host names)|bad value for"
+    r"|invalid connection option|invalid uri|percent-encoded|connection info string"
+)
+
+
 def _pg_kind(exc: BaseException) -> Kind:
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate in _SQLSTATE_KINDS:
@@ -131,6 +143,8 @@ def _pg_kind(exc: BaseException) -> Kind:
         return "refused"
     if "database" in text and "does not exist" in text:
         return "no_database"
+    if sqlstate is None and _MALFORMED.search(text):
+        return "malformed"
     if isinstance(exc, postgres.DRIVER_OPERATIONAL) or sqlstate in (None, "08000", "08006"):
         # A connection that failed, broke or was closed: the server may come back.
         return "unreachable"
@@ -191,9 +205,12 @@ def startup_error(exc: BaseException, database: Path | Dsn) -> IntakeError:
 
 
 def _postgres_startup_error(exc: BaseException, dsn: Dsn) -> IntakeError:
-    """Host, database and cause, never the password (the DSN's `str` leaves it out)."""
+    """Host, database and cause, never the password: the DSN's `str` leaves it out, and the
+    driver's text is redacted by the parsed password in every form (postgres.redacted), here
+    again for an error that did not come through `postgres.connect`."""
+    postgres.redacted(exc, dsn)
     fault = classify(exc, f"{dsn.host}, database {dsn.database}")
-    detail = _first_line(fault.detail).replace(dsn.conninfo, str(dsn))
+    detail = dsn.redact(_first_line(fault.detail).replace(dsn.conninfo, str(dsn)))
     line = f"PostgreSQL {dsn}: {_WORDS[fault.kind]} ({detail})"
     if fault.kind == "unreachable":
         return DatabaseUnreachable(line)

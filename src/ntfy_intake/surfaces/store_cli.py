@@ -4,8 +4,9 @@
 The source is this config's state dir: its SQLite database when there is one, or else only its
 audit log (which the copy rebuilds into PostgreSQL, as a daemon would on an empty database).
 The caller holds the state dir's daemon lock throughout, so no daemon writes the source
-meanwhile. One line on success; one line and exit 2 when the target holds a store already or
-refuses the login; never the password.
+meanwhile. One line on success; one line and exit 2 when the target holds a store already,
+refuses the login, or is a DSN libpq refuses or would misread (settings/dsn.py); never the
+password, nor any piece of it (what the driver says is redacted: store/postgres.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from ntfy_intake.errors import StartupError
+from ntfy_intake.errors import ConfigError, StartupError
 from ntfy_intake.flow.pipeline import append_triage_entry
 from ntfy_intake.settings import Settings
-from ntfy_intake.settings.schema import Dsn, is_dsn
+from ntfy_intake.settings import dsn as dsn_rules
+from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import audit, copy, db, migrations, rebuild, storage
 
 __all__ = ["add_arguments", "run", "target_dsn"]
@@ -42,11 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPars
 
 
 def target_dsn(args: argparse.Namespace) -> Dsn:
+    """The target, read by libpq's parser as `[state] database` is (settings/dsn.py): a DSN
+    it refuses or would misread is one line naming the option, never the value."""
+    option = "--to" if args.to is not None else "--to-file"
     text = args.to if args.to is not None else _read(args.to_file)
-    if not is_dsn(text):
-        raise StartupError(
-            "store copy --to: expected a PostgreSQL URI like postgresql://user@host/db"
-        )
+    try:
+        dsn_rules.check(text)
+    except dsn_rules.DsnError as exc:
+        raise ConfigError(f"store copy {option}", str(exc)) from None
     return Dsn(text)
 
 

@@ -1,0 +1,174 @@
+"""A PostgreSQL DSN read the way libpq reads it, and its password kept out of every message
+(DESIGN.md section 11).
+
+libpq's own parser (`psycopg.conninfo.conninfo_to_dict`: PQconninfoParse) reads both forms, a
+URI and `key=value` words, so what the daemon shows and what it connects with are one reading.
+On top of what libpq refuses, this module refuses what libpq reads *differently* from what the
+writer meant, and would only fail later, at connect, naming a piece of the password:
+- an `@` in a URI other than the one that ends the user and password (an unencoded `@` or `/`
+  in a password: libpq takes what follows it for the host, the port or the database);
+- a port that is not a number from 1 to 65535 (libpq checks it only at connect, quoting it).
+
+No message here holds any text of the DSN: libpq's parse errors quote the text they stumbled on
+(`invalid percent-encoded token: "S3%CRET"`), so the quoted parts are cut out and libpq's words
+kept. `redact` removes the password in every form libpq or psycopg could print it.
+
+psycopg is imported only when a DSN is read (SQLite installs do without it).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from urllib.parse import quote, unquote
+
+SCHEMES = ("postgresql://", "postgres://")
+MASK = "***"
+# How to write what libpq would misread (the hint every refusal of a URI ends with).
+ENCODE_HINT = (
+    "percent-encode a %, @, / or : in the user name or password (%25, %40, %2F, %3A),"
+    " or use the key=value form with the password in single quotes"
+)
+# libpq's parse messages quote the text they stumbled on; these quoted parts are its own.
+_LIBPQ_LITERALS = re.compile(r'(missing "=" after|separator "="|\(expected ":" or "/"\)|"\]")')
+_QUOTED = re.compile(r'"[^"]*"')
+_KEYWORDS_FORM = re.compile(r"\s*[A-Za-z_]+\s*=")
+
+
+class DsnError(ValueError):
+    """Why a DSN is refused, in words that hold no part of it."""
+
+
+def looks_like_dsn(text: str) -> bool:
+    """libpq's own test (`recognized_connection_string`): a URI, or `key=value` words."""
+    return text.startswith(SCHEMES) or _KEYWORDS_FORM.match(text) is not None
+
+
+def check(text: str) -> dict[str, str]:
+    """The DSN's parameters as libpq reads them; DsnError when libpq refuses it or would read
+    it differently from what was meant (module doc)."""
+    if not looks_like_dsn(text):
+        raise DsnError(
+            "expected a PostgreSQL URI like postgresql://user@host/db, or key=value words like"
+            " host=db.lan dbname=intake (value not shown)"
+        )
+    params = parse(text)
+    if text.startswith(SCHEMES) and _stray_at(text):
+        raise DsnError(f"an @ that libpq would not read as the end of the password: {ENCODE_HINT}")
+    for port in params.get("port", "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            hint = f": {ENCODE_HINT}" if text.startswith(SCHEMES) else ""
+            raise DsnError(f"a port that is not a number from 1 to 65535 (not shown){hint}")
+    return params
+
+
+@functools.lru_cache(maxsize=16)
+def parse(text: str) -> dict[str, str]:
+    """libpq's reading of `text` (cached: the DSN is read once per message shown)."""
+    try:
+        import psycopg.conninfo  # noqa: PLC0415 - only a PostgreSQL install has it
+    except ImportError:
+        raise DsnError("PostgreSQL needs psycopg: install ntfy-intake[postgres]") from None
+    try:
+        return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(text).items()}
+    except psycopg.Error as exc:
+        raise DsnError(_libpq_words(str(exc), uri=text.startswith(SCHEMES))) from None
+
+
+def _libpq_words(message: str, *, uri: bool) -> str:
+    """libpq's parse error with every text it quotes from the DSN cut out."""
+    first = message.strip().splitlines()[0] if message.strip() else "cannot be parsed"
+    kept = _LIBPQ_LITERALS.split(first)
+    words = "".join(
+        part if _LIBPQ_LITERALS.fullmatch(part) else _QUOTED.sub("(not shown)", part)
+        for part in kept
+    )
+    words = words.replace(": (not shown)", " (not shown)")
+    if uri or "percent" in words:
+        return f"libpq: {words}; {ENCODE_HINT}"
+    return f"libpq: {words} (a value holding spaces or quotes is written 'in single quotes')"
+
+
+def _stray_at(text: str) -> bool:
+    """An `@` in the URI (before its query) that libpq does not take as the end of the user
+    and password: libpq looks for that `@` only before the first `/` after the scheme."""
+    rest = text.split("://", 1)[1].split("?", 1)[0]
+    authority = re.match(r"[^@/]*@", rest)
+    after = rest[authority.end() :] if authority else rest
+    return "@" in after
+
+
+def secrets(text: str) -> tuple[str, ...]:
+    """Every form the password of `text` could be printed in, longest first: as libpq reads it,
+    percent-encoded and decoded, as written in the text, and when the URI is misread, what the
+    writer meant and each piece of it around an `@`, `:` or `/`."""
+    found: set[str] = set()
+    try:
+        password = parse(text).get("password")
+    except DsnError:
+        password = None
+    if password:
+        found.add(password)
+    meant = _written_password(text)
+    if meant:
+        found.add(meant)
+        # A misread URI: libpq (and its messages) cut the password at an @, : or /.
+        found.update(piece for piece in re.split(r"[@:/]", meant) if len(piece) > 1)
+        for separator in "@:/":
+            found.update(part for part in meant.split(separator, 1) if len(part) > 1)
+    forms: set[str] = set()
+    for secret in found:
+        forms |= {secret, quote(secret, safe=""), quote(secret), unquote(secret)}
+    return tuple(sorted((form for form in forms if form), key=len, reverse=True))
+
+
+def _written_password(text: str) -> str | None:
+    """The password as written: in a URI, what lies between the user's `:` and the last `@`
+    before the path (what the writer meant, even where libpq reads it otherwise); in the
+    key=value form, the `password=` value as written."""
+    if text.startswith(SCHEMES):
+        rest = text.split("://", 1)[1].split("?", 1)[0]
+        userinfo = rest.rpartition("@")[0]
+        _user, colon, password = userinfo.partition(":")
+        return password if colon and password else None
+    found = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", text)
+    return found.group(1).strip("'") if found else None
+
+
+def redact(message: str, text: str) -> str:
+    """`message` with the password of the DSN `text` removed in every form (`secrets`)."""
+    for secret in secrets(text):
+        message = message.replace(secret, MASK)
+    return message
+
+
+def describe(text: str) -> str:
+    """Where the DSN points, without its password: postgresql://user@host:port/database."""
+    try:
+        params = check(text)
+    except DsnError:
+        return "postgresql://(malformed DSN, not shown)"
+    user = params.get("user")
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port")
+    database = params.get("dbname") or user or "postgres"
+    shown = (
+        f"postgresql://{user + '@' if user else ''}{host}{':' + port if port else ''}/{database}"
+    )
+    return redact(shown, text)
+
+
+def host(text: str) -> str:
+    try:
+        params = check(text)
+    except DsnError:
+        return "(malformed DSN)"
+    return redact(params.get("host") or params.get("hostaddr") or "localhost", text)
+
+
+def database(text: str) -> str:
+    try:
+        params = check(text)
+    except DsnError:
+        return "(malformed DSN)"
+    return redact(params.get("dbname") or params.get("user") or "postgres", text)
