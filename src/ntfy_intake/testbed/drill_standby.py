@@ -333,7 +333,11 @@ class StandbyDrill:
             now = time.monotonic()
             if lease is not None and lease.fresh and (held is None or lease.term != held.term):
                 after = lease.expires_at - self.ttl > fault.server_at
-                if lease.term > done.term_before or (not new_term and after):
+                moved = lease.term > done.term_before
+                if moved and done.kind in WORK_FAULTS and lease.node == done.target:
+                    # The node that cannot do the work took it back: not where it must go.
+                    done.retook = True
+                elif moved or (not new_term and after):
                     held, since = lease, now
                     done.lease_s = now - fault.started
                     done.term_after, done.leader_after = lease.term, lease.node

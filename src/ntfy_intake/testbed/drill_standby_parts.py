@@ -33,6 +33,7 @@ LABELS = {
     "stream_silent": "ntfy stream silent, connection open",
 }
 JOURNAL_PAGE = 2000
+HANDOVER_NOTICES = ("takeover", "yielded")  # rules/notices.py: one of them per term taken
 
 
 def build_plan(
@@ -189,7 +190,7 @@ class Journal:
         event_id = str(record["event_id"]) if kind == "event" else None
         key = record.get("delivery_key") if kind == "event" else None
         notice = None
-        if kind == "notice" and record.get("notice") == "takeover":
+        if kind == "notice" and record.get("notice") in HANDOVER_NOTICES:
             notice = {k: str(v) for k, v in record.items()}
         ts = _epoch(record.get("ts"))
         self.rows.append(Row(seq, term, kind, event_id, key and str(key), notice, ts, seen))
@@ -228,8 +229,17 @@ class Journal:
         return out
 
     def takeovers(self) -> Counter[int]:
-        """Takeover notices per term."""
-        return Counter(int(r.notice.get("term", r.term)) for r in self.rows if r.notice)
+        """Hand-over notices per term taken: a takeover's (recorded under the term taken), or a
+        yield's (recorded by the yielder under its own term, for the next: the same key, so the
+        next leader's takeover notice is then a no-op and the owner hears once)."""
+        return Counter(handover_term(r.notice, r.term) for r in self.rows if r.notice)
+
+
+def handover_term(notice: dict[str, str], term: int) -> int:
+    """The term a hand-over notice (a journal row of `term`) is about."""
+    if notice.get("notice") == "yielded":
+        return int(notice.get("previous_term", term)) + 1
+    return int(notice.get("term", term))
 
 
 def _epoch(value: object) -> float:
@@ -273,6 +283,7 @@ class Round:
     fault_mark: int = 0  # the faulted node's log size at the fault
     detail: str = ""  # a work fault: what was done
     latched: bool | None = None  # a work fault: the faulted node's audit latch was set
+    retook: bool = False  # a work fault: the faulted node took a new term itself meanwhile
     ready_again_s: float | None = None  # a work fault: lifted -> the faulted node ready again
 
     @property

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import TextIO
 
 from ntfy_intake.testbed import drill_report
-from ntfy_intake.testbed.drill_standby_parts import LABELS, WORK_FAULTS, Journal, Round
+from ntfy_intake.testbed.drill_standby_parts import (
+    LABELS,
+    WORK_FAULTS,
+    Journal,
+    Round,
+    handover_term,
+)
 from ntfy_intake.testbed.drill_store import StoreView
 
 GRACEFUL_BOUND_S = 2.0
@@ -175,6 +181,17 @@ def render(
             f" bound {tally.bound_text(kind)})",
             bool(late),
             f"{len(late)} {LABELS[kind]} round(s) over the bound",
+        )
+    work = [r for r in tally.rounds if r.kind in WORK_FAULTS]
+    if work:
+        back = [r for r in work if r.retook]
+        row(
+            "work faults: the faulted node took the lease back itself",
+            len(back)
+            if not back
+            else f"{len(back)} (rounds {', '.join(str(r.index + 1) for r in back)})",
+            bool(back),
+            "a node that could not do the work took it back (no hand-over, or a ping-pong)",
         )
     for kind in (k for k in WORK_FAULTS if kinds[k]):
         mine = [r for r in tally.rounds if r.kind == kind]
@@ -339,10 +356,17 @@ def _history(tally: StandbyTally, journal: Journal) -> dict[int, str]:
     before)."""
     history = dict(tally.terms)
     for r in journal.rows:
-        if r.notice and r.notice.get("node") and r.notice.get("previous_node"):
-            term = int(r.notice.get("term", r.term))
-            history.setdefault(term, r.notice["node"])
-            history.setdefault(term - 1, r.notice["previous_node"])
+        if not r.notice:
+            continue
+        term = handover_term(r.notice, r.term)
+        # A takeover names the node that took the term and the one before; a yield the one
+        # that gave it up (`node`) and the one it went to (`to`).
+        took, before = r.notice.get("node"), r.notice.get("previous_node")
+        if r.notice.get("notice") == "yielded":
+            took, before = r.notice.get("to"), r.notice.get("node")
+        if took and before:
+            history.setdefault(term, took)
+            history.setdefault(term - 1, before)
     return history
 
 
