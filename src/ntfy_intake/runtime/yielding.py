@@ -35,6 +35,7 @@ import structlog
 
 from ntfy_intake.flow.intake import IntakeHealth
 from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.pipeline import CrashPoints
 from ntfy_intake.rules import notices
 from ntfy_intake.rules import yielding as rules
 from ntfy_intake.rules.health import State
@@ -56,6 +57,8 @@ class Working(Protocol):
     def health(self) -> IntakeHealth: ...
     @property
     def journal(self) -> Journal: ...
+    @property
+    def crash(self) -> CrashPoints: ...
 
 
 class WorkWatch:
@@ -137,6 +140,7 @@ async def watch_term(
             await daemon.journal.note(notice)
     except Exception as exc:  # noqa: BLE001 - the next leader's takeover notice stands in (doc)
         log.error("cluster.yield_notice_failed", node=holding.node, error=repr(exc))
+    daemon.crash.hit("after_yield_notice")  # test hook: a crash between the notice and the release
     return verdict
 
 

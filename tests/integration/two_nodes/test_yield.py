@@ -21,7 +21,16 @@ import pytest
 from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
-from ...standby import RENEW, TTL, Cluster, Lease, serving_as_leader, settle, standing_by
+from ...standby import (
+    RENEW,
+    TTL,
+    Cluster,
+    Fault,
+    Lease,
+    serving_as_leader,
+    settle,
+    standing_by,
+)
 from ...standby_nodes import Node, Stream
 
 pytestmark = [
@@ -45,7 +54,9 @@ def routes(cluster: Cluster) -> Iterator[dict[str, NtfyRoute]]:
             route.close()
 
 
-def start_pair(cluster: Cluster, routes: dict[str, NtfyRoute]) -> tuple[Node, Node, Lease]:
+def start_pair(
+    cluster: Cluster, routes: dict[str, NtfyRoute], **alpha_env: str
+) -> tuple[Node, Node, Lease]:
     """alpha leading and recording, beta standing by and READY (its row says so): the lease."""
     cluster.settings.update(
         cluster_probe_every=f"{PROBE_EVERY:g}s", cluster_yield_after=f"{YIELD_AFTER:g}s"
@@ -55,7 +66,7 @@ def start_pair(cluster: Cluster, routes: dict[str, NtfyRoute]) -> tuple[Node, No
     beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
     for node in (alpha, beta):
         node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
-    alpha.start()
+    alpha.start(**alpha_env)
     assert cluster.leader().name == "alpha"
     cluster.emu.wait_for_subscribers(1, timeout=30)
     wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
@@ -189,3 +200,35 @@ def test_ntfy_unreachable_from_both_nodes_never_moves_the_lease_back_and_forth(
     settle(cluster, published)
     assert [kind for _, kind, _ in handover_notices(cluster)] == ["yielded"]
     print(f"{len(published)} published; moved once, {took:.2f} s after beta's route came back")
+
+
+def test_a_yielding_leader_killed_after_its_notice_leaves_the_owner_one_notice_not_two(
+    cluster: Cluster, routes: dict[str, NtfyRoute]
+) -> None:
+    """The yield notice is recorded under the yielder's term before it releases, with the next
+    term's takeover key: alpha killed (-9) right after recording it, before the drain and the
+    release, leaves beta to take the lease when it runs out, and beta's own takeover notice
+    for that term is a no-op. One notice, not a yield notice and a failover notice."""
+    alpha, _beta, lease = start_pair(
+        cluster, routes, NTFY_INTAKE_TEST_CRASH_AT="after_yield_notice"
+    )
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        routes["alpha"].cut()
+        fault = cluster.fault(alpha, "the leader's route to ntfy cut", time.monotonic())
+        assert alpha.proc is not None
+        alpha.proc.wait(YIELD_BOUND)  # killed at the hook, right after its notice
+        cluster.faults.append(Fault("alpha", time.monotonic(), "alpha killed after its notice"))
+        taken, took = cluster.failover(fault, lease.term, YIELD_BOUND)
+        assert taken.node == "beta"
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    routes["alpha"].restore()  # alpha back as a ready standby (not ready, its health says so)
+    settle(cluster, published, alpha)
+    notices = handover_notices(cluster)
+    assert [(k, kind) for k, kind, _ in notices] == [(f"takeover:{taken.term}", "yielded")]
+    assert alpha.events("cluster.yielding") and not alpha.events("cluster.yielded")
+    print(f"{len(published)} published; killed yielder, beta leads {took:.2f} s after the cut")
