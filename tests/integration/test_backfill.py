@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import EmulatorConfig
 
 from ..harness import (
     DaemonThread,
@@ -46,12 +46,11 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def emu(clock: Clock):  # type: ignore[no-untyped-def]
-    config = EmulatorConfig(
+def emulator_config(clock: Clock) -> EmulatorConfig:
+    """conftest's `emu` on the clock these tests move."""
+    return EmulatorConfig(
         keepalive_interval=1.0, clock=clock, delayed_sender_interval=None, request_limit=False
     )
-    with NtfyEmulator(config).running() as emulator:
-        yield emulator
 
 
 def publish(emu, title: str, **kwargs: object) -> str:  # type: ignore[no-untyped-def]

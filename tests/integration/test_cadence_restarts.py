@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +28,6 @@ from ..harness import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.engines]
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 def owner_env(signal_url: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from ntfy_intake.flow import database, intake, journal
 from ntfy_intake.flow import writer as writer_module
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, cursor, db, inbox
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.wire import refusals
 
 from ..conftest import make_message
@@ -39,12 +39,6 @@ from ..harness import (
 )
 
 pytestmark = pytest.mark.engines
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 @pytest.fixture

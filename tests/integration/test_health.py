@@ -25,13 +25,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until
 
-pytestmark = pytest.mark.engines
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=0.5)).running() as emulator:
-        yield emulator
+pytestmark = [pytest.mark.engines, pytest.mark.emulator(keepalive_interval=0.5)]
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -32,12 +32,6 @@ from ..harness import (
 pytestmark = pytest.mark.engines
 
 
-@pytest.fixture
-def emu():  # type: ignore[no-untyped-def]
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
-
-
 def publish(emu, n: int, prefix: str = "alert") -> list[str]:  # type: ignore[no-untyped-def]
     return [emu.publish("alerts", f"{prefix} {i}", title=f"{prefix} {i}")["id"] for i in range(n)]
 

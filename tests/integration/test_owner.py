@@ -23,13 +23,16 @@ from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.settings import OwnerSettings
 from ntfy_intake.store import audit, db, migrations
 from ntfy_intake.testbed import signal_standin
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
 from .. import harness
 from ..harness import store_of
 
-pytestmark = pytest.mark.engines
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.emulator(keepalive_interval=45.0, manager_interval=None),
+]
 
 SENDER = "+31600000000"
 OWNER = "+31600000001"
@@ -69,12 +72,6 @@ def shared_signal() -> Iterator[SignalHandle]:
 def signal(shared_signal: SignalHandle) -> SignalHandle:
     shared_signal.reset()
     return shared_signal
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(manager_interval=None)).running() as emulator:
-        yield emulator
 
 
 def dead_url() -> str:

@@ -16,18 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from ntfy_intake.store import db
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from .. import harness
 from ..harness import audit_records, daemon_process, env_for, event_ids, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine", ["postgresql"], indirect=True)]
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from ntfy_intake.flow import database, relay
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db, inbox, outbox
 from ntfy_intake.testbed import receiver
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.wire import signing
 
 from .. import harness
@@ -40,12 +40,6 @@ from ..harness import (
 )
 
 pytestmark = pytest.mark.engines
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 def deliveries(state: Path, key: str) -> list[dict[str, object]]:

@@ -27,7 +27,7 @@ from ntfy_intake.rules import notices as notices_module
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db, inbox, migrations, rebuild, storage
 from ntfy_intake.testbed import drill_storage, receiver
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.wire.frames import Message, decode_line
 
 from ..conftest import TOPICS, make_message, owner_queue
@@ -152,12 +152,6 @@ def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
 
 
 # -- the real daemon against the bundled ntfy-compatible server -----------------------------------
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 def publish(emu: NtfyEmulator, n: int, prefix: str) -> list[str]:

@@ -10,25 +10,18 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ntfy_intake.store import db, migrations
 from ntfy_intake.testbed import receiver, signal_standin
-from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from .. import engines, harness
 from ..harness import daemon_process, env_for, event_ids, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine", ["postgresql"], indirect=True)]
-
-
-@pytest.fixture
-def emu() -> Iterator[NtfyEmulator]:
-    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emulator:
-        yield emulator
 
 
 def store_copy(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
