@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import DeviceAction, Ignored, Junk, Message, decode_line
 
 from . import engines, harness
-from .conftest import TOPICS, owner_queue
+from .conftest import TOPICS, CliRun, owner_queue
 from .harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
 
 pytestmark = pytest.mark.engines
@@ -379,18 +377,6 @@ NEEDS_DATABASE = (
 )
 
 
-def run_cli(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "ntfy_intake", command],
-        env=base | env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.mark.sqlite_only("no store is opened: each case names its engine in the config itself")
 @pytest.mark.parametrize("command", ["run", "check"])
 @pytest.mark.parametrize(
@@ -431,6 +417,7 @@ def test_a_bad_cluster_setting_exits_2_with_one_line_naming_the_key(
     database: str | None,
     key: str,
     says: str,
+    cli_in_process: CliRun,
 ) -> None:
     env = {
         "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
@@ -440,7 +427,7 @@ def test_a_bad_cluster_setting_exits_2_with_one_line_naming_the_key(
     }
     if database is not None:
         env["NTFY_INTAKE_STATE_DATABASE"] = database
-    result = run_cli(command, env)
+    result = cli_in_process(command, env=env)  # refused before any daemon: no child needed
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
@@ -450,7 +437,7 @@ def test_a_bad_cluster_setting_exits_2_with_one_line_naming_the_key(
 
 @pytest.mark.sqlite_only("no store is opened: the config file names no database")
 def test_a_cluster_section_in_the_file_of_a_sqlite_install_exits_2_with_one_line(
-    tmp_path: Path,
+    tmp_path: Path, cli_in_process: CliRun
 ) -> None:
     config = tmp_path / "config.toml"
     config.write_text(
@@ -458,6 +445,6 @@ def test_a_cluster_section_in_the_file_of_a_sqlite_install_exits_2_with_one_line
         f'[state]\ndir = "{tmp_path / "state"}"\n'
         '[cluster]\nnode = "pi-b"\nlease_ttl = "12s"\nrenew_every = "3s"\n'
     )
-    result = run_cli("run", {"NTFY_INTAKE_CONFIG": str(config)})
+    result = cli_in_process("run", env={"NTFY_INTAKE_CONFIG": str(config)})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [f"config error: cluster.node: {NEEDS_DATABASE}"]
