@@ -61,7 +61,7 @@ from ntfy_intake.surfaces import console, http_api
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
-TOKEN = "bench-console-token"
+TOKEN = "bench-console-token-7Hq2Xv9Lp4"
 TARGET_P99_S = 0.050
 TARGET_REPLAY_LOSS = 0.05
 POLL_S = 0.2

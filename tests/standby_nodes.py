@@ -36,7 +36,7 @@ from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
-TOKEN = "standby-feed-token"
+TOKEN = "standby-feed-token-7Hq2Xv9Lp4"
 # The source of the package under test: the daemons run the same code as the test.
 SRC = Path(ntfy_intake.__file__).resolve().parents[1]
 

@@ -97,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p = add("check", _cmd_check, "exit 0 when healthy, 1 when not (container health check)")
     config_arg(p)
 
+    add("token", _cmd_token, "print a new random http.token (32 random bytes, URL-safe)")
+
     p = add("redrive", _cmd_redrive, "put dead triage requests back in the relay queue")
     config_arg(p)
     group = p.add_mutually_exclusive_group(required=True)
@@ -322,6 +324,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     ok, why = status.healthy(status.collect(conn, settings, time.time()))
     print(("healthy: " if ok else "unhealthy: ") + why)
     return 0 if ok else 1
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from ntfy_intake.settings import token  # noqa: PLC0415
+
+    print(token.generate())
+    return 0
 
 
 def _cmd_redrive(args: argparse.Namespace) -> int:

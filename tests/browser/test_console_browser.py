@@ -25,7 +25,7 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ..harness import DaemonThread, daemon_process, env_for, query, settings_for, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
-TOKEN = "browser-test-token"
+TOKEN = "browser-test-token-7Hq2Xv9Lp4"
 ARGS = [
     "--headless",
     "--no-sandbox",

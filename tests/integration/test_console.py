@@ -29,7 +29,7 @@ from ..harness import DaemonThread, query, settings_for, wait_until
 
 pytestmark = pytest.mark.engines
 
-TOKEN = "console-test-token"
+TOKEN = "console-test-token-7Hq2Xv9Lp4"
 OPEN: list[httpx.Client] = []
 
 

@@ -26,7 +26,7 @@ from ..harness import store_of
 
 pytestmark = pytest.mark.engines
 
-TOKEN = "s3cret-token-for-tests"
+TOKEN = "s3cret-token-for-tests-7Hq2X"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 WAIT_BOUND = 10.0  # generous bound for "promptly"; the real figures are milliseconds
 

@@ -30,7 +30,7 @@ from ntfy_intake.wire import signing
 
 from ..harness import DaemonThread, separate_store, settings_for, wait_until
 
-TOKEN = "tok-for-property-tests"
+TOKEN = "tok-for-property-tests-7Hq2X"
 SECRET = signing.parse_secret(signing.new_secret(bytes(range(40, 72))))
 
 # JSON values with the shapes that broke things before: lone surrogates, deep nesting, huge
@@ -303,7 +303,7 @@ def test_no_input_to_the_reference_receiver_yields_a_500(
 
 # -- the owner console: every page and form, with and without a session and its CSRF token -------
 
-CONSOLE_TOKEN = "console-property-token"
+CONSOLE_TOKEN = "console-property-token-7Hq2X"
 CONSOLE_GET = [
     "/console/",
     "/console",

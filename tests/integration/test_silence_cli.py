@@ -28,7 +28,7 @@ from ..harness import (
 
 pytestmark = pytest.mark.engines
 
-TOKEN = "silence-cli-token"
+TOKEN = "silence-cli-token-7Hq2Xv9Lp4"
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -142,7 +142,7 @@ def test_silence_with_a_wrong_token_is_refused_with_exit_2_and_makes_nothing(
     running: tuple[dict[str, str], Path],
 ) -> None:
     env, _ = running
-    wrong = {**env, "NTFY_INTAKE_HTTP_TOKEN": "not-the-token"}
+    wrong = {**env, "NTFY_INTAKE_HTTP_TOKEN": "not-the-token-3Rm8Kc1Zw6"}
     line = one_line_error(cli(wrong, "add", "--topic", "alerts", "--for", "2h"))
     assert "http.token does not match" in line
     assert json.loads(cli(env, "list", "--json").stdout) == []

@@ -36,7 +36,7 @@ import pytest
 
 from ntfy_intake.surfaces import http_api, http_limits
 
-TOKEN = "tok-linger"
+TOKEN = "tok-linger-7Hq2Xv9Lp4Ws"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": "k1"}
 BIG = 1024 * 1024
 PARALLEL = 16

@@ -190,7 +190,8 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("owner", "recipients"): recipients,
         ("owner", "fallback_topic"): "owner-fallback",
         ("http", "listen"): "[::1]:9999",
-        ("http", "token"): "feed-token",
+        ("http", "token"): "feed-token-7Hq2Xv9Lp4",
+        ("http", "public_url"): "https://intake.home.lan",
         ("health", "ping_url"): "https://hc-ping.example/abc-123",
         ("health", "ping_interval"): "2m",
     }
@@ -233,7 +234,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             ("+4915112345678", "group.YWJjZA=="),
             "owner-fallback",
         ),
-        http=settings.HttpSettings("[::1]:9999", "feed-token"),
+        http=settings.HttpSettings(
+            "[::1]:9999", "feed-token-7Hq2Xv9Lp4", public_url="https://intake.home.lan"
+        ),
         health=settings.HealthSettings("https://hc-ping.example/abc-123", 120),
     )
     assert (s.http.host, s.http.port) == ("::1", 9999)
@@ -249,8 +252,8 @@ def test_env_file_is_read_and_one_trailing_newline_stripped(tmp_path: Path) -> N
 
 
 def test_crlf_counts_as_one_trailing_newline(tmp_path: Path) -> None:
-    secret = write(tmp_path, "tk_abc\r\n", "token")
-    assert load(None, env(HTTP_TOKEN_FILE=str(secret))).http.token == "tk_abc"
+    secret = write(tmp_path, "tk_abc7Hq2Xv9Lp4Ws3Rm8\r\n", "token")
+    assert load(None, env(HTTP_TOKEN_FILE=str(secret))).http.token == "tk_abc7Hq2Xv9Lp4Ws3Rm8"
 
 
 def test_only_one_trailing_newline_is_stripped(tmp_path: Path) -> None:
@@ -733,7 +736,7 @@ def test_redacted_hides_secrets_and_is_json() -> None:
     text = json.dumps(out)
     assert SECRET not in text and "hunter2" not in text and "pw@" not in text
     assert out["ntfy"] == out["ntfy"] | {"token": "***", "url": "https://***@ntfy.example.com/x"}
-    assert out["http"] == {"listen": "127.0.0.1:8788", "token": "***"}
+    assert out["http"] == {"listen": "127.0.0.1:8788", "token": "***", "public_url": None}
     relay = out["relay"]
     assert isinstance(relay, dict) and relay["url"] == "http://***@127.0.0.1:9000/hook?q=1"
     assert {(section, key) for section, keys in out.items() for key in keys} == set(ALL_KEYS)  # type: ignore[attr-defined]
@@ -840,12 +843,12 @@ def test_config_without_a_secret_may_be_world_readable(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o644])
 def test_secret_file_readable_by_group_or_others_is_refused(tmp_path: Path, mode: int) -> None:
-    secret = write(tmp_path, "tk_secret_in_file\n", "token")
+    secret = write(tmp_path, "tk_secret_in_file_7Hq2X\n", "token")
     secret.chmod(mode)
     message = error_of(lambda: load(None, env(HTTP_TOKEN_FILE=str(secret))), "http.token")
-    assert "readable by group or others" in message and "tk_secret_in_file" not in message
+    assert "readable by group or others" in message and "tk_secret_in_file_7Hq2X" not in message
     allowed = load(None, env(HTTP_TOKEN_FILE=str(secret)), allow_insecure_permissions=True)
-    assert allowed.http.token == "tk_secret_in_file"
+    assert allowed.http.token == "tk_secret_in_file_7Hq2X"
 
 
 def test_a_non_secret_file_key_is_not_permission_checked(tmp_path: Path) -> None:

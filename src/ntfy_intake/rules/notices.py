@@ -186,6 +186,27 @@ def yielded(node: str, to: str, reason: str, term: int) -> Notice:
     )
 
 
+def login_throttled(address: str, failures: int, hold_s: float, episode: str) -> Notice:
+    """One per episode of failed logins (rules/login_throttle.py): `address` the client (or its
+    IPv6 /64), "*" for every address together. Never names a token that was tried."""
+    if address == "*":
+        who = f"Failed logins from many addresses ({failures} wrong HTTP tokens within a minute)"
+        held = (
+            f"every address that has not logged in within a day is refused (429) for "
+            f"{hold_s:g} s; loopback and the owner's recent addresses are not"
+        )
+    else:
+        who = f"Failed logins from {address}: {failures} wrong HTTP tokens within a minute"
+        held = f"its attempts are refused (429) for {hold_s:g} s"
+    return Notice(
+        "login_throttled",
+        f"{who}; {held}, doubling while failures go on (at most 15 min). No one got in. If this "
+        "is not you, find who reaches the HTTP port; `ntfy-intake token` prints a new http.token.",
+        key=f"login_throttled:{address}:{episode}",
+        fields={"address": address, "failures": str(failures)},
+    )
+
+
 def work_differs(leader: str, node: str, keys: list[str], theirs: str, mine: str) -> Notice:
     """Once per pair of fingerprints (DESIGN.md section 11): a node whose work settings differ
     from the leader's is not ready and never campaigns (it would lose or double alerts). Names

@@ -484,6 +484,8 @@ class Daemon:
                 ),
                 *console.api_routes(self.settings.http.token, actions, self.clock),
             ],
+            login_notice=self.journal.note,  # failed logins: one owner notice per episode
+            hosts=http_api.trusted_hosts(self.settings),
         )
         try:
             with heap.frozen():  # start-up's objects: never walked by a full collection again

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules.durations import format_duration, parse_duration
 from ntfy_intake.settings import dsn as dsn_rules
+from ntfy_intake.settings import token as strength
 from ntfy_intake.settings.schema import (
     _URL_KEYS,
     CONFIG_ENV,
@@ -416,7 +417,11 @@ def _http(r: _Reader) -> HttpSettings:
         split_listen(listen)
     except ValueError as exc:
         r.fail("http", "listen", f"{exc}, got {r.show('http', 'listen', listen)}")
-    return HttpSettings(listen=listen, token=_token(r, "http"))
+    token = _token(r, "http")
+    if token is not None and (weak := strength.weakness(token)) is not None:
+        r.fail("http", "token", strength.refusal(weak))
+    public_url = _url(r, "http", "public_url", query=False)
+    return HttpSettings(listen=listen, token=token, public_url=public_url)
 
 
 def _health(r: _Reader) -> HealthSettings:

@@ -77,6 +77,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("owner", "fallback_topic"): "str",
     ("http", "listen"): "str",
     ("http", "token"): "str",
+    ("http", "public_url"): "str",
     ("health", "ping_url"): "str",
     ("health", "ping_interval"): "duration",
 }
@@ -94,7 +95,13 @@ SECRET_KEYS = frozenset(
     }
 )
 _URL_KEYS = frozenset(
-    {("ntfy", "url"), ("relay", "url"), ("owner", "signal_url"), ("cluster", "url")}
+    {
+        ("ntfy", "url"),
+        ("relay", "url"),
+        ("owner", "signal_url"),
+        ("cluster", "url"),
+        ("http", "public_url"),
+    }
 )
 _SECTIONS: dict[str, tuple[str, ...]] = {}
 for _section, _key in ALL_KEYS:
@@ -263,6 +270,9 @@ class OwnerSettings:
 class HttpSettings:
     listen: str
     token: str | None = dataclasses.field(repr=False)
+    # The address the owner's browser uses (https://intake.home.lan): requests whose Host names
+    # anything but it, the listen host, loopback or an IP literal are refused (DNS rebinding).
+    public_url: str | None = None
 
     @property
     def host(self) -> str:

@@ -10,6 +10,13 @@ Invariants owned here:
 - feed and notify need ``Authorization: Bearer <token>``: missing (or not Bearer) is 401, wrong is
   403, compared in constant time; with no token configured they are off (404). The token is never
   logged, echoed or included in any response;
+- every token check (bearer and the console's login) goes through one `LoginGuard` per app
+  (`app.state.login_guard`): 5 wrong tokens in a minute from an address hold it (429 with
+  Retry-After, doubling up to 15 min), and the owner hears once per episode (`login_notice`);
+- a request whose ``Host`` is not a name this daemon answers to (`host_allowed`) is refused with
+  421 before any route sees it, so a DNS-rebinding page cannot reach the feed or the console;
+  `/healthz` and `/metrics` carry no secret and answer any Host (monitoring scrapes them by
+  whatever name it knows the box by);
 - a handler error is a 500 ``{"error": "internal"}``: no stack trace, message or alert text leaves
   the process (debug mode is never on);
 - blocking SQLite calls run in the thread pool; the long poll waits with `Doorbell.wait_async`
@@ -29,9 +36,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+import urllib.parse
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Generator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, Final
 
 import structlog
@@ -39,17 +56,27 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ntfy_intake.errors import StoreError
+from ntfy_intake.settings import Settings
 from ntfy_intake.store import db
 from ntfy_intake.surfaces import http_limits, metrics
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.surfaces.http_feed import DEFAULT_PAGE, DEFAULT_WAIT_S, MAX_WAIT_S, FeedRoutes
-from ntfy_intake.surfaces.http_requests import Reject, authorize, error, json_object, json_response
+from ntfy_intake.surfaces.http_requests import (
+    LoginGuard,
+    NoticeSink,
+    Reject,
+    authorize,
+    error,
+    json_object,
+    json_response,
+)
 
 # The feed's bounds (defined in http_feed) stay part of the surface's documented names.
 __all__ = [
@@ -62,7 +89,9 @@ __all__ = [
     "NotifyCallback",
     "begin_shutdown",
     "create_app",
+    "host_allowed",
     "serve",
+    "trusted_hosts",
 ]
 
 NotifyCallback = Callable[[str, str], Awaitable[tuple[int, Mapping[str, Any]]]]
@@ -101,6 +130,8 @@ def create_app(
     metrics_snapshot: metrics.Snapshot,
     max_long_polls: int = http_limits.Limits().max_long_polls,
     extra_routes: Sequence[BaseRoute] = (),
+    login_notice: NoticeSink | None = None,
+    hosts: Collection[str] = (),
 ) -> Starlette:
     """The HTTP surface as an ASGI app (see the module docstring and docs/http-api.md).
 
@@ -108,9 +139,13 @@ def create_app(
     cheap and non-blocking (read in-memory state). `notify` is awaited on the event loop. With
     `token` None (or empty) the feed and notify endpoints answer 404; with `notify` None the notify
     endpoint answers 404. `extra_routes` (the owner console's, surfaces/console) are served
-    as they are: they do their own auth.
+    as they are: they do their own auth, through `app.state.login_guard`. `login_notice`
+    records the owner's notice when failed logins start a hold (None: logged only, as on a
+    standby, which cannot write). `hosts`: the names besides loopback's that requests may
+    carry in `Host` (`trusted_hosts(settings)`); IP literals are always accepted.
     """
     bearer = token or None
+    guard = LoginGuard(login_notice)
     stopping = threading.Event()
     feed = FeedRoutes(db_path, stopping, max_long_polls)
     registry = metrics.registry_for(metrics_snapshot)
@@ -122,7 +157,7 @@ def create_app(
             if protected:
                 if bearer is None:
                     return error(404, "not_found")
-                denied = authorize(request, bearer)
+                denied = authorize(request, bearer, guard)
                 if denied is not None:
                     return denied
             try:
@@ -219,9 +254,76 @@ def create_app(
         ],
         exception_handlers={HTTPException: http_error, Exception: internal_error},
         lifespan=lifespan,
+        middleware=[Middleware(_HostCheck, names=frozenset(n.lower() for n in hosts))],
     )
     app.state.stopping = stopping
+    app.state.login_guard = guard
     return app
+
+
+# -- the Host check (DNS rebinding) ---------------------------------------------------------------
+
+_ANY_HOST = frozenset({"/healthz", "/metrics"})
+
+
+def trusted_hosts(settings: Settings) -> frozenset[str]:
+    """The names this node answers to besides loopback's: the listen host, `http.public_url`'s
+    host and `cluster.url`'s (where a standby's console sends the owner)."""
+    names = {settings.http.host}
+    for url in (settings.http.public_url, settings.cluster.url):
+        if url:
+            names.add(urllib.parse.urlsplit(url).hostname or "")
+    return frozenset(n.lower().rstrip(".") for n in names if n)
+
+
+def host_allowed(host: str | None, names: Collection[str]) -> bool:
+    """Whether a `Host` header names this daemon.
+
+    Why IP literals pass: DNS rebinding needs a name the attacker's DNS answers; a browser that
+    sends `Host: 192.168.1.5:8788` loaded its page from that address, which is this daemon, so
+    the same-origin policy already keeps other sites' pages out. `localhost` and `*.localhost`
+    are loopback by RFC 6761 and resolved so by browsers. A request without a Host header
+    (HTTP/1.0, no browser sends it) passes. The port is not compared: behind a reverse proxy the
+    public port differs, and a rebinding page's port never helps it (the name does)."""
+    if host is None:
+        return True
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    else:
+        name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        if not port.isdigit() and port:
+            return False
+    name = name.rstrip(".")
+    if not name:
+        return False
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(name)
+        return True
+    return name == "localhost" or name.endswith(".localhost") or name in names
+
+
+class _HostCheck:
+    """Pure ASGI: refuse (421) a request for a name this daemon is not, before any route."""
+
+    def __init__(self, app: ASGIApp, names: frozenset[str]) -> None:
+        self.app = app
+        self.names = names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _ANY_HOST:
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if not host_allowed(host, self.names):
+                log.warning("http.wrong_host", path=scope["path"][:100])
+                answer = error(
+                    421,
+                    "wrong_host",
+                    "this daemon does not answer to that host name; "
+                    "set http.public_url to the address you use",
+                )
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # -- serving inside the daemon's event loop -------------------------------------------------------

@@ -1,17 +1,28 @@
 """What every endpoint of the HTTP surface shares: the JSON answer, the refusal (`Reject`, a
-JSON error), the body read within its bound, and the bearer check."""
+JSON error), the body read within its bound, the bearer check, and the guard every token check
+(bearer and console login alike) goes through (`LoginGuard`: failed logins throttled)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ntfy_intake.rules import login_throttle
+from ntfy_intake.rules.notices import Notice, login_throttled
 from ntfy_intake.wire import jsonsafe
+
+log = structlog.get_logger("ntfy_intake.http")
+
+NoticeSink = Callable[[Notice], Awaitable[object]]
+"""Records a notice for the owner (the leader's `Journal.note`); None where nothing can write."""
 
 
 class Reject(Exception):
@@ -66,8 +77,95 @@ async def json_object(request: Request, limit: int) -> dict[str, Any]:
 # -- auth -----------------------------------------------------------------------------------------
 
 
-def authorize(request: Request, token: str) -> Response | None:
-    """None when the bearer token matches; else the 401/403 answer (never echoing anything)."""
+class LoginGuard:
+    """Every token check of one HTTP surface, throttled (rules/login_throttle.py).
+
+    Shared by the bearer endpoints and the console's login (one per app: `create_app` keeps it
+    in `app.state.login_guard`), so guesses count the same wherever they are made. The first
+    hold of an episode is logged and, where `notice` is given (the leader), recorded for the
+    owner in a task of its own: a guesser never waits for the database, and a notice that
+    cannot be recorded is logged, never raised into a request.
+    """
+
+    def __init__(
+        self,
+        notice: NoticeSink | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        policy: login_throttle.Policy | None = None,
+    ) -> None:
+        self.throttle = login_throttle.Throttle(policy)
+        self._notice = notice
+        self._clock = clock
+        self._wall = wall
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.checked = 0  # tokens compared (what a guesser gets), for tests and figures
+
+    @staticmethod
+    def address(request: Request) -> str:
+        return request.client.host if request.client is not None else "unknown"
+
+    def held(self, request: Request) -> int | None:
+        """Retry-After seconds when this client may not try a token now; None when it may."""
+        wait = self.throttle.held(self.address(request), self._clock())
+        return login_throttle.retry_after(wait) if wait > 0 else None
+
+    def check(self, request: Request, presented: str, token: str) -> bool:
+        """Compare in constant time and count the outcome; only call when `held` is None."""
+        self.checked += 1
+        ok = hmac.compare_digest(presented.encode("utf-8", "replace"), token.encode())
+        address = self.address(request)
+        if ok:
+            self.throttle.succeeded(address, self._clock())
+            return True
+        outcome = self.throttle.failed(address, self._clock())
+        for who, failures in outcome.began:
+            hold = outcome.hold if who != login_throttle.OVERALL else self._overall_hold()
+            log.warning("http.logins_held", address=who, failures=failures, hold_s=hold)
+            if self._notice is not None:
+                episode = f"{int(self._wall())}"
+                self._record(login_throttled(who, failures, hold, episode))
+        return False
+
+    def _overall_hold(self) -> float:
+        return self.throttle.policy.first_hold
+
+    def _record(self, notice: Notice) -> None:
+        assert self._notice is not None
+        sink = self._notice
+
+        async def record() -> None:
+            try:
+                await sink(notice)
+            except Exception as exc:  # noqa: BLE001 - the log line above already says it
+                log.error("http.logins_notice_failed", error_type=type(exc).__name__)
+
+        task = asyncio.get_running_loop().create_task(record(), name="login-notice")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def held_answer(retry_after: int) -> Response:
+    # Connection: close: the answer may come before a request body is read (the hold is
+    # checked first), and a client must not send its next request on a connection the server
+    # then closes.
+    return error(
+        429,
+        "too_many_failed_logins",
+        f"too many wrong tokens from this address; retry in {retry_after} s",
+        Retry_After=str(retry_after),
+        Connection="close",
+    )
+
+
+def authorize(request: Request, token: str, guard: LoginGuard) -> Response | None:
+    """None when the bearer token matches; else the 401/403/429 answer (never echoing anything).
+
+    A held client gets 429 before its token is looked at, right or wrong."""
+    wait = guard.held(request)
+    if wait is not None:
+        return held_answer(wait)
     scheme, _, presented = request.headers.get("authorization", "").strip().partition(" ")
     presented = presented.strip()
     if scheme.lower() != "bearer" or not presented:
@@ -77,6 +175,6 @@ def authorize(request: Request, token: str) -> Response | None:
             "send Authorization: Bearer <http.token>",
             WWW_Authenticate="Bearer",
         )
-    if not hmac.compare_digest(presented.encode(), token.encode()):
+    if not guard.check(request, presented, token):
         return error(403, "forbidden", "the bearer token does not match")
     return None

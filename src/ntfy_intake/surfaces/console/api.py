@@ -2,12 +2,13 @@
 
 `GET /v1/silences`, `POST /v1/silences` `{"scope", "target", "for", "reason"}` (201 with the
 silence), `POST /v1/silences/<id>/end` (200, or 404 when no such silence holds). Bearer token as
-for the feed: missing 401, wrong 403; none at all without `http.token`.
+for the feed: missing 401, wrong 403, a client held for failed logins 429 (the surface's one
+`LoginGuard`: guesses here count with the feed's and the console's); none at all without
+`http.token`.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 
 from ntfy_intake.rules import silences
 from ntfy_intake.surfaces.console.actions import Actions
+from ntfy_intake.surfaces.http_requests import LoginGuard, authorize
 from ntfy_intake.wire import jsonsafe
 
 MAX_BODY = 4096
@@ -30,17 +32,17 @@ def _json(status: int, body: object) -> Response:
 def api_routes(token: str | None, actions: Actions, clock: Callable[[], float]) -> list[BaseRoute]:
     if not token:
         return []
-    secret = token.encode()
+    own_guard = LoginGuard()  # used only where no app-wide one exists (not made by create_app)
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
     ) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
-            scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not presented.strip():
-                return _json(401, {"error": "unauthorized"})
-            if not hmac.compare_digest(presented.strip().encode("utf-8", "replace"), secret):
-                return _json(403, {"error": "forbidden"})
+            shared = getattr(request.app.state, "login_guard", None)
+            guard = shared if isinstance(shared, LoginGuard) else own_guard
+            denied = authorize(request, token, guard)
+            if denied is not None:
+                return denied
             return await handler(request)
 
         return wrapped

@@ -4,13 +4,20 @@ Invariants owned here:
 - off unless `http.token` is set (the caller mounts no route at all then);
 - no page and no action without a session: a GET without one is redirected to the login page
   (no alert data in the answer), a POST without one is 403; a wrong token at login is 403;
+- the login's token check goes through the surface's `LoginGuard` (the bearer endpoints' too):
+  a client held for failed logins gets 429 with Retry-After before its token is looked at;
 - every POST carries the session's CSRF token (the login form a double-submit one), else 403;
+  logging out is such a POST too (a GET only shows the button: a link elsewhere cannot log the
+  owner out);
 - every answer has `Content-Security-Policy: default-src 'self'` and `X-Frame-Options: DENY`,
   and is never cached; templates autoescape and strip control characters (`text` filter), so
   a string from ntfy is text, never markup;
 - pages are read (their own read-only connection, one short read transaction) and rendered in
   the thread pool, never on the daemon's event loop; actions go through the daemon's writer
-  (`Actions`). On a standby, forms post to the leader's console.
+  (`Actions`). A standby's pages hold no action form: each action is a link to the same page
+  on the leader's console (its `[cluster] url`), or, where that is unknown, says who leads.
+  (Forms posted across origins would carry this node's CSRF token, which the leader's
+  sessions never issued: it refused every one, 403.)
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from ntfy_intake.settings import Settings
 from ntfy_intake.surfaces.console import views
 from ntfy_intake.surfaces.console.actions import Actions
 from ntfy_intake.surfaces.console.sessions import COOKIE, Session, Sessions
+from ntfy_intake.surfaces.http_requests import LoginGuard
 
 log = structlog.get_logger("ntfy_intake.console")
 
@@ -68,6 +76,11 @@ def routes(config: Config) -> list[BaseRoute]:
         return []
     sessions = config.sessions or Sessions(token, config.clock)
     reader = views.Reader(config.settings, config.clock)
+    own_guard = LoginGuard()  # used only where no app-wide one exists (not made by create_app)
+
+    def guard_of(request: Request) -> LoginGuard:
+        shared = getattr(request.app.state, "login_guard", None)
+        return shared if isinstance(shared, LoginGuard) else own_guard
 
     def secure(request: Request) -> bool:
         return (
@@ -87,7 +100,7 @@ def routes(config: Config) -> list[BaseRoute]:
             return "unknown"
 
     def page(request: Request, template: str, code: int = 200, **context: Any) -> Response:
-        defaults = {"status": status_line(), "leader": None, "action_base": "", "nav": "login"}
+        defaults = {"status": status_line(), "leader": None, "leader_base": "", "nav": "login"}
         return answer(views.render(template, code, {**defaults, **context}))
 
     def session_of(request: Request) -> Session | None:
@@ -114,9 +127,9 @@ def routes(config: Config) -> list[BaseRoute]:
             "csrf": session.csrf,
             "nav": name,
             "status": status_line(),
-            # Forms go to the leader's console when its URL is known; else they stay here,
-            # where a standby refuses them (no Actions).
-            "action_base": _origin(leader) if _is_url(leader) else "",
+            # On a standby (`leader` set) actions are links to the leader's pages when its URL
+            # is known (`leader_base`), else the page says who leads; never a form.
+            "leader_base": _origin(leader) if _is_url(leader) else "",
             "leader": leader,
         }
 
@@ -162,14 +175,21 @@ def routes(config: Config) -> list[BaseRoute]:
         return response
 
     async def login(request: Request) -> Response:
-        fields = await form(request)
+        fields = await form(request)  # read first: an answer before the body resets it
+        guard = guard_of(request)
+        wait = guard.held(request)
+        if wait is not None:
+            why = f"too many wrong tokens from this address: try again in {wait} s"
+            held = page(request, "refused.html", 429, why=why)
+            held.headers["Retry-After"] = str(wait)
+            return held
         nonce = request.cookies.get(LOGIN_COOKIE, "")
         if not nonce or not secrets.compare_digest(fields.get("csrf", ""), nonce):
             return page(
                 request, "refused.html", 403, why="the form expired: open the login page again"
             )
-        if not sessions.token_matches(fields.get("token", "")):
-            log.warning("console.login_refused")
+        if not guard.check(request, fields.get("token", ""), token):
+            log.warning("console.login_refused", address=LoginGuard.address(request))
             return page(request, "refused.html", 403, why="the token does not match")
         session = sessions.open()
         response = answer(RedirectResponse("/console/", 303))
@@ -185,8 +205,18 @@ def routes(config: Config) -> list[BaseRoute]:
         response.delete_cookie(LOGIN_COOKIE)
         return response
 
+    async def logout_form(request: Request) -> Response:
+        session = session_of(request)
+        if session is None:
+            return answer(RedirectResponse("/console/login", 303))
+        return page(request, "logout.html", csrf=session.csrf)
+
     async def logout(request: Request) -> Response:
-        sessions.close(request.cookies.get(COOKIE))
+        session = session_of(request)
+        if session is not None:
+            if not Sessions.csrf_ok(session, (await form(request)).get("csrf")):
+                return page(request, "refused.html", 403, why="the form's CSRF token is missing")
+            sessions.close(session.sid)
         response = answer(RedirectResponse("/console/login", 303))
         response.delete_cookie(COOKIE, path="/console")
         return response
@@ -243,7 +273,8 @@ def routes(config: Config) -> list[BaseRoute]:
     return [
         Route("/console/login", login_form, methods=get),
         Route("/console/login", login, methods=post),
-        Route("/console/logout", logout, methods=["GET", "POST"]),
+        Route("/console/logout", logout_form, methods=get),
+        Route("/console/logout", logout, methods=post),
         Route("/console/", viewer("overview", "overview.html", overview), methods=get),
         Route("/console", lambda r: answer(RedirectResponse("/console/", 308)), methods=get),
         Route("/console/incidents", viewer("incidents", "incidents.html", incidents), methods=get),
