@@ -119,3 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="--standby: the nodes' [cluster] probe_every (default 1; the daemon's own is 10)",
     )
+    parser.add_argument(
+        "--yield-cooloff",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--standby: the nodes' [cluster] yield_cooloff (default: the larger of 10 and twice"
+        " --yield-after; the daemon's own is 300)",
+    )

@@ -16,7 +16,8 @@ Each is lifted once another node leads (settled, drill_standby.py), a latched no
 (its latch notice advises exactly that), and the drill waits for the faulted node to be ready
 again before the next round. The bound for the work to move is `yield_after + lease_ttl +
 renew_every + 5 s`; the drill runs the nodes with a short `cluster.yield_after` and
-`cluster.probe_every` (below, or `--yield-after` / `--probe-every`) so a round is short.
+`cluster.probe_every` (below, or `--yield-after` / `--probe-every`) so a round is short, and a
+cool-off of the larger of 10 s and twice `yield_after` (or `--yield-cooloff`).
 """
 
 from __future__ import annotations
@@ -46,10 +47,6 @@ READY_AGAIN_PROBES = 5  # a node whose fault was lifted must be ready again with
 FILLER = "drill-filler"  # not an audit file's name: the daemon never reads it
 
 
-def yield_bound(yield_after: float, lease_ttl: float, renew_every: float, slack: float) -> float:
-    return yield_after + lease_ttl + renew_every + slack
-
-
 class WorkFaults:
     """The nodes' routes to ntfy and audit directories, and the faults made of them."""
 
@@ -62,10 +59,12 @@ class WorkFaults:
         audit_full: bool,
         yield_after: float,
         probe_every: float,
+        yield_cooloff: float | None = None,
     ) -> None:
         self.upstream = upstream
         self.yield_after = yield_after
         self.probe_every = probe_every
+        self.yield_cooloff = yield_cooloff or max(YIELD_COOLOFF_S, 2 * yield_after)
         self.workdir = workdir
         self.routes = {name: NtfyRoute(upstream, name) for name in names}
         self.mounted: list[Path] = []
@@ -91,15 +90,12 @@ class WorkFaults:
         timing = {
             "probe_every": self.probe_every,
             "yield_after": self.yield_after,
-            "yield_cooloff": max(YIELD_COOLOFF_S, 2 * self.yield_after),
+            "yield_cooloff": self.yield_cooloff,
         }
         for key, seconds in timing.items():
             if ("cluster", key) in schema.ALL_KEYS:
                 out[schema.env_name("cluster", key)] = f"{int(seconds * 1000)}ms"
         return out
-
-    def knows_yield(self) -> bool:
-        return ("cluster", "yield_after") in schema.ALL_KEYS
 
     # -- the faults ------------------------------------------------------------------------------
 
