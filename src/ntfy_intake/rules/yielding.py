@@ -120,10 +120,9 @@ def cooloff(
         return None
     if lease_free_for is not None and lease_free_for >= grace:
         return None
-    return (
-        f"yielded the work: no campaign for cluster.yield_cooloff ({seconds(until - now)} "
-        f"left) while {peers[0].node} is ready"
-    )
+    # No countdown in the text: the campaign logs each new reason, once.
+    node = peers[0].node
+    return f"it yielded the work: no campaign during cluster.yield_cooloff while {node} is ready"
 
 
 def seconds(value: float) -> str:
