@@ -85,10 +85,15 @@ def test_the_work_faults_arguments_are_checked_before_anything_starts(
     cases = {
         "--kinds: unknown route_lost": [*dsn, "--kinds", "route_cut,route_lost"],
         "--kinds pg_restart needs --pg-data": [*dsn, "--kinds", "pg_restart"],
-        "--yield-after and --probe-every must be above 0": [*dsn, "--yield-after", "0"],
+        "--yield-after, --probe-every and --yield-cooloff must be above 0": [
+            *dsn,
+            "--yield-after",
+            "0",
+        ],
     }
     for said, argv in cases.items():
         assert drill.main(parse(argv)) == 2, argv
         assert said in capsys.readouterr().err, argv
     defaults = parse(dsn)
     assert (defaults.kinds, defaults.yield_after, defaults.probe_every) == (None, 4.0, 1.0)
+    assert defaults.yield_cooloff is None  # the larger of 10 s and twice yield_after
