@@ -91,6 +91,7 @@ def test_check_fails_when_the_daemon_is_not_running(emu: NtfyEmulator, tmp_path:
     assert result.returncode == 1 and "not running" in result.stdout
 
 
+@pytest.mark.one_engine("the keepalive watchdog on the wire")
 def test_silenced_stream_is_reconnected_within_keepalive_timeout_plus_one_backoff_step(
     emu: NtfyEmulator, tmp_path: Path
 ) -> None:
@@ -141,6 +142,7 @@ def notify_socket(tmp_path: Path) -> Iterator[NotifySocket]:
     sock.close()
 
 
+@pytest.mark.one_engine("systemd watchdog pings")
 def test_watchdog_pings_stop_when_the_loop_is_wedged(
     emu: NtfyEmulator, tmp_path: Path, notify_socket: NotifySocket
 ) -> None:
@@ -162,6 +164,7 @@ def test_watchdog_pings_stop_when_the_loop_is_wedged(
     assert any("STOPPING=1" in m for m in notify_socket.drain())
 
 
+@pytest.mark.one_engine("systemd watchdog pings")
 def test_watchdog_pings_continue_during_a_remote_outage(
     tmp_path: Path, notify_socket: NotifySocket
 ) -> None:
@@ -182,6 +185,7 @@ def test_watchdog_pings_continue_during_a_remote_outage(
     assert notify_socket.messages[0].startswith("READY=1")
 
 
+@pytest.mark.one_engine("an outbound ping over HTTP")
 def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_path: Path) -> None:
     pings: list[float] = []
 
@@ -214,6 +218,7 @@ def test_dead_mans_switch_is_pinged_only_while_healthy(emu: NtfyEmulator, tmp_pa
             wait_until(lambda: len(pings) > count, timeout=30, what="pings after recovery")
 
 
+@pytest.mark.one_engine("task supervision")
 def test_a_crashed_task_stops_the_daemon_with_a_failure_instead_of_hanging(
     emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -339,6 +344,7 @@ def test_check_never_prints_none_for_a_frame_that_never_came(tmp_path: Path) -> 
         assert re.search(r"^last frame\s+never$", cli(env, "status").stdout, re.M)
 
 
+@pytest.mark.one_engine("the HTTP surface; test_vitals_round_trips has the counts on both")
 def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_path: Path) -> None:
     config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="1s")
     with DaemonThread(config) as running:
@@ -370,6 +376,7 @@ def test_metrics_and_healthz_report_the_running_daemon(emu: NtfyEmulator, tmp_pa
     assert "ntfy_intake_last_frame_age_seconds" in samples
 
 
+@pytest.mark.one_engine("ntfy authentication on the wire")
 def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cursor(
     tmp_path: Path,
 ) -> None:
@@ -394,6 +401,7 @@ def test_bearer_token_reaches_an_authenticated_ntfy_and_a_wrong_one_keeps_the_cu
     assert notices(tmp_path, "fallback_400") == []
 
 
+@pytest.mark.one_engine("systemd status lines")
 def test_systemd_status_line_says_the_health_state_once_and_does_not_repeat_itself(
     emu: NtfyEmulator, tmp_path: Path, notify_socket: NotifySocket
 ) -> None:
@@ -413,6 +421,7 @@ def test_systemd_status_line_says_the_health_state_once_and_does_not_repeat_itse
     assert line.count("live") == 1
 
 
+@pytest.mark.one_engine("a connection failure on the wire")
 def test_connection_failure_names_the_url_ntfys_error_and_the_setting_to_check(
     tmp_path: Path,
 ) -> None:

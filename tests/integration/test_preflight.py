@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,24 +12,17 @@ import pytest
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.runtime import preflight
 
+from ..conftest import CliRun
 
-def run_daemon(state_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
-    env.update(
-        {
-            "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
-            "NTFY_INTAKE_NTFY_TOPICS": "alerts",
-            "NTFY_INTAKE_STATE_DIR": str(state_dir),
-        }
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "ntfy_intake", "run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+
+def run_daemon(cli_in_process: CliRun, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`run` refuses the state directory before any daemon starts: checked in-process."""
+    env = {
+        "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
+        "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+        "NTFY_INTAKE_STATE_DIR": str(state_dir),
+    }
+    return cli_in_process("run", env=env)
 
 
 def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -42,27 +34,33 @@ def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], *needles: s
         assert needle in lines[0]
 
 
-def test_state_dir_under_a_file_exits_2_with_one_line_naming_the_path(tmp_path: Path) -> None:
+def test_state_dir_under_a_file_exits_2_with_one_line_naming_the_path(
+    tmp_path: Path, cli_in_process: CliRun
+) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     state = blocker / "state"
-    assert_one_line_exit_2(run_daemon(state), str(state), f"is under a file ({blocker})")
+    assert_one_line_exit_2(
+        run_daemon(cli_in_process, state), str(state), f"is under a file ({blocker})"
+    )
 
 
-def test_state_dir_that_is_a_file_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_state_dir_that_is_a_file_exits_2_with_one_line(
+    tmp_path: Path, cli_in_process: CliRun
+) -> None:
     state = tmp_path / "state"
     state.write_text("x")
-    assert_one_line_exit_2(run_daemon(state), f"{state} is a file")
+    assert_one_line_exit_2(run_daemon(cli_in_process, state), f"{state} is a file")
 
 
 @pytest.mark.skipif(
     os.geteuid() == 0, reason="root writes anywhere; the monkeypatched test covers it"
 )
-def test_unwritable_state_dir_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_unwritable_state_dir_exits_2_with_one_line(tmp_path: Path, cli_in_process: CliRun) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o500)
     try:
-        assert_one_line_exit_2(run_daemon(state), str(state), "not writable")
+        assert_one_line_exit_2(run_daemon(cli_in_process, state), str(state), "not writable")
     finally:
         state.chmod(0o700)
 

@@ -470,6 +470,7 @@ def test_write_lock_held_past_the_busy_timeout_is_waited_out_without_exit(
     reason="another SQLite connection's BEGIN IMMEDIATE past SQLite's busy timeout"
 )
 @pytest.mark.slow
+@pytest.mark.soak  # the 3 s lock above is the same fault in the fast lane; this one is CI's
 def test_write_lock_held_for_60_seconds_loses_nothing_and_never_exits(
     emu: NtfyEmulator, tmp_path: Path, spawn: Callable[..., Child]
 ) -> None:
