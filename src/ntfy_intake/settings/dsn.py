@@ -98,6 +98,7 @@ def _stray_at(text: str) -> bool:
     return "@" in after
 
 
+@functools.lru_cache(maxsize=16)
 def secrets(text: str) -> tuple[str, ...]:
     """Every form the password of `text` could be printed in, longest first: as libpq reads it,
     percent-encoded and decoded, as written in the text, and when the URI is misread, what the
@@ -142,6 +143,7 @@ def redact(message: str, text: str) -> str:
     return message
 
 
+@functools.lru_cache(maxsize=16)
 def describe(text: str) -> str:
     """Where the DSN points, without its password: postgresql://user@host:port/database."""
     try:
