@@ -166,16 +166,28 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("password", NAIVE_BROKEN)
-@pytest.mark.parametrize("source", ["file", "env"])
+@pytest.mark.parametrize("source", ["file", "database_file", "env"])
 def test_check_refuses_a_misread_dsn_with_exit_2_one_line_naming_the_key(
     password: str, source: str, tmp_path: Path
 ) -> None:
-    """Failure mode (issue 32): `check` printed `invalid percent-encoded token: "S3%CRET"`
-    and exited 1 (unhealthy, try again) for a DSN that can never work."""
+    """Failure mode (issue 32): `check` (docker's health check) printed `invalid
+    percent-encoded token: "S3%CRET"` and exited 1 (unhealthy, try again) for a DSN that can
+    never work."""
     text = f"postgresql://intake:{password}@127.0.0.1:{closed_port()}/postgres"
     if source == "file":
         done = cli("check", "--config", str(config_file(tmp_path, text)), env={})
         key = "state.database: "
+    elif source == "database_file":
+        (tmp_path / "dsn").write_text(text + "\n")
+        (tmp_path / "dsn").chmod(0o600)
+        config = config_file(tmp_path, "unused")
+        config.write_text(
+            config.read_text().replace(
+                'database = "unused"', f"database_file = {json.dumps(str(tmp_path / 'dsn'))}"
+            )
+        )
+        done = cli("check", "--config", str(config), env={})
+        key = "state.database (state.database_file): "
     else:
         env = {"NTFY_INTAKE_STATE_DIR": str(tmp_path), "NTFY_INTAKE_STATE_DATABASE": text}
         done = cli("check", env=env)
@@ -219,13 +231,15 @@ def test_a_wrong_password_is_refused_with_exit_2_naming_the_host_never_the_passw
         text = cluster.uri(password).replace(quote(password, safe=""), quote(wrong, safe=""))
     else:
         text = cluster.keywords(password).replace(f"'{password}'", f"'{wrong}'")
-    done = cli("check", "--config", str(config_file(tmp_path, text)), env={})
-    line = one_line(done)
-    assert done.returncode == 2, line
-    assert f"127.0.0.1:{cluster.port}" in line and "refused the login" in line
-    assert f'"{role}"' in line  # libpq's own words reached the line: the redaction ran on them
-    assert_never_shown(line, password)
-    assert_never_shown(line, wrong)
+    config = str(config_file(tmp_path, text))
+    for command in ("check", "status"):
+        done = cli(command, "--config", config, env={})
+        line = one_line(done)
+        assert done.returncode == 2, line
+        assert f"127.0.0.1:{cluster.port}" in line and "refused the login" in line
+        assert f'"{role}"' in line  # libpq's own words reached the line: redaction ran on them
+        assert_never_shown(line, password)
+        assert_never_shown(line, wrong)
 
 
 def sqlite_state(state: Path) -> None:
