@@ -77,6 +77,18 @@ def test_a_misread_uri_password_is_a_config_error_naming_the_key_never_the_value
     assert_never_shown(message, password)
 
 
+@pytest.mark.parametrize("password", ["Qw3?Er4@Ty5", "Qw3#Er4@Ty5", "Qw3?Er4/Ty5"])
+def test_a_question_mark_before_a_stray_at_does_not_hide_the_misreading(password: str) -> None:
+    """libpq looks for the end of the password past a `?`: an `@` or `/` after one in the
+    password is misread all the same, and refused."""
+    with pytest.raises(ConfigError) as refused:
+        load(uri(password, encode=False))
+    assert "percent-encode" in str(refused.value)
+    assert_never_shown(str(refused.value), password)
+    redacted = Dsn(uri(password, encode=False)).redact(f"host 'Ty5@127.0.0.1' {password}")
+    assert "127.0.0.1" in redacted and "Ty5" not in redacted and "Er4" not in redacted
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -150,7 +162,7 @@ def test_a_misread_dsn_at_connect_is_a_permanent_one_line_error_without_the_pass
 
 @pytest.mark.parametrize(
     ("option", "problem"),
-    [("sslmode=Zw9xx", "invalid sslmode value"), ("keepalives=Zw9xx", "invalid integer value")],
+    [("sslmode=bogus", "invalid sslmode value"), ("keepalives=bogus", "invalid integer value")],
 )
 def test_an_option_libpq_refuses_only_at_connect_is_exit_2_not_unreachable(
     option: str, problem: str

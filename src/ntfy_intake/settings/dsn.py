@@ -90,50 +90,55 @@ def _libpq_words(message: str, *, uri: bool) -> str:
 
 
 def _stray_at(text: str) -> bool:
-    """An `@` in the URI (before its query) that libpq does not take as the end of the user
-    and password: libpq looks for that `@` only before the first `/` after the scheme."""
-    rest = text.split("://", 1)[1].split("?", 1)[0]
-    authority = re.match(r"[^@/]*@", rest)
-    after = rest[authority.end() :] if authority else rest
-    return "@" in after
+    """An `@` in the URI that libpq does not take as the end of the user and password: libpq
+    looks for that `@` before the first `/` after the scheme (a `?` does not stop it); any
+    other `@` before the query is where an unencoded `@` or `/` in the password was."""
+    rest = text.split("://", 1)[1]
+    credentials = re.match(r"[^@/]*@", rest)
+    after = rest[credentials.end() :] if credentials else rest
+    return "@" in after.split("?", 1)[0]
 
 
 @functools.lru_cache(maxsize=16)
 def secrets(text: str) -> tuple[str, ...]:
     """Every form the password of `text` could be printed in, longest first: as libpq reads it,
-    percent-encoded and decoded, as written in the text, and when the URI is misread, what the
-    writer meant and each piece of it around an `@`, `:` or `/`."""
+    percent-encoded and decoded; and when libpq refuses or misreads the DSN, the password as
+    written, each piece of it around an `@`, `:` or `/` (where libpq cut it), and their
+    forms."""
     found: set[str] = set()
     try:
-        password = parse(text).get("password")
+        password: str | None = parse(text).get("password")
+        misread = text.startswith(SCHEMES) and _stray_at(text)
     except DsnError:
-        password = None
+        password, misread = None, True
     if password:
         found.add(password)
-    meant = _written_password(text)
-    if meant:
-        found.add(meant)
-        # A misread URI: libpq (and its messages) cut the password at an @, : or /.
-        found.update(piece for piece in re.split(r"[@:/]", meant) if len(piece) > 1)
-        for separator in "@:/":
-            found.update(part for part in meant.split(separator, 1) if len(part) > 1)
+    if misread:
+        for meant in _written_passwords(text):
+            found.add(meant)
+            found.update(piece for piece in re.split(r"[@:/]", meant) if len(piece) > 1)
+            for separator in "@:/":
+                found.update(part for part in meant.split(separator, 1) if len(part) > 1)
     forms: set[str] = set()
     for secret in found:
         forms |= {secret, quote(secret, safe=""), quote(secret), unquote(secret)}
     return tuple(sorted((form for form in forms if form), key=len, reverse=True))
 
 
-def _written_password(text: str) -> str | None:
-    """The password as written: in a URI, what lies between the user's `:` and the last `@`
-    before the path (what the writer meant, even where libpq reads it otherwise); in the
-    key=value form, the `password=` value as written."""
-    if text.startswith(SCHEMES):
-        rest = text.split("://", 1)[1].split("?", 1)[0]
-        userinfo = rest.rpartition("@")[0]
-        _user, colon, password = userinfo.partition(":")
-        return password if colon and password else None
-    found = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", text)
-    return found.group(1).strip("'") if found else None
+def _written_passwords(text: str) -> set[str]:
+    """The password as written, where libpq cannot say: in a URI, what lies between the
+    user's `:` and the last `@` (before the query, and, as a `?` may be in the password,
+    before the end); in the key=value form, the `password=` value as written."""
+    if not text.startswith(SCHEMES):
+        found = re.search(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", text)
+        return {found.group(1).strip("'")} if found else set()
+    rest = text.split("://", 1)[1]
+    written: set[str] = set()
+    for scope in (rest.split("?", 1)[0], rest):
+        _user, colon, password = scope.rpartition("@")[0].partition(":")
+        if colon and password:
+            written.add(password)
+    return written
 
 
 def redact(message: str, text: str) -> str:
