@@ -121,7 +121,12 @@ class WorkWatch:
         else:
             intake = "dead"
         if self._state is None or self._state.intake != intake:
-            self._state = WorkState(intake, self._monotonic())
+            now = self._monotonic()
+            since = now
+            silent = assessed.last_frame_age_s
+            if intake == "dead" and silent is not None:
+                since = now - silent  # dead since its last frame, not since this probe saw it
+            self._state = WorkState(intake, since)
         return self._state
 
 
@@ -300,15 +305,11 @@ class Prober:
         lease = leadership.read(conn)
         rows = nodes.read_all(conn)
         me = self.member
-        held = None
-        if lease is not None and not lease.expired and lease.instance != me.instance:
-            held = next(
-                (r for r in rows if (r.node, r.instance) == (lease.node, lease.instance)), None
-            )
+        held = self._work_of_the_store(lease, rows)
         keys = [] if held is None else readiness.differing(self.parts, held.parts)
         fatal = None
         reasons: list[tuple[str, bool]] = []
-        if keys and first and held is not None:
+        if keys and first and held is not None and lease is not None and not lease.expired:
             fatal = (
                 f"this node's work differs from the leader's (node {held.node!r}) in"
                 f" {', '.join(keys)}: give every node the same values for these keys"
@@ -362,6 +363,18 @@ class Prober:
             )
             hard = True
         return _Found(rows, lease, reason, hard, fatal)
+
+    def _work_of_the_store(self, lease: Seen | None, rows: list[NodeSeen]) -> NodeSeen | None:
+        """The row whose work this node must equal: the live leader's (its instance), or, once
+        its lease expired, the last leader's (by name): a node with other work must not take
+        over a store whose cursor and overlap were another work's (issue 32: the alerts of a
+        topic it lacks would be skipped for good). Never this node's own former self: a restart
+        with new settings is the operator's latest word on this node."""
+        if lease is None or lease.node == self.member.node:
+            return None
+        if lease.expired:
+            return next((r for r in rows if r.node == lease.node), None)
+        return next((r for r in rows if (r.node, r.instance) == (lease.node, lease.instance)), None)
 
     def _collision(self, other: NodeSeen) -> str | None:
         """Another instance's fresh row under this name: a collision once seen reported again

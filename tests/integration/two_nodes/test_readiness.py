@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from ntfy_intake.store import db
+from ntfy_intake.store import db, migrations
 
 from ...harness import wait_until
 from ...standby import Cluster, serving_as_leader, standing_by
@@ -176,3 +176,49 @@ def test_a_second_process_under_a_standing_by_node_s_name_exits_2_with_one_line(
         "beta's row ready again",
     )
     assert beta.alive, beta.stderr()
+
+
+def test_a_node_that_finds_out_later_its_work_differs_never_leads_and_the_owner_hears_once(
+    cluster: Cluster,
+) -> None:
+    """Issue 32: b on `alerts` led while a was on `alerts,backups` (3 alerts lost, no notice).
+    Both start while a lease nobody reports under holds (no leader's work to compare with):
+    whichever wins the term, the other finds out then, is not ready, never campaigns, and the
+    leader tells the owner once."""
+    conn = db.connect(db.Dsn(cluster.dsn))
+    try:
+        migrations.apply(conn)
+        conn.execute(
+            "INSERT INTO leadership(id, node, instance, term, expires_at)"
+            " VALUES (1, 'gone', 'gone.0', 1, now() + INTERVAL '6 seconds')"
+        )
+    finally:
+        conn.close()
+    alpha = cluster.add("alpha", **PROBE).start()
+    beta = cluster.add("beta", ntfy_topics="alerts", **PROBE).start()
+    lease, _ = cluster.wait_lease(lambda s: s.term == 2, 30, "term 2")
+    leader = cluster.node_named(lease.node)
+    other = beta if leader is alpha else alpha
+    print(f"\n{leader.name} leads; {other.name} must find out")
+    wait_until(lambda: unhealthy(other, "work differs from the leader"), 30, "not ready")
+    answer = other.healthz()
+    assert answer is not None and "ntfy.topics" in answer[1]["reason"], answer
+    assert "backups" not in answer[1]["reason"], "a key is named, never its value"
+    assert other.command("check").returncode == 1
+
+    def told() -> list[tuple[object, ...]]:
+        return cluster.rows("SELECT key, text FROM owner_outbox WHERE key LIKE 'work_differs:%'")
+
+    wait_until(told, 30, "the owner told")
+    time.sleep(3.0)  # three more probes of the leader: still one notice
+    (row,) = told()
+    print(f"notice: {row[1]}")
+    assert f"'{other.name}'" in str(row[1]) and "ntfy.topics" in str(row[1])
+    # The leader stops: the lease is free, and the node with other work still does not take it.
+    _, code = leader.terminate()
+    assert code == 0
+    time.sleep(6.0)
+    after = cluster.lease()
+    assert after is not None and after.term == 2 and not after.fresh, after
+    assert other.alive, other.stderr()
+    assert other.events("cluster.leading") == []
