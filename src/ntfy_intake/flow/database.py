@@ -11,6 +11,7 @@ one notice, and nothing exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -71,6 +72,9 @@ class Database:
         self._lock = asyncio.Lock()
         self._conn: db.Connection | None = None
         self._failed_call: object = None
+        # Set by a stop (`hurry`): a fault being waited out is tried again at once, then at the
+        # shortest backoff, so a drain never sleeps out a backoff that grew during an outage.
+        self._hurry = asyncio.Event()
 
     @property
     def conn(self) -> db.Connection:
@@ -115,8 +119,17 @@ class Database:
                     return result
             self._failed_call = fn
             self._waiting(fault)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, STORAGE_RETRY_CAP)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), delay)
+            delay = (
+                STORAGE_RETRY_BASE if self._hurry.is_set() else min(delay * 2, STORAGE_RETRY_CAP)
+            )
+
+    def hurry(self) -> None:
+        """A stop began (the drain): retry a fault being waited out now, and from then on at
+        STORAGE_RETRY_BASE. A PostgreSQL restart grew the backoff to 1.6 s; the drain slept it
+        out while the standby waited for the lease."""
+        self._hurry.set()
 
     def _waiting(self, fault: storage.StorageFault) -> None:
         # Waiting on schedule is progress: the watchdog keeps pinging (DESIGN.md section 2).

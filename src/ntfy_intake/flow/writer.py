@@ -161,6 +161,10 @@ class Writer:
         """Until everything put on the queue so far is recorded."""
         await self.queue.join()
 
+    def stopping(self) -> None:
+        """The drain began: a storage fault being waited out is retried at once (Database.hurry)."""
+        self._database.hurry()
+
     # -- one batch, top to bottom --------------------------------------------------------------------
 
     async def record(
@@ -242,11 +246,14 @@ class Writer:
             write.release_known = True
         write.audit_written = self._journal.flush_sync()
 
-    async def settle_cursor(self, *, at_once: bool = False) -> None:
+    async def settle_cursor(self, *, at_once: bool = False, whole: bool = False) -> None:
         """Persist the cursor over the events whose reorder window has passed (never latched):
-        at most once per `CURSOR_SAVE_EVERY`, unless `at_once` (the drain)."""
+        at most once per `CURSOR_SAVE_EVERY`, unless `at_once` (the drain). `whole`: over every
+        durable event, window or not (a node handing over: the next leader's overlap backfill
+        catches what a reorder would have delivered late)."""
         now = time.monotonic()
-        self._settled = self.resume.settle(now) or self._settled
+        horizon = now + self.resume.reorder_window if whole else now
+        self._settled = self.resume.settle(horizon) or self._settled
         cursor = self._settled
         if cursor is None or self._journal.latched:
             return

@@ -303,9 +303,9 @@ class Daemon:
                 self.close()
                 return
             self.vitals.notifier.stopping("draining")
-            await tasks.drain(
-                self.writer, intake_stop, reader, writing, self.settings.ntfy.reorder_window
-            )
+            # A node hands over at once (section 9: < 2 s): no reorder window (supervisor.drain).
+            window = None if self.holding is not None else self.settings.ntfy.reorder_window
+            await tasks.drain(self.writer, intake_stop, reader, writing, window)
             senders_stop.set()
             for sender in (self.relay, self.owner):
                 if sender is not None:
@@ -457,7 +457,9 @@ class Daemon:
             scheduler.shutdown(wait=False)
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
-        await supervisor.after_subscribing(self.writer.subscribed, self.queue)
+        await supervisor.after_subscribing(self.writer.subscribed, self.queue, stop)
+        if stop.is_set():  # stopped during start-up: nothing to serve, no imports to wait for
+            return
         # starlette, uvicorn, jinja2: once intake runs, in a thread (~300 ms held the loop's frames)
         for name in ("http_api", "console"):
             await asyncio.to_thread(importlib.import_module, f"ntfy_intake.surfaces.{name}")

@@ -1,0 +1,286 @@
+"""Section 9's bounds on two real `ntfy-intake run` nodes (DESIGN.md sections 9 and 11): a
+graceful stop hands over in under 2 s in every state (right after an immediate PostgreSQL
+restart, under a steady stream, with HTTP clients connected), and a database outage longer
+than the lease owes the owner exactly one notice, naming its length. Each test is named after
+the failure it kills and makes the checks every standby test makes (tests/standby.py `settle`:
+every id recorded once, terms in order, every delivery delivered, the mirrors equal).
+
+Both tests restart or stop a PostgreSQL cluster of their own (scripts/pg-cluster), never the
+suite's shared server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ntfy_intake.testbed import drill_store, signal_standin
+from ntfy_intake.testbed.emulator import NtfyEmulator
+
+from ...harness import wait_until
+from ...standby import (
+    GRACEFUL_BOUND,
+    TTL,
+    Cluster,
+    leader_and_standby,
+    settle,
+    standing_by,
+)
+from ...standby_nodes import Node, Stream, TaggedReceiver
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
+]
+
+# A token `http.token`'s strength check accepts (settings/token.py), for the HTTP clients here.
+TOKEN = "Hq7-handover-bounds-Zx9Lk4mW"
+OWNER = {"owner_signal_number": "+31600000000", "owner_recipients": "+31600000001"}
+OUTAGE = 8.0  # longer than the lease (TTL 3 s)
+SHORT_OUTAGE = 1.0  # well under it
+
+
+@pytest.fixture
+def own_server() -> Iterator[tuple[str, Path]]:
+    """A PostgreSQL cluster of this test's own (scripts/pg-cluster): (a DSN of a fresh schema
+    in it, its data dir); only this one may be restarted or stopped."""
+    script = Path(__file__).resolve().parents[3] / "scripts" / "pg-cluster"
+    directory = Path(tempfile.mkdtemp(prefix="handover-pg-", dir="/tmp"))
+    started = subprocess.run(
+        [str(script), "start", str(directory)], capture_output=True, text=True, check=False
+    )
+    try:
+        if started.returncode == 3:
+            pytest.skip(f"scripts/pg-cluster: {started.stderr.strip()}")
+        assert started.returncode == 0, started.stderr
+        _, dsn = drill_store.create_schema(started.stdout.strip().splitlines()[-1], prefix="t")
+        yield dsn, directory / "data"
+    finally:
+        subprocess.run([str(script), "stop", str(directory)], check=False, timeout=90)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pg_ctl(data_dir: Path, *args: str) -> None:
+    command = [drill_store.pg_ctl(), "-D", str(data_dir), "-w", "-t", "60", *args]
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        command = ["runuser", "-u", data_dir.owner(), "--", *command]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=90)
+    assert done.returncode == 0, done.stderr or done.stdout
+
+
+def stop_server(data_dir: Path) -> float:
+    """An immediate stop (every session dropped, new ones refused); when it was down."""
+    _pg_ctl(data_dir, "-m", "immediate", "stop")
+    return time.monotonic()
+
+
+def start_server(data_dir: Path) -> float:
+    """Started again with the options it ran with (postmaster.opts); when it answered."""
+    argv = shlex.split((data_dir / "postmaster.opts").read_text())
+    options = [a for i, a in enumerate(argv[1:], 1) if a != "-D" and argv[i - 1] != "-D"]
+    _pg_ctl(data_dir, "-l", str(data_dir.parent / "server.log"), "-o", shlex.join(options), "start")
+    return time.monotonic()
+
+
+class Clients:
+    """HTTP clients held on a node while it stops: an agent's feed long poll and a logged-in
+    console session reloading its page, each on a keep-alive connection, in loops until
+    `stop` (errors once the node is gone are expected and ignored)."""
+
+    def __init__(self, node: Node) -> None:
+        self.base = f"http://127.0.0.1:{node.port}"
+        self.answers = {"feed": 0, "console": 0}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._feed, daemon=True),
+            threading.Thread(target=self._console, daemon=True),
+        ]
+
+    def _feed(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=self.base, headers=headers, timeout=40) as client:
+            while not self._stop.is_set():
+                try:
+                    acked = client.get("/v1/feed/agent?at=start").json()
+                    if acked:  # acked: the next wait blocks (a long poll held open)
+                        seq = max(e["seq"] for e in acked)
+                        client.post("/v1/feed/agent/ack", json={"channel": "triage", "seq": seq})
+                    client.get("/v1/feed/agent/wait?timeout=30")
+                    self.answers["feed"] += 1
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    self._stop.wait(0.1)
+
+    def _console(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=10) as client:
+            logged_in = False
+            while not self._stop.is_set():
+                try:
+                    if not logged_in:
+                        form = client.get("/console/login")
+                        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                        if csrf is None:
+                            raise ValueError("no login form")
+                        data = {"csrf": csrf.group(1), "token": TOKEN}
+                        logged_in = client.post("/console/login", data=data).status_code == 303
+                    client.get("/console/")
+                    self.answers["console"] += 1
+                except (httpx.HTTPError, ValueError):
+                    logged_in = False
+                self._stop.wait(0.05)
+
+    def start(self) -> Clients:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(45)
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["after_a_restart", "steady"])
+def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_stream_hands_over_within_2s(
+    tmp_path: Path,
+    emu: NtfyEmulator,
+    tagged: TaggedReceiver,
+    own_server: tuple[str, Path],
+    restart: bool,
+) -> None:
+    """Failure mode (issue 32): SIGTERM of the leader 2 s after an immediate PostgreSQL restart,
+    under ~15 alerts/s, with an agent's long poll and a console open on it: the standby took
+    over 5.3 s later (the drain waited out a whole reorder window before giving the lease up)."""
+    dsn, data_dir = own_server
+    # The shipped reorder window (the tests' 300 ms hid the drain's wait for it).
+    cluster = Cluster(tmp_path, dsn, emu, tagged, ntfy_reorder_window="5s", http_token=TOKEN)
+    try:
+        alpha, beta = leader_and_standby(cluster)
+        clients = Clients(alpha).start()
+        stream = Stream(emu).start()
+        try:
+            wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+            wait_until(lambda: all(clients.answers.values()), 30, "the HTTP clients served")
+            restarted = back = time.monotonic()
+            if restart:
+                problem = drill_store.restart(data_dir)
+                assert problem is None, problem
+                back = time.monotonic()
+                cluster.fault(alpha, "immediate PostgreSQL restart", restarted, until=back)
+            time.sleep(max(0.0, restarted + 2.0 - time.monotonic()))
+            lease, _ = cluster.wait_lease(lambda _: True, 10, "the lease")  # a fresh session
+            assert lease.node == "alpha", lease
+            at = alpha.send(signal.SIGTERM)
+            fault = cluster.fault(alpha, "SIGTERM of the leader after the restart", at)
+            taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
+            assert alpha.proc is not None
+            code = alpha.proc.wait(30)
+            exited = time.monotonic()
+            print(
+                f"\nPostgreSQL back {back - restarted:.2f} s after the restart; SIGTERM at"
+                f" +{at - restarted:.2f} s; {taken.node} took term {taken.term}"
+                f" {seen - at:.2f} s after it; alpha exited {code} after {exited - at:.2f} s"
+            )
+            assert taken.node == beta.name
+            assert code == 0
+            cluster.note_term(taken.term)
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+            handover = seen - fault.at
+        finally:
+            published = stream.stop()
+            clients.stop()
+        assert handover < GRACEFUL_BOUND, f"the graceful stop handed over in {handover:.2f} s"
+        settle(cluster, published, alpha)
+    finally:
+        cluster.close()
+
+
+def outage_notices(cluster: Cluster) -> list[str]:
+    return [
+        str(text)
+        for (text,) in cluster.rows(
+            "SELECT text FROM owner_outbox WHERE key LIKE 'database_outage:%' ORDER BY created_at"
+        )
+    ]
+
+
+def test_database_outage_longer_than_the_lease_tells_the_owner_once_naming_its_length(
+    tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver, own_server: tuple[str, Path]
+) -> None:
+    """Failure mode (issue 32): PostgreSQL down for longer than the lease, both nodes waiting
+    it out, nothing lost, and the owner never told (docs/postgresql.md promised one notice per
+    episode). Now: one notice, from whichever node leads once it is back, naming how long it
+    lasted; a second outage shorter than the lease tells nothing."""
+    dsn, data_dir = own_server
+    with signal_standin.running() as sig:
+        cluster = Cluster(
+            tmp_path, dsn, emu, tagged, owner_signal_url=sig.url, http_token=TOKEN, **OWNER
+        )
+        try:
+            alpha, beta = leader_and_standby(cluster)
+            stream = Stream(emu).start()
+            try:
+                wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+                before, _ = cluster.wait_lease(lambda _: True, 10, "the lease")
+                down = stop_server(data_dir)
+                time.sleep(OUTAGE)
+                up = start_server(data_dir)
+                for node in (alpha, beta):
+                    cluster.fault(node, "PostgreSQL stopped past the lease", down, until=up)
+                after, _ = cluster.wait_lease(lambda s: s.term > before.term, 60, "a new term")
+                cluster.note_term(after.term)
+                count = cluster.recorded()
+                wait_until(lambda: cluster.recorded() >= count + 20, 60, "recording again")
+                wait_until(lambda: outage_notices(cluster), 30, "the outage's owner notice")
+                told = outage_notices(cluster)
+                print(f"\noutage of {up - down:.1f} s; {after.node} leads; told {told}")
+                assert len(told) == 1, told
+                length = re.search(r"for (\d+) s", told[0])
+                assert length is not None, told[0]
+                assert TTL < int(length.group(1)) <= up - down + 2, told[0]
+                wait_until(
+                    lambda: any("unreachable" in m.message for m in sig.messages()),
+                    30,
+                    "the notice sent to the owner",
+                )
+                # A failover after it: the next leader owes the same episode, recorded once.
+                leader = cluster.node_named(after.node)
+                other = beta if leader is alpha else alpha
+                at, code = leader.terminate()
+                assert code == 0
+                fault = cluster.fault(leader, f"SIGTERM of {leader.name}", at)
+                handed, _ = cluster.wait_lease(lambda s: s.term > after.term, 30, "a new term")
+                assert handed.node == other.name
+                cluster.note_term(handed.term)
+                leader.start()
+                wait_until(lambda: standing_by(leader), 30, f"{leader.name} standing by")
+                # A short outage, under the lease: nothing for the owner.
+                down = stop_server(data_dir)
+                time.sleep(SHORT_OUTAGE)
+                up = start_server(data_dir)
+                cluster.fault(other, "PostgreSQL stopped briefly", down, until=up)
+                count = cluster.recorded()
+                wait_until(lambda: cluster.recorded() >= count + 20, 60, "recording again")
+                time.sleep(2 * TTL)
+            finally:
+                published = stream.stop()
+            settle(cluster, published)
+            assert fault.at > 0
+            told = outage_notices(cluster)
+            assert len(told) == 1, told
+            sent = [m.message for m in sig.messages() if "unreachable" in m.message]
+            assert len(sent) == 1, sent
+        finally:
+            cluster.close()
