@@ -93,8 +93,31 @@ def test_a_brute_force_loop_gets_429s_and_a_handful_of_guesses_and_the_owner_one
     notices = login_notices(state)
     assert len(notices) == 1, notices
     key, text = notices[0]
-    assert "127.0.0.1" in text and "429" in text
+    assert "loopback" in text and "429" in text  # 127.0.0.1: every loopback address is one
     assert "guess-" not in text and "guess-" not in key and TOKEN not in text
+
+
+def test_a_guesser_behind_a_local_reverse_proxy_is_held_apart_from_the_agents_on_loopback(
+    daemon: tuple[DaemonThread, str, Path],
+) -> None:
+    """Failure mode: behind a reverse proxy on the box every client is 127.0.0.1, so one
+    guesser through the proxy would hold every agent on the box with it."""
+    _, base, _ = daemon
+    proxied = {"X-Forwarded-For": "198.51.100.7, 203.0.113.9"}
+    with httpx.Client(base_url=base, timeout=10) as client:
+        codes = [
+            client.get(
+                "/v1/feed/agent", headers={**proxied, "Authorization": f"Bearer wrong-{i}-XvQ9"}
+            ).status_code
+            for i in range(8)
+        ]
+        agent = client.get("/v1/feed/agent", headers={"Authorization": f"Bearer {TOKEN}"})
+        again = client.get(
+            "/v1/feed/agent", headers={**proxied, "Authorization": f"Bearer {TOKEN}"}
+        )
+    assert codes == [403] * 5 + [429] * 3, codes
+    assert agent.status_code == 200  # the agent on loopback, not through the proxy
+    assert again.status_code == 429  # the proxied client (203.0.113.9) is held
 
 
 def test_a_request_naming_a_foreign_host_is_refused_before_any_route(

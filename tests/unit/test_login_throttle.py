@@ -127,6 +127,16 @@ def test_a_loopback_guesser_is_still_held_by_its_own_bucket() -> None:
     assert throttle.held("127.0.0.1", 5) == 59
 
 
+def test_a_local_guesser_gains_nothing_by_moving_across_loopback_addresses() -> None:
+    """127.0.0.0/8 is 16 million addresses a local user can connect from, each exempt from the
+    overall count: they are one client."""
+    throttle = Throttle()
+    for i, address in enumerate(["127.0.0.2", "127.1.2.3", "::1", "::ffff:127.0.0.9", "127.9.9.9"]):
+        throttle.failed(address, float(i))
+    assert throttle.held("127.0.0.1", 5) == 59
+    assert throttle.held("127.200.0.1", 5) == 59
+
+
 def test_the_addresses_remembered_are_bounded() -> None:
     throttle = Throttle(Policy(remember=100, overall_failures=10**9))
     for i in range(1000):

@@ -20,6 +20,8 @@ ALL = [
     notices.intake_dead(300.0, "ConnectError: refused", "boot1:7"),
     notices.intake_recovered("boot1:9"),
     notices.dead_row("tri_abcDEF123456", "HTTP 400: bad request", 1),
+    notices.login_throttled("192.168.1.50", 5, 60.0, "1796576417"),
+    notices.login_throttled("*", 30, 60.0, "1796576417"),
 ]
 
 

@@ -20,7 +20,9 @@ never applies to a loopback client (the box itself, an SSH tunnel) nor to an add
 logged in successfully within `Policy.trust` (a day): those are held only by their own bucket.
 
 Addresses: IPv6 addresses are counted by their /64 (one host usually owns a whole /64, and
-rotating inside it must not reset the count); an IPv4-mapped IPv6 address is its IPv4 address.
+rotating inside it must not reset the count); an IPv4-mapped IPv6 address is its IPv4 address;
+every loopback address (all of 127.0.0.0/8 and ::1) is one client, `LOOPBACK`: a local user can
+connect from any of them, and must not get 5 guesses per address.
 At most `Policy.remember` addresses are tracked; the least recently seen is forgotten first.
 """
 
@@ -32,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 OVERALL = "*"  # the overall bucket's name in an Outcome
+LOOPBACK = "loopback"  # every loopback address's one bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +98,11 @@ def client_key(address: str) -> str:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return address[:100]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return LOOPBACK
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        if ip.is_loopback:
-            return str(ip)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
 

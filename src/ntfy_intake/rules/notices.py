@@ -196,7 +196,8 @@ def login_throttled(address: str, failures: int, hold_s: float, episode: str) ->
             f"{hold_s:g} s; loopback and the owner's recent addresses are not"
         )
     else:
-        who = f"Failed logins from {address}: {failures} wrong HTTP tokens within a minute"
+        where = "this box (loopback: a local process)" if address == "loopback" else address
+        who = f"Failed logins from {where}: {failures} wrong HTTP tokens within a minute"
         held = f"its attempts are refused (429) for {hold_s:g} s"
     return Notice(
         "login_throttled",

@@ -5,7 +5,9 @@ JSON error), the body read within its bound, the bearer check, and the guard eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import ipaddress
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -104,7 +106,19 @@ class LoginGuard:
 
     @staticmethod
     def address(request: Request) -> str:
-        return request.client.host if request.client is not None else "unknown"
+        """The client counted: the peer, or, when the peer is this box (a reverse proxy on it),
+        the address the proxy appended to `X-Forwarded-For`, so that agents connecting directly
+        (no header) are not held with whoever guesses through the proxy. Why trust the header
+        then: only a process on this box can send it from loopback, and what it gains by forging
+        is bounded: a loopback address it names counts as loopback (one bucket), any other
+        address is held by the overall count too (rules/login_throttle.py)."""
+        peer = request.client.host if request.client is not None else "unknown"
+        forwarded = request.headers.get("x-forwarded-for", "")
+        if forwarded and login_throttle.is_loopback(peer):
+            last = forwarded.rsplit(",", 1)[-1].strip()
+            with contextlib.suppress(ValueError):
+                return str(ipaddress.ip_address(last))
+        return peer
 
     def held(self, request: Request) -> int | None:
         """Retry-After seconds when this client may not try a token now; None when it may."""
