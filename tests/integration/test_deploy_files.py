@@ -418,7 +418,7 @@ def test_compose_config_is_accepted_by_the_daemon(tmp_path: Path) -> None:
     """The sample config loads as compose.yaml runs it: secrets as files, state on /data."""
     settings = pytest.importorskip("ntfy_intake.settings", reason="settings module not present")
     (tmp_path / "ntfy_token").write_text("tk_" + "a" * 29 + "\n")
-    (tmp_path / "http_token").write_text("h" * 32 + "\n")
+    (tmp_path / "http_token").write_text("h7Q2xV9Lp4Ws3Rm8Kc1Zw6Hq2Xv9Lp4W\n")  # ntfy-intake token
     for name in ("ntfy_token", "http_token"):
         (tmp_path / name).chmod(0o400)  # as docs/install.md has them
     environ = {
@@ -525,7 +525,7 @@ def test_box_two_runs_one_node_with_its_own_state_and_signal_device() -> None:
 
 def _secret_files(directory: Path) -> dict[str, str]:
     (directory / "ntfy_token").write_text("tk_" + "a" * 29 + "\n")
-    (directory / "http_token").write_text("h" * 32 + "\n")
+    (directory / "http_token").write_text("h7Q2xV9Lp4Ws3Rm8Kc1Zw6Hq2Xv9Lp4W\n")  # ntfy-intake token
     (directory / "database_dsn").write_text("postgresql://intake:pw@db.lan/intake\n")
     for name in ("ntfy_token", "http_token", "database_dsn"):
         (directory / name).chmod(0o400)
