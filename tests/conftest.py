@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -44,6 +45,49 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if metafunc.definition.get_closest_marker("engines") or "store" in metafunc.fixturenames:
         metafunc.parametrize("engine", engines.ENGINES, indirect=True)
+
+
+# What makes a test slow, found in what it (or a fixture or helper of its module) calls: a whole
+# daemon (in a thread or a process), or a Python child (`sys.executable`: a second or so to
+# import). `-m "not slow"` (the fast lane) leaves these out; CI runs everything.
+SLOW_CALLS = frozenset({"DaemonThread", "daemon_process", "executable", "Daemon"})
+
+
+def _names(code: types.CodeType, space: dict[str, object], seen: set[types.CodeType]) -> set[str]:
+    """The global and attribute names `code` uses, through the functions of its module it calls."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const, space, seen)
+    for name in list(names):
+        target = space.get(name)
+        if isinstance(target, types.FunctionType) and target.__code__ not in seen:
+            seen.add(target.__code__)
+            names |= _names(target.__code__, target.__globals__, seen)
+    return names
+
+
+def _starts_something_slow(item: pytest.Item) -> bool:
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info else None
+        if defs:
+            functions.append(defs[-1].func)
+    seen: set[types.CodeType] = set()
+    return any(
+        isinstance(function, types.FunctionType)
+        and bool(SLOW_CALLS & _names(function.__code__, function.__globals__, seen))
+        for function in functions
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("soak") or (
+            not item.get_closest_marker("slow") and _starts_something_slow(item)
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

@@ -171,6 +171,9 @@ def test_message_delivered_twice_at_subscribe_is_recorded_once(emu, tmp_path: Pa
     assert_exactly_once(tmp_path, first + twice)
 
 
+@pytest.mark.one_engine(
+    "intake's answer to a refused subscribe; the cursor's store has its own tests"
+)
 @pytest.mark.parametrize(
     ("status", "retry_after"), [(503, None), (500, None), (429, 0.3), (401, None), (403, None)]
 )
@@ -199,6 +202,7 @@ def test_failed_subscribes_keep_the_cursor(
     assert notices(tmp_path, "fallback_400") == []
 
 
+@pytest.mark.one_engine("the keepalive watchdog on the wire")
 def test_silent_stream_is_dropped_by_the_watchdog_and_keeps_the_cursor(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = settings_for(
         emu.url, tmp_path, ntfy_keepalive_interval="1s", ntfy_keepalive_timeout="1500ms"
@@ -288,6 +292,7 @@ def refused(state: Path) -> list[dict[str, object]]:
     return notices(state, "subscribe_refused")
 
 
+@pytest.mark.one_engine("intake's answer to a refused subscribe")
 def test_400_other_than_40008_keeps_the_cursor_with_one_notice_quoting_ntfy(
     emu, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -313,6 +318,7 @@ def test_400_other_than_40008_keeps_the_cursor_with_one_notice_quoting_ntfy(
     assert_exactly_once(tmp_path, first + later)
 
 
+@pytest.mark.one_engine("intake's answer to a refused subscribe")
 def test_three_401s_in_a_row_back_off_at_least_five_minutes_with_one_credentials_notice(
     emu, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
@@ -330,6 +336,7 @@ def test_three_401s_in_a_row_back_off_at_least_five_minutes_with_one_credentials
     assert notice["category"] == "credentials" and "40101: unauthorized" in str(notice["text"])
 
 
+@pytest.mark.one_engine("intake's answer to a refused subscribe")
 def test_403_spends_no_authentication_budget_and_is_noticed_as_acl(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     emu.faults.fail_subscribes(4, status=403)
     with DaemonThread(settings_for(emu.url, tmp_path)) as running:
@@ -341,6 +348,7 @@ def test_403_spends_no_authentication_budget_and_is_noticed_as_acl(emu, tmp_path
     assert notice["category"] == "acl" and "40301: forbidden" in str(notice["text"])
 
 
+@pytest.mark.one_engine("intake's answer to a refused subscribe")
 def test_rate_limit_is_noticed_once_per_episode_as_rate_limit(emu, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     emu.faults.fail_subscribes(3, status=429)
     with DaemonThread(settings_for(emu.url, tmp_path)):
