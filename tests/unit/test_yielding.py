@@ -82,6 +82,7 @@ def test_a_leader_yields_only_when_its_work_is_dead_or_latched_and_another_node_
     verdict = decide(work, peers, term_began)
     assert verdict.to == to
     assert verdict.yields is (to is not None)
+    assert (verdict.rule == "yield") is (to is not None)
     assert reason_part in verdict.reason
 
 
@@ -94,6 +95,9 @@ def test_ntfy_unreachable_from_both_nodes_never_moves_the_lease_back_and_forth()
     verdicts = [decide(dead, [], term_began, now=t) for t in range(0, 601, 5)]
     assert not any(v.yields for v in verdicts)
     assert "no other node is ready" in verdicts[-1].reason
+    # What keeps it, as the log tells it once per change: waiting, then nobody ready.
+    rules = [v.rule for v in verdicts]
+    assert sorted(set(rules), key=rules.index) == ["waiting", "no_peer"]
     assert decide(dead, [peer()], term_began, now=605.0).to == "nas"
 
 

@@ -39,10 +39,13 @@ from ntfy_intake.rules.readiness import NodeSeen, WorkState
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """`to` is the node to yield to, None to keep leading; `reason` says why it yields ("ntfy
-    unreachable from pi for 60 s"), or why it keeps leading (for the log and health)."""
+    unreachable from pi for 60 s"), or why it keeps leading (for the log and health); `rule`
+    names the rule that decided, a word that does not change while the reason's figures do:
+    working, waiting (dead, not yet for yield_after), own_term, no_peer, yield."""
 
     to: str | None
     reason: str
+    rule: str = "yield"
 
     @property
     def yields(self) -> bool:
@@ -89,19 +92,21 @@ def decide(
             return Verdict(
                 None,
                 f"ntfy unreachable for {seconds(dead_for)}; yields after {seconds(yield_after)}",
+                "waiting",
             )
         cause = f"ntfy unreachable from {me} for {seconds(dead_for)}"
     else:
-        return Verdict(None, f"intake {work.intake}")
+        return Verdict(None, f"intake {work.intake}", "working")
     leading = now - term_began
     if leading < yield_after:
         return Verdict(
             None,
             f"{cause}; it leads for {seconds(leading)} only, and no node yields before "
             f"cluster.yield_after ({seconds(yield_after)}) in its own term",
+            "own_term",
         )
     if not peers:
-        return Verdict(None, f"{cause}; no other node is ready: it keeps leading")
+        return Verdict(None, f"{cause}; no other node is ready: it keeps leading", "no_peer")
     return Verdict(peers[0].node, cause)
 
 

@@ -106,7 +106,7 @@ async def watch_term(
     """Until the rule says yield (module doc): then the notice, recorded under this term (at
     most `record_within` seconds: the work matters more than the notice), and the verdict."""
     check_every = min(CHECK_EVERY_MAX, yield_after / 10)
-    said: tuple[str, bool] | None = None
+    said = "working"
     while True:
         state, ready = work(), list(peers())
         verdict = rules.decide(
@@ -119,12 +119,11 @@ async def watch_term(
         )
         if verdict.yields:
             break
-        seen = (state.intake, bool(ready))
-        if state.intake in ("dead", "latched") and seen != said:
-            # Once per change (dead or latched, with or without a ready node): health says the
-            # rest, the log says why this leader keeps the work.
+        if verdict.rule not in (said, "working"):
+            # Once per change of the rule that keeps it (dead, not yet for yield_after; no ready
+            # node; its own term too young): health says the rest, the log says why.
             log.warning("cluster.keeps_leading", node=holding.node, reason=verdict.reason)
-        said = seen
+        said = verdict.rule
         await asyncio.sleep(check_every)
     assert verdict.to is not None
     log.warning(
