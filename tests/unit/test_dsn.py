@@ -195,14 +195,14 @@ def test_a_real_connection_refused_is_waited_out_and_names_the_host_not_the_pass
 
 
 def test_a_real_driver_error_quoting_a_misread_password_is_redacted_in_place() -> None:
-    """postgres.redacted on what libpq and psycopg really say when they misread a password
+    """dsn_rules.redact_exception on what libpq and psycopg really say when they misread a password
     into the host (the DSN handed to the driver directly, past every check): the same
     exception, class kept for classifying, its message without the password's pieces."""
     dsn = Dsn(uri("Hq7@Zw9", encode=False, port=closed_port()))
     with pytest.raises(psycopg.OperationalError) as failed:
         psycopg.connect(dsn.conninfo, connect_timeout=2)
     assert "Zw9@127.0.0.1" in str(failed.value)  # what the driver said carried it
-    same = postgres.redacted(failed.value, dsn)
+    same = dsn_rules.redact_exception(failed.value, dsn.conninfo)
     assert same is failed.value and isinstance(same, psycopg.OperationalError)
     assert "resolve host" in str(same) and "127.0.0.1" in str(same)
     assert_never_shown(str(same), "Hq7@Zw9")

@@ -18,9 +18,13 @@ psycopg is imported only when a DSN is read (SQLite installs do without it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Iterator
 from urllib.parse import quote, unquote
+
+from ntfy_intake.errors import StartupError
 
 SCHEMES = ("postgresql://", "postgres://")
 MASK = "***"
@@ -59,7 +63,7 @@ def check(text: str) -> dict[str, str]:
         if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
             hint = f": {ENCODE_HINT}" if text.startswith(SCHEMES) else ""
             raise DsnError(f"a port that is not a number from 1 to 65535 (not shown){hint}")
-    return params
+    return dict(params)  # a copy: `parse` is cached
 
 
 @functools.lru_cache(maxsize=16)
@@ -146,6 +150,40 @@ def redact(message: str, text: str) -> str:
     for secret in secrets(text):
         message = message.replace(secret, MASK)
     return message
+
+
+def redact_exception(exc: BaseException, text: str) -> BaseException:
+    """`exc`, its causes and contexts with the password of `text` cut out of their messages,
+    in place: the same exception, so its class and SQLSTATE still classify it."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        seen.args = tuple(redact(a, text) if isinstance(a, str) else a for a in seen.args)
+        seen = seen.__cause__ or seen.__context__
+    return exc
+
+
+def checked(text: str) -> dict[str, str]:
+    """`check` for the driver: a DSN that did not come through config load (`store copy
+    --to`, a drill) is StartupError (exit 2) before libpq can misread it."""
+    try:
+        return check(text)
+    except DsnError as exc:
+        raise StartupError(f"PostgreSQL DSN: {exc}") from None
+
+
+@contextlib.contextmanager
+def redacting(text: str, errors: type[BaseException]) -> Iterator[None]:
+    """Around the driver's connect: its `errors` redacted at the source (`redact_exception`).
+    libpq and psycopg quote the host, port, database and options they failed on, and where a
+    password was misread into one of them that is a piece of it. Statements on a live
+    connection need none: the server's words never hold the password."""
+    try:
+        yield
+    except errors as exc:
+        redact_exception(exc, text)
+        raise
 
 
 @functools.lru_cache(maxsize=16)

@@ -46,7 +46,6 @@ from ntfy_intake.settings.schema import Dsn
 
 try:
     import psycopg
-    import psycopg.conninfo
     import psycopg.sql
     from psycopg import pq
 except ImportError:  # pragma: no cover - the postgres extra is not installed
@@ -443,13 +442,6 @@ def connect(
         raise StartupError(
             f"database {dsn}: PostgreSQL needs psycopg: install ntfy-intake[postgres]"
         )
-    try:
-        # Config load checked `[state] database` already; a DSN built elsewhere (`store copy
-        # --to`, a drill) is checked here, before libpq can misread it and quote a piece of
-        # its password back: only a person can fix it.
-        dsn_rules.check(dsn.conninfo)
-    except dsn_rules.DsnError as exc:
-        raise StartupError(f"PostgreSQL DSN: {exc}") from None
     extra = dict(libpq or {})
     if statement_timeout is not None:
         extra["options"] = " ".join(
@@ -461,7 +453,7 @@ def connect(
 def _options_of(dsn: Dsn) -> list[str]:
     # A keyword given to psycopg.connect replaces the DSN's own `options` (which may name the
     # search path): keep them.
-    given = psycopg.conninfo.conninfo_to_dict(dsn.conninfo).get("options")
+    given = dsn_rules.checked(dsn.conninfo).get("options")
     return [str(given)] if given else []
 
 
@@ -481,9 +473,9 @@ _DEAD_PEER: dict[str, Any] = {
 def _open(
     dsn: Dsn, *, readonly: bool, timeout: float, libpq: Mapping[str, Any]
 ) -> psycopg.Connection[Any]:
-    given = psycopg.conninfo.conninfo_to_dict(dsn.conninfo)
+    given = dsn_rules.checked(dsn.conninfo)  # StartupError for a DSN libpq would misread
     defaults = {key: value for key, value in _DEAD_PEER.items() if key not in given}
-    try:
+    with dsn_rules.redacting(dsn.conninfo, DRIVER_ERROR):
         raw = psycopg.connect(
             dsn.conninfo,
             autocommit=True,
@@ -492,9 +484,6 @@ def _open(
             application_name="ntfy-intake",
             **{**defaults, **libpq},
         )
-    except DRIVER_ERROR as exc:
-        redacted(exc, dsn)
-        raise
     try:
         raw.execute("SET synchronous_commit = on")
         # As SQLite's busy timeout: a writer waiting on the store's lock past it fails with
@@ -507,19 +496,3 @@ def _open(
     except BaseException:
         raw.close()
         raise
-
-
-def redacted(exc: BaseException, dsn: Dsn) -> BaseException:
-    """`exc`, its causes and contexts with `dsn`'s password cut out of their messages, in
-    place (the same exception: its class and SQLSTATE still classify it). libpq and psycopg
-    quote the host, port, database and options they failed on at connect: where a password
-    was misread into one of them, that is a piece of the password (DESIGN.md section 11).
-    Errors of statements on a live connection carry the server's words, which never hold
-    the password: connecting is where the redaction is needed."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
-        seen.args = tuple(dsn.redact(a) if isinstance(a, str) else a for a in seen.args)
-        seen = seen.__cause__ or seen.__context__
-    return exc

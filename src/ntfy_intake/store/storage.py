@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from ntfy_intake.errors import DatabaseUnreachable, IntakeError, StartupError
+from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import postgres
 
@@ -206,9 +207,9 @@ def startup_error(exc: BaseException, database: Path | Dsn) -> IntakeError:
 
 def _postgres_startup_error(exc: BaseException, dsn: Dsn) -> IntakeError:
     """Host, database and cause, never the password: the DSN's `str` leaves it out, and the
-    driver's text is redacted by the parsed password in every form (postgres.redacted), here
-    again for an error that did not come through `postgres.connect`."""
-    postgres.redacted(exc, dsn)
+    driver's text is redacted by the parsed password in every form (settings/dsn.py), at the
+    source (`postgres.connect`) and here again for an error that did not come through it."""
+    dsn_rules.redact_exception(exc, dsn.conninfo)
     fault = classify(exc, f"{dsn.host}, database {dsn.database}")
     detail = dsn.redact(_first_line(fault.detail).replace(dsn.conninfo, str(dsn)))
     line = f"PostgreSQL {dsn}: {_WORDS[fault.kind]} ({detail})"
