@@ -58,7 +58,10 @@ def check(text: str) -> dict[str, str]:
         )
     params = parse(text)
     if text.startswith(SCHEMES) and _stray_at(text):
-        raise DsnError(f"an @ that libpq would not read as the end of the password: {ENCODE_HINT}")
+        raise DsnError(
+            "an @ after the host part, which libpq does not read as the end of the password"
+            f" (an @ in the database name is written %40): {ENCODE_HINT}"
+        )
     for port in params.get("port", "").split(","):
         if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
             hint = f": {ENCODE_HINT}" if text.startswith(SCHEMES) else ""
@@ -193,14 +196,16 @@ def describe(text: str) -> str:
         params = check(text)
     except DsnError:
         return "postgresql://(malformed DSN, not shown)"
-    user = params.get("user")
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    port = params.get("port")
-    database = params.get("dbname") or user or "postgres"
-    shown = (
-        f"postgresql://{user + '@' if user else ''}{host}{':' + port if port else ''}/{database}"
+    user = redact(params["user"], text) + "@" if params.get("user") else ""
+    hosts = (params.get("host") or params.get("hostaddr") or "localhost").split(",")
+    ports = (params.get("port") or "").split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports  # one port serves every host
+    where = ",".join(
+        redact(f"[{name}]" if ":" in name else name, text) + (f":{port}" if port else "")
+        for name, port in zip(hosts, ports, strict=False)
     )
-    return redact(shown, text)
+    # Each part redacted on its own: a short password never masks the scheme or the slashes.
+    return f"postgresql://{user}{where}/{redact(database(text), text)}"
 
 
 def host(text: str) -> str:
