@@ -206,3 +206,18 @@ def test_a_real_driver_error_quoting_a_misread_password_is_redacted_in_place() -
     assert same is failed.value and isinstance(same, psycopg.OperationalError)
     assert "resolve host" in str(same) and "127.0.0.1" in str(same)
     assert_never_shown(str(same), "Hq7@Zw9")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("postgresql://u:p@[::1]:5/db", "postgresql://u@[::1]:5/db"),
+        ("host=a,b port=1,2 user=u password=s dbname=alerts", "postgresql://u@a:1,b:2/alerts"),
+        ("host=/run/postgresql dbname=intake", "postgresql:///run/postgresql/intake"),
+    ],
+)
+def test_where_a_dsn_points_reads_right_even_with_a_one_letter_password(
+    text: str, shown: str
+) -> None:
+    """Each part is redacted alone: a password `p` masked the scheme (`***ostgresql://`)."""
+    assert str(Dsn(text)) == shown
