@@ -74,7 +74,7 @@ def routes(config: Config) -> list[BaseRoute]:
     token = config.settings.http.token
     if not token:
         return []
-    sessions = config.sessions or Sessions(token, config.clock)
+    sessions = config.sessions or Sessions(config.clock)
     reader = views.Reader(config.settings, config.clock)
     own_guard = LoginGuard()  # used only where no app-wide one exists (not made by create_app)
 

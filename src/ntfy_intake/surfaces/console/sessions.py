@@ -1,6 +1,7 @@
 """Console sessions and their CSRF tokens: in memory, bounded, expiring.
 
-A right `http.token` at login opens a session: a random id in an HttpOnly, SameSite=Strict
+A right `http.token` at login (checked by the surface's `LoginGuard`, which counts the wrong
+ones) opens a session: a random id in an HttpOnly, SameSite=Strict
 cookie (Secure behind TLS) and a random CSRF token that every form carries back. Sessions live
 in the daemon's memory only: a restart logs the owner out, which costs one login and leaves no
 session file to steal. The clock is injected (tests move it; nothing sleeps).
@@ -27,8 +28,7 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, token: str, clock: Callable[[], float], ttl: float = TTL) -> None:
-        self._token = token.encode()
+    def __init__(self, clock: Callable[[], float], ttl: float = TTL) -> None:
         self._clock = clock
         self._ttl = ttl
         self._by_id: OrderedDict[str, Session] = OrderedDict()
@@ -36,9 +36,6 @@ class Sessions:
     @property
     def ttl(self) -> float:
         return self._ttl
-
-    def token_matches(self, presented: str) -> bool:
-        return hmac.compare_digest(presented.encode("utf-8", "replace"), self._token)
 
     def open(self) -> Session:
         session = Session(
