@@ -212,7 +212,7 @@ def test_a_real_driver_error_quoting_a_misread_password_is_redacted_in_place() -
     ("text", "shown"),
     [
         ("postgresql://u:p@[::1]:5/db", "postgresql://u@[::1]:5/db"),
-        ("host=a,b port=1,2 user=u password=s dbname=alerts", "postgresql://u@a:1,b:2/alerts"),
+        ("host=a,b port=1,2 user=u password=q dbname=alerts", "postgresql://u@a:1,b:2/alerts"),
         ("host=/run/postgresql dbname=intake", "postgresql:///run/postgresql/intake"),
     ],
 )
