@@ -5,7 +5,8 @@ socket (and the keepalive watchdog keeps time) while SQLite fsyncs. A transient 
 (the database locked by another process past the busy timeout, a full disk, an I/O error) is
 waited out with backoff and the same call run again: every call made through here is one
 transaction that rolled back whole. Health is degraded meanwhile, each episode owes the owner
-one notice, and nothing exits.
+one notice (but a node's PostgreSQL not answering: recovery.OutageWatch, when longer than the
+lease), and nothing exits.
 """
 
 from __future__ import annotations
@@ -119,11 +120,12 @@ class Database:
                     return result
             self._failed_call = fn
             self._waiting(fault)
+            if self._hurry.is_set():  # stopping: the shortest backoff, never a grown one
+                await asyncio.sleep(STORAGE_RETRY_BASE)
+                continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._hurry.wait(), delay)
-            delay = (
-                STORAGE_RETRY_BASE if self._hurry.is_set() else min(delay * 2, STORAGE_RETRY_CAP)
-            )
+                await asyncio.wait_for(self._hurry.wait(), delay)  # a stop cuts it short
+            delay = min(delay * 2, STORAGE_RETRY_CAP)
 
     def hurry(self) -> None:
         """A stop began (the drain): retry a fault being waited out now, and from then on at
@@ -147,6 +149,11 @@ class Database:
         if fault is None:
             return
         log.warning("storage.recovered", fault=str(fault))
+        if fault.kind == "unreachable" and self._term is not None:
+            # A node's (PostgreSQL): a blip (a restart, a dropped session) tells the owner
+            # nothing; an outage longer than the lease ends the term, and the node tells it
+            # once per episode across both nodes (recovery.OutageWatch).
+            return
         episode = f"{self._boot_id}:{self.waits.episodes}"
         self.waits.notices_owed.append(
             notices.database_locked(fault.detail, episode)

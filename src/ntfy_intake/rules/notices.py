@@ -220,3 +220,19 @@ def work_differs(leader: str, node: str, keys: list[str], theirs: str, mine: str
         key=f"work_differs:{node}:{theirs}:{mine}",
         fields={"node": node, "leader": leader, "keys": ",".join(keys)},
     )
+
+
+def database_outage(seconds: float, node: str, term: int | None, episode: str) -> Notice:
+    """Once per database outage longer than the lease (rules/outage.py), recorded by whichever
+    node leads once the store answers. The key: the term before it (the same on every node that
+    saw it), or this process's `episode` when no term was seen yet."""
+    before = "no term yet" if term is None else f"term {term}"
+    return Notice(
+        "database_outage",
+        f"The database did not answer for {seconds:.0f} s (seen by node {node!r}; {before}"
+        " before it): longer than the lease, so no node could lead meanwhile. It answers again;"
+        " intake resumed from the durable cursor with an overlap backfill, so nothing ntfy"
+        " still holds is lost or counted twice (a gap notice follows if ntfy dropped some).",
+        key=f"database_outage:{episode if term is None else f'term-{term}'}",
+        fields={"node": node, "seconds": f"{seconds:.0f}"},
+    )

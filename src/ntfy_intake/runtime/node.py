@@ -99,6 +99,7 @@ async def serve(
     member.hold_off = lambda: prober.hold_off() or cooloff()
     member.readiness_view = prober.view
     probing: asyncio.Task[None] | None = None
+    watching: asyncio.Task[None] | None = None
     try:
         # The store first (its migrations hold the lease table): a database still booting is
         # waited out, degraded, and owes the owner one notice, written by the first leader.
@@ -108,10 +109,14 @@ async def serve(
             return 0
         await prober.start(stop)  # a work differing from the leader's: exit 2, naming the keys
         probing = asyncio.create_task(prober.run(stop), name="readiness")
+        # One owner notice per database outage longer than the lease, on either side of it.
+        outages = recovery.OutageWatch(member, waits, lease_ttl=cluster.lease_ttl)
+        watching = asyncio.create_task(outages.run(stop), name="outages")
         while not stop.is_set():
             holding = await Standby(settings, member, notifier).run(stop)
             if holding is None:
                 break
+            outages.check()  # an outage that just ended (this campaign's first answer) is owed
             holding.owed, waits.notices_owed = waits.notices_owed, []
             leader = make_leader(holding=holding, state_lock=lock)
             prober.lead(leader)
@@ -142,6 +147,8 @@ async def serve(
             notifier.status(f"standby: term {holding.term} is over; standing by")
     finally:
         await member.release()
+        if watching is not None:
+            watching.cancel()
         if probing is not None:
             probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

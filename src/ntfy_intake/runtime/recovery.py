@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -25,6 +26,8 @@ from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, append_triage_entry
 from ntfy_intake.rules import cadence, notices
+from ntfy_intake.rules.lease import Seen
+from ntfy_intake.rules.outage import OutageClock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.settings.schema import is_dsn
@@ -245,3 +248,74 @@ async def when_reachable(
                 )
             )
         return True
+
+
+# How often the node's outage watch looks at its lease statements' last outcome.
+OUTAGE_POLL_S = 0.25
+
+
+class LeaseStatements(Protocol):
+    """What the outage watch reads of runtime/cluster.Member (kept apart: no import cycle)."""
+
+    @property
+    def problem(self) -> str | None: ...  # why the last lease statement failed, None: it answered
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def row(self) -> Seen | None: ...  # the lease row as last read (the term it held)
+
+
+class OutageWatch:
+    """One owner notice per database outage longer than the lease (rules/outage.py), whichever
+    side of the lease this node was on: its lease statements (a leader's renewals, a standby's
+    campaign and listen) are tried at least every renew_every, and their last outcome is read
+    every OUTAGE_POLL_S. The episode's notice is owed (StorageWaits.notices_owed) once the store
+    answers again and recorded first by this node's next term: a node that leads once the
+    store is back records it at once; the other's copy, under the same key, is a no-op later.
+    Before, a term that ended in an outage was abandoned with the daemon that noticed it, and a
+    60 s outage told the owner nothing."""
+
+    def __init__(
+        self,
+        member: LeaseStatements,
+        waits: StorageWaits,
+        *,
+        lease_ttl: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._member = member
+        self._waits = waits
+        self._clock = OutageClock(lease_ttl)
+        self._monotonic = monotonic
+        self._count = 0
+
+    def check(self) -> None:
+        """Read the last lease statement's outcome now; an outage that just ended owes its
+        notice (one owed notice per key: a later episode under the same term replaces it)."""
+        row = self._member.row
+        answered = self._member.problem is None
+        ended = self._clock.observe(answered, self._monotonic(), None if row is None else row.term)
+        if ended is None:
+            return
+        self._count += 1
+        log.warning("storage.outage_ended", seconds=round(ended.seconds, 1), term=ended.term)
+        notice = notices.database_outage(
+            ended.seconds,
+            self._member.node,
+            ended.term,
+            f"{self._member.instance}:{self._count}",
+        )
+        owed = [n for n in self._waits.notices_owed if n.key != notice.key]
+        self._waits.notices_owed[:] = [*owed, notice]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """`check` every OUTAGE_POLL_S until `stop` (or cancelled)."""
+        while not stop.is_set():
+            self.check()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), OUTAGE_POLL_S)
