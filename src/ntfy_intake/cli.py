@@ -96,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
 
     p = add("check", _cmd_check, "exit 0 when healthy, 1 when not (container health check)")
     config_arg(p)
-
     add("token", _cmd_token, "print a new random http.token (32 random bytes, URL-safe)")
 
     p = add("redrive", _cmd_redrive, "put dead triage requests back in the relay queue")
@@ -329,8 +328,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_token(args: argparse.Namespace) -> int:
     from ntfy_intake.settings import token  # noqa: PLC0415
 
-    print(token.generate())
-    return 0
+    return token.print_one()
 
 
 def _cmd_redrive(args: argparse.Namespace) -> int:

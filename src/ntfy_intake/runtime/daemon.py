@@ -475,8 +475,7 @@ class Daemon:
         )
         cadence_now = lambda: (self.policy, self.owner_queue.view)  # noqa: E731
         app = http_api.create_app(
-            db_path=self.settings.state.store,
-            token=self.settings.http.token,
+            **http_api.from_settings(self.settings),  # the store, http.token, the Host names
             notify=self.journal.queue_agent_reply,
             health=self.vitals.http_health,
             metrics_snapshot=self.metrics_snapshot,
@@ -487,7 +486,6 @@ class Daemon:
                 *console.api_routes(self.settings.http.token, actions, self.clock),
             ],
             login_notice=self.journal.note,  # failed logins: one owner notice per episode
-            hosts=http_api.trusted_hosts(self.settings),
         )
         try:
             with heap.frozen():  # start-up's objects: never walked by a full collection again

@@ -36,6 +36,12 @@ def generate() -> str:
     return secrets.token_urlsafe(32)
 
 
+def print_one() -> int:
+    """`ntfy-intake token`: one good token on stdout (nothing else: `> secrets/http_token`)."""
+    print(generate())
+    return 0
+
+
 def weakness(token: str) -> str | None:
     """Why `token` is too weak to guard the HTTP surface, or None when it is not. The reason
     never quotes the token."""

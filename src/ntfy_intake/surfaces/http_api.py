@@ -49,7 +49,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import structlog
 import uvicorn
@@ -89,6 +89,7 @@ __all__ = [
     "NotifyCallback",
     "begin_shutdown",
     "create_app",
+    "from_settings",
     "host_allowed",
     "serve",
     "trusted_hosts",
@@ -259,6 +260,21 @@ def create_app(
     app.state.stopping = stopping
     app.state.login_guard = guard
     return app
+
+
+class FromSettings(TypedDict):
+    db_path: db.Target
+    token: str | None
+    hosts: frozenset[str]
+
+
+def from_settings(settings: Settings) -> FromSettings:
+    """`create_app`'s arguments that the settings decide: `create_app(**from_settings(s), ...)`."""
+    return {
+        "db_path": settings.state.store,
+        "token": settings.http.token,
+        "hosts": trusted_hosts(settings),
+    }
 
 
 # -- the Host check (DNS rebinding) ---------------------------------------------------------------
