@@ -305,10 +305,13 @@ def host_allowed(host: str | None, names: Collection[str]) -> bool:
         return True
     host = host.strip().lower()
     if host.startswith("["):
-        name = host[1:].partition("]")[0]
+        name, bracket, rest = host[1:].partition("]")
+        port = rest.removeprefix(":")
+        if not bracket or (rest and (not rest.startswith(":") or not port.isdigit())):
+            return False
     else:
         name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-        if not port.isdigit() and port:
+        if port and not port.isdigit():
             return False
     name = name.rstrip(".")
     if not name:
