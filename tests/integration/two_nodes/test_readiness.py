@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from ntfy_intake.store import db, migrations
+from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
 from ...standby import Cluster, serving_as_leader, standing_by
@@ -24,7 +25,9 @@ pytestmark = [
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
 
-PROBE = {"cluster_probe_every": "1s", "cluster_yield_after": "2s"}
+# yield_after well past two probes: a standby cut at the leader's instant is seen not ready
+# before the leader's yield_after ends (the yield's own tests time that race).
+PROBE = {"cluster_probe_every": "1s", "cluster_yield_after": "4s"}
 
 
 def leader_alpha(cluster: Cluster) -> Node:
@@ -222,3 +225,44 @@ def test_a_node_that_finds_out_later_its_work_differs_never_leads_and_the_owner_
     assert after is not None and after.term == 2 and not after.fresh, after
     assert other.alive, other.stderr()
     assert other.events("cluster.leading") == []
+
+
+def test_a_standby_says_unhealthy_when_the_leader_s_intake_is_dead_and_nobody_can_take_over(
+    cluster: Cluster,
+) -> None:
+    """Issue 32: the leader cut off from ntfy held the lease while the standby answered check 0
+    and /healthz 200 and its /metrics said healthy. With both routes cut nobody can take over
+    (so nobody yields); every surface of the standby says so, and the cluster-wide metric the
+    documented alert reads is 0 on both nodes."""
+    routes = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
+    try:
+        nodes = {}
+        for name, route in routes.items():
+            node = cluster.add(name, test_work_ntfy_url=cluster.emu.url, **PROBE)
+            node.env["NTFY_INTAKE_NTFY_URL"] = route.url
+            nodes[name] = node
+        alpha, beta = nodes["alpha"].start(), nodes["beta"]
+        assert cluster.leader().name == "alpha"
+        wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+        beta.start()
+        wait_until(lambda: standing_by(beta), 30, "beta standing by")
+        wait_until(lambda: beta.command("check").returncode == 0, 30, "check 0 on beta")
+        for route in routes.values():
+            route.cut()
+        cut = time.monotonic()
+        wait_until(lambda: unhealthy(beta, "no node is ready"), 30, "beta unhealthy")
+        print(f"\nbeta unhealthy {time.monotonic() - cut:.2f} s after the cut: {beta.healthz()}")
+        check = beta.command("check")
+        assert check.returncode == 1 and "'alpha' has had its intake dead" in check.stdout
+        assert metric(beta, "ntfy_intake_cluster_intake_live") == 0
+        assert metric(alpha, "ntfy_intake_cluster_intake_live") == 0
+        assert metric(beta, "ntfy_intake_healthy") == 0
+        lease = cluster.lease()
+        assert lease is not None and lease.node == "alpha", "nobody better: alpha keeps leading"
+        for route in routes.values():
+            route.restore()
+        wait_until(lambda: standing_by(beta), 60, "beta healthy again")
+        wait_until(lambda: metric(beta, "ntfy_intake_cluster_intake_live") == 1, 30, "live")
+    finally:
+        for route in routes.values():
+            route.close()
