@@ -27,6 +27,9 @@ STARTUP_CAP_S = 5.0
 CATCH_UP_POLL_S = 0.05
 
 SENDERS = ("relay", "owner")
+# A node handing over gives its senders this long, not relay.timeout + 1 s: a receiver holding
+# a POST open held the lease with it (DESIGN.md section 9: the standby leads within 2 s).
+HANDOVER_SENDERS_S = 1.0
 
 
 class Supervisor:
@@ -37,6 +40,7 @@ class Supervisor:
         self.failed = False
         self._stop_began: float | None = None  # monotonic: the drain's start
         self._phases: dict[str, float] = {}  # ms from the drain's start to each step's end
+        self._handing_over = False  # the drain was a node's (`_hand_over`)
 
     def _phase(self, name: str) -> None:
         """A stop's step done: its time since the drain began, logged in one line once every
@@ -90,6 +94,7 @@ class Supervisor:
                 await reader
             return
         if reorder_window is None:
+            self._handing_over = True
             await self._hand_over(writer, intake_stop, reader)
             return
         # Frames already read but not yet durable count too: wait for the writer first, so a
@@ -128,7 +133,12 @@ class Supervisor:
 
     async def let_senders_finish(self, within: float) -> None:
         """In-flight deliveries finish (bounded by `within` seconds) or stay leased, which the next
-        start releases: never marked delivered without a 2xx."""
+        start releases: never marked delivered without a 2xx. A node handing over (its drain
+        was `_hand_over`) waits HANDOVER_SENDERS_S at most: what is still in flight then is
+        sent again by the next leader under its own key (receivers deduplicate), as after a
+        crash, instead of holding the lease while a receiver holds its answer."""
+        if self._handing_over:
+            within = min(within, HANDOVER_SENDERS_S)
         senders = [t for t in self.tasks if t.get_name() in SENDERS]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
