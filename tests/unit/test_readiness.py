@@ -262,12 +262,13 @@ def test_every_bad_readiness_key_is_reported_at_once() -> None:
     ("keys", "named"),
     [
         ({"yield_after": "15s"}, "cluster.yield_after"),
-        ({"probe_every": "31s"}, "cluster.probe_every"),
+        ({"probe_every": "21s"}, "cluster.probe_every"),
+        ({"yield_after": "29s"}, "cluster.yield_after"),
     ],
 )
-def test_yield_after_under_two_probes_is_refused_on_the_key_given(
+def test_yield_after_under_three_probes_is_refused_on_the_key_given(
     keys: dict[str, str], named: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
         load(None, cluster(**keys))
-    assert named in str(caught.value) and "2 x probe_every" in str(caught.value)
+    assert named in str(caught.value) and "3 x probe_every" in str(caught.value)

@@ -7,7 +7,7 @@ Invariants owned here:
 - `lease_ttl` and `renew_every` are durations longer than 0s that pass `lease.check_timing`
   (lease_ttl at least 3 x renew_every), reported on the key that was given;
 - `probe_every` and `yield_after` are longer than 0s, `yield_cooloff` at least 0s, and
-  yield_after is at least 2 x probe_every (DESIGN.md section 11), reported on the key given;
+  yield_after is at least 3 x probe_every (DESIGN.md section 11), reported on the key given;
 - any `[cluster]` key given (file or environment) without `[state] database` is one ConfigError:
   a standby shares one database with its leader, a SQLite file cannot be shared.
 """
@@ -64,14 +64,16 @@ def _cluster_fits(r: _Reader, cluster: ClusterSettings | None, *, postgres: bool
         given_ttl = r.has("cluster", "lease_ttl") or not r.has("cluster", "renew_every")
         key = "lease_ttl" if given_ttl else "renew_every"
         r.fail("cluster", key, problem)
-    if cluster.yield_after < 2 * cluster.probe_every:
-        # A leader's intake state is stored once per probe and a peer counts as ready for two
-        # probes: a yield_after shorter than that would be decided on rows older than itself.
+    if cluster.yield_after < 3 * cluster.probe_every:
+        # What a leader knows of a peer is up to three probes old (the peer reports up to 1.5
+        # probes after a change, the leader reads the rows up to 1.5 probes before it decides):
+        # with a shorter yield_after, a standby cut off at the leader's instant would still read
+        # ready when the leader yields to it.
         given_after = r.has("cluster", "yield_after") or not r.has("cluster", "probe_every")
         r.fail(
             "cluster",
             "yield_after" if given_after else "probe_every",
-            f"yield_after ({format_duration(cluster.yield_after)}) must be at least 2 x"
+            f"yield_after ({format_duration(cluster.yield_after)}) must be at least 3 x"
             f" probe_every ({format_duration(cluster.probe_every)})",
         )
 
