@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ntfy_intake.flow.pipeline import append_triage_entry
+from ntfy_intake.rules import batch_plan
 from ntfy_intake.store import db, inbox, inbox_batch, outbox
 from ntfy_intake.wire.frames import DeviceAction, decode_line
 
@@ -154,13 +155,13 @@ def test_a_batch_of_duplicates_reads_no_incident(
     events = [make_message(f"dup{i:09d}", title=f"probe {i}") for i in range(40)]
     inbox.record_batch(store, events, NOW, queue=queue, relay_enabled=True)
     asked: list[set[str]] = []
-    original = inbox_batch.Batch._ask_incidents
+    original = inbox_batch._ask_incidents
 
-    def spy(batch: inbox_batch.Batch, keys: set[str]) -> Any:
+    def spy(conn: db.Connection, keys: list[str]) -> Any:
         asked.append(set(keys))
-        return original(batch, keys)
+        return original(conn, keys)
 
-    monkeypatch.setattr(inbox_batch.Batch, "_ask_incidents", spy)
+    monkeypatch.setattr(inbox_batch, "_ask_incidents", spy)
     result = inbox.record_batch(store, events, NOW + 1, queue=queue, relay_enabled=True)
     assert result.duplicates == 40
     assert set().union(*asked) == set()
@@ -206,8 +207,8 @@ def test_a_batchs_reads_are_one_statement_text_whatever_its_size(
     monkeypatch.setattr(type(store), "execute", spy)
     for size in (3, 40):
         events = [make_message(f"size{size:03d}{i:05d}", title=f"t {i}") for i in range(size)]
-        batch = inbox_batch.Batch(store, NOW, owner_queue().policy, owner_queue().state)
-        batch.prefetch(events)
+        planner = batch_plan.Planner(owner_queue().policy, NOW)
+        inbox_batch.read(store, planner, events, notes=True)
     assert texts[3] == texts[40]
 
 

@@ -10,7 +10,7 @@ import pytest
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.flow.pipeline import append_triage_entry
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import audit, db, inbox, inbox_batch, outbox
+from ntfy_intake.store import audit, db, device_actions, inbox, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.wire.frames import Junk, decode_line
 
@@ -227,7 +227,7 @@ def test_unlinked_probe_reads_the_partial_index_not_every_recorded_message(
     `inbox_sequence` that walked every message ever recorded: a long replay went quadratic."""
     record(store, [make_message(f"aaaaaaaaa{i:03d}") for i in range(20)])
     plan = " ".join(
-        str(row[3]) for row in store.execute("EXPLAIN QUERY PLAN " + inbox_batch.UNLINKED_PROBE)
+        str(row[3]) for row in store.execute("EXPLAIN QUERY PLAN " + device_actions.UNLINKED_PROBE)
     )
     assert "inbox_unlinked" in plan, plan
     old = "SELECT 1 FROM inbox WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"

@@ -106,6 +106,13 @@ def delivery_key_for(event_id: str) -> str:
     return f"tri_{event_id}"
 
 
+def debounce_end(opened_at: float, debounce: float) -> float:
+    """When a triage request opened at `opened_at` stops collecting: the one place the debounce
+    window is computed (a decision, a reopened window, a request rebuilt from the audit log),
+    so every reader of a window agrees to the millisecond on when it closed."""
+    return window_end(opened_at, debounce)
+
+
 class CadenceState:
     """Everything cadence remembers, rebuilt by folding audit records with `apply`.
 
@@ -296,7 +303,7 @@ class CadenceState:
         moment = quantize(now)
         entry = self._incidents.get(incident.key)
         if entry is not None:
-            due = window_end(entry.opened_at, policy.debounce)
+            due = debounce_end(entry.opened_at, policy.debounce)
             if moment < due:
                 return Decision("joined", "debounce", entry.delivery_key, due)
             if moment < window_end(entry.opened_at, policy.cooldown):
@@ -369,10 +376,16 @@ class CadenceState:
         }
 
 
+def reopen(policy: Policy, event_id: str, now: float) -> Decision:
+    """A join whose request no longer collects (its payload is frozen): a fresh request instead.
+    Only a wall clock stepping backwards gets here, as the state saw the window still open."""
+    return _new_request(policy, "window_closed", event_id, quantize(now))
+
+
 def _new_request(policy: Policy, reason: str, event_id: str, moment: float) -> Decision:
     return Decision(
         "triage_requested",
         reason,
         delivery_key_for(event_id),
-        window_end(moment, policy.debounce),
+        debounce_end(moment, policy.debounce),
     )

@@ -1,6 +1,7 @@
 """The audit records cadence decisions are written as: `event` and `owner_message`.
 
-Pure. `CadenceState.apply` folds exactly these fields back (rules/cadence.py); docs/cadence.md
+Pure. One shape: a dict with `ts` and `kind` first and no None values, encoded by `audit.encode`
+alone. `CadenceState.apply` folds exactly these fields back (rules/cadence.py); docs/cadence.md
 has the record shapes.
 """
 
@@ -29,15 +30,21 @@ _OWNER_FIELDS = frozenset({"ts", "kind", "key", "message_kind", "notice", "resul
 
 
 def event_record(
-    decision: Decision, incident: IncidentView, event_id: str, now: float, **extra: Any
+    decision: Decision,
+    incident: IncidentView,
+    event_id: str,
+    now: float,
+    *,
+    ts: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The `event` audit record of a decision: `ts` and `kind` first, None values dropped.
+    `ts`: `rfc3339(now)` when the caller has it already (every record of a batch shares it).
 
-    Stage it with `audit.stage(conn, record["kind"], now, **fields)` where `fields` is the record
-    without `ts` and `kind`, and `apply` the same dict to the state.
+    Stage it with `audit.encode`, and `apply` the same dict to the state.
     """
     record: dict[str, Any] = {
-        "ts": rfc3339(now),
+        "ts": rfc3339(now) if ts is None else ts,
         "kind": "event",
         "event_id": event_id,
         "incident": incident.key,
@@ -49,6 +56,38 @@ def event_record(
     if decision.delivery_key is not None:
         record["delivery_key"] = decision.delivery_key
     return _with_extra(record, extra, _EVENT_FIELDS)
+
+
+def action_record(
+    ts: str,
+    event_id: str,
+    event: str,
+    *,
+    incident: str,
+    sequence_id: str | None,
+    outcome: str,
+    reason: str,
+    topic: str,
+    time: int | None,
+    expires: int | None,
+) -> dict[str, Any]:
+    """The `event` record of a frame that decides nothing (a delete/clear: outcome `noted`; an
+    unknown kind: `ignored`): no severity or status, so the fold passes it by. An empty
+    `incident` or `topic` (not linked yet, not known) is left out like a None."""
+    record: dict[str, Any] = {
+        "ts": ts,
+        "kind": "event",
+        "event_id": event_id,
+        "event": event,
+        "incident": incident or None,
+        "sequence_id": sequence_id,
+        "outcome": outcome,
+        "reason": reason,
+        "topic": topic or None,
+        "time": time,
+        "expires": expires,
+    }
+    return {k: v for k, v in record.items() if v is not None}
 
 
 def owner_record(

@@ -24,18 +24,16 @@ from dataclasses import replace
 
 import structlog
 
+from ntfy_intake.rules import batch_plan
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import db, device_actions, outbox, quarantine
-from ntfy_intake.store.inbox_batch import Batch, BatchResult, Candidate, NoteAppend
+from ntfy_intake.store import db, inbox_batch, outbox, quarantine
+from ntfy_intake.store.inbox_batch import BatchResult, Candidate, NoteAppend
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.store.transaction import Connection
 from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
 
 log = structlog.get_logger("ntfy_intake.inbox")
 
-# A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
-# this test runs once per frame.
-_EVENT_TYPES = (Message, DeviceAction, Ignored)
 # Runs inside the batch's transaction after its rows are written (the backfill's own record).
 InTransaction = Callable[[Connection, "BatchResult"], None]
 
@@ -97,34 +95,26 @@ def _record_batch(
     hand_off: outbox.HandOff | None = None,
 ) -> BatchResult:
     with db.write_txn(conn, before_commit=before_commit) as txn:
-        batch = Batch(conn, now, queue.policy, queue.fork_for(txn))
-        batch.note_append = note_append
-        events = [f for f in frames if isinstance(f, _EVENT_TYPES)]
-        batch.prefetch(events)
-        for index, frame in enumerate(frames):
-            if isinstance(frame, Message):
-                batch.message(index, frame)
-            elif isinstance(frame, DeviceAction | Ignored):
-                device_actions.record(batch, index, frame)
-            elif isinstance(frame, Junk):
-                batch.quarantine(frame, frame.reason)
-            else:
-                batch.result.records.extend(queue.notice(txn, frame, now, state=batch.work))
-        batch.write()
+        # Read what the batch needs, decide it (pure: rules/batch_plan.py), write the plan.
+        events = [f for f in frames if isinstance(f, inbox_batch.EVENT_TYPES)]
+        planner = batch_plan.Planner(queue.policy, now)
+        answers = inbox_batch.read(conn, planner, events, notes=note_append is not None)
+        plan = inbox_batch.decide(planner, answers, queue.fork_for(txn), frames)
+        result = inbox_batch.write(txn, plan, now, queue=queue, note_append=note_append)
         if also is not None:
-            also(conn, batch.result)
-        batch.result.released = outbox.release_due(
+            also(conn, result)
+        result.released = outbox.release_due(
             conn, now, relay_enabled=relay_enabled, feed_append=feed_append
         )
-        handed = outbox.ask_hand_off(conn, batch.result.released, now, hand_off)
+        handed = outbox.ask_hand_off(conn, result.released, now, hand_off)
         # Answered with the COMMIT's answer on PostgreSQL: no wait of its own after it.
-        next_release = outbox.ask_next_release(conn) if batch.result.recorded else None
-    batch.result.state = batch.work
-    batch.result.handed = handed()
+        next_release = outbox.ask_next_release(conn) if result.recorded else None
+    result.state = plan.state
+    result.handed = handed()
     if next_release is not None:
-        batch.result.next_release = next_release()
-        batch.result.release_known = True
-    return batch.result
+        result.next_release = next_release()
+        result.release_known = True
+    return result
 
 
 def _one_by_one(

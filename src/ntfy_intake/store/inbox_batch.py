@@ -1,46 +1,31 @@
-"""One batch's working set inside the inbox transaction: what each frame decides and the rows
-it gathers, written together at the end (`Batch.write`).
+"""The inbox transaction's reads and writes: what a batch needs read before it is decided
+(`read`), and the decided plan written (`write`). The decisions are rules/batch_plan.py's: this
+module decides nothing, and `write` reads nothing back for a decision.
 
 A backlog repeats a few incidents many times, so each incident is read once and written once per
 batch (`store/incident_rows.py`), and known ids are fetched in one query. The transaction itself,
 and the one-by-one fallback, are `store/inbox.py`; ntfy's delete/clear, `store/device_actions.py`.
 
 On PostgreSQL every wait for an answer is a round trip (the transaction is pipelined:
-postgres.py), so the reads are asked together wherever one does not need another's answer (known
-ids with the sequences, `prefetch`), and the writes are sent without a probe first: linking the
-delete/clears a batch's messages name is one statement that nothing waits for.
+postgres.py), so the reads are asked together wherever one does not need another's answer (the
+known ids, the sequences, the open debounce windows and, for a live batch, its incidents: one
+wait), and the writes are sent without a probe first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ntfy_intake.rules import cadence, cadence_records, incidents, timestamps
-from ntfy_intake.store import audit, dialect, event_line, incident_rows, outbox
-from ntfy_intake.store.owner_queue import Record
+from ntfy_intake.rules import batch_plan, cadence
+from ntfy_intake.rules.batch_plan import REBUILT_UNKNOWN_SHA256, Candidate
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.store import audit, db, device_actions, dialect, incident_rows, outbox
+from ntfy_intake.store.owner_queue import OwnerQueue, Record
 from ntfy_intake.store.transaction import Connection, Cursor
-from ntfy_intake.wire.frames import Event, Ignored, Junk, Message
+from ntfy_intake.wire.frames import DeviceAction, Event, Ignored, Junk, Message
 
-# An id rebuilt from an audit line that predates `sha256`: its body is unknown, so a replay of
-# it counts as a duplicate (the safe direction: it already has its one outcome).
-REBUILT_UNKNOWN_SHA256 = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """An event whose outcome is now durable in SQLite: a possible resume point once audited."""
-
-    index: int  # position of the frame in the batch
-    event_id: str
-    message_time: int
-    cached: bool
-
-
-# A batch of at most this many messages (a live one) asks its incidents with its first reads;
-# a larger one (a backfill's overlap, a replay: mostly duplicates on a restart) once it knows
-# which of its events are new, so a duplicate costs no incident read (`Batch.prefetch`).
-SPECULATE_AT_MOST = 8
+__all__ = ["REBUILT_UNKNOWN_SHA256", "BatchResult", "Candidate", "NoteAppend", "decide", "read"]
 
 
 @dataclass(slots=True)
@@ -66,303 +51,176 @@ class BatchResult:
 # (conn, idempotency key, payload, summary, now), inside the batch's transaction.
 NoteAppend = Callable[[Connection, str, dict[str, object], str, float], None]
 
-# Any delete/clear still waiting for its message? Read from the partial index `inbox_unlinked`
-# (a few rows at most), named outright: left to the planner it picked `inbox_sequence` (every
-# message ever recorded, once per batch: a long replay went quadratic) and, once the console's
-# `inbox_incident` index came, that one, depending on SQLite's version and statistics.
-# PostgreSQL has no INDEXED BY; its planner finds the partial index from the same WHERE.
-UNLINKED_PROBE = (
-    "SELECT 1 FROM inbox INDEXED BY inbox_unlinked"
-    " WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
+_KNOWN = "SELECT event_id, raw_sha256 FROM inbox WHERE {}"
+# A sequence's incident is its first message's (ORDER BY seq: the first row wins).
+_SEQUENCES = (
+    "SELECT topic, sequence_id, incident_key FROM inbox WHERE {} AND event = 'message' ORDER BY seq"
 )
-# SQLite: the probe, then one UPDATE per new sequence only when something waits.
-_LINK = (
-    "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
-    " AND incident_key = '' AND event != 'message'"
-)
-# PostgreSQL: one statement for the batch, with no probe (a round trip): the join starts from
-# the partial index inbox_unlinked (the few unlinked rows, `incident_key = ''`).
-_LINK_PG = (
-    "UPDATE inbox SET incident_key = u.key"
-    " FROM unnest(CAST(? AS text[]), CAST(? AS text[]), CAST(? AS text[])) AS u(key, topic, seq)"
-    " WHERE inbox.incident_key = '' AND inbox.topic = u.topic AND inbox.sequence_id = u.seq"
-    " AND inbox.event != 'message'"
-)
-
+# Few rows (one per open debounce window), on the index outbox_due.
+_OPEN_WINDOWS = "SELECT delivery_key FROM outbox WHERE state = 'collecting'"
 _INSERT_INBOX = (
     "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
     " outcome, reason, delivery_key, received_at, event, sequence_id)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+_ATTACH = "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
+_QUARANTINE = (
+    "INSERT INTO quarantine(raw_sha256, raw, reason, event_id, first_seen, last_seen, count)"
+    " VALUES (?, ?, ?, ?, ?, ?, 1)"
+    " ON CONFLICT(raw_sha256) DO UPDATE SET last_seen = excluded.last_seen,"
+    " count = quarantine.count + 1 RETURNING count"
+)
+# A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
+# this test runs once per frame.
+EVENT_TYPES = (Message, DeviceAction, Ignored)
 
 
-class Batch:
-    """One batch's working set (the module's docstring)."""
+def read(
+    conn: Connection, planner: batch_plan.Planner, events: Sequence[Event], *, notes: bool
+) -> batch_plan.Answers:
+    """What the planner asks, asked together (one answer to wait for on PostgreSQL), then the
+    incidents those answers lead to (`Planner.still_needed`: none unless an update names an
+    incident under another title, or a large batch asks its incidents once it knows which of
+    its events are new). `notes`: the caller appends notes, so where a delete/clear's message
+    request stands is read."""
+    messages = [e for e in events if isinstance(e, Message)]
+    actions = [e for e in events if isinstance(e, DeviceAction)]
+    asks = planner.asks(events, messages, actions)
+    known = _ask(conn, _KNOWN, "event_id", asks.ids)
+    sequences = _ask(conn, _SEQUENCES, "sequence_id", asks.sequences)
+    windows = conn.execute(_OPEN_WINDOWS) if asks.windows else None
+    requests = device_actions.ask_requests(conn, asks.actions) if notes else []
+    ahead = _ask_incidents(conn, asks.incidents)
+    answers = batch_plan.Answers()
+    for cursor in known:
+        answers.known.update(cursor.fetchall())
+    for cursor in sequences:
+        for topic, sequence, key in cursor:
+            answers.sequences.setdefault((topic, sequence), key)
+    if windows is not None:
+        answers.windows = {row[0] for row in windows}
+    for cursor in requests:
+        for topic, sequence, delivery_key, state in cursor:
+            answers.requests[(topic, sequence)] = (delivery_key, state)  # the latest wins
+    _take_incidents(answers, ahead)
+    _take_incidents(answers, _ask_incidents(conn, planner.still_needed(answers)))
+    return answers
 
-    def __init__(
-        self,
-        conn: Connection,
-        now: float,
-        policy: cadence.Policy,
-        work: cadence.CadenceState,
-    ) -> None:
-        self.conn = conn
-        self.now = now
-        self.policy = policy
-        self.work = work  # decisions see earlier events of this batch; live state untouched
-        self.result = BatchResult()
-        self.known: dict[str, str] = {}  # event id -> body hash, of recorded events
-        self.touched: dict[str, incidents.IncidentState] = {}
-        # As the batch found them (None: not recorded yet), for every key `prefetch` read.
-        self.stored: dict[str, incidents.IncidentState | None] = {}
-        self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
-        self.collecting: dict[str, bool] = {}
-        self.collecting_stored: set[str] | None = None  # delivery keys, read once when needed
-        self.inbox_rows: list[tuple[object, ...]] = []
-        self.attach_rows: list[tuple[str, str]] = []
-        self.journal: list[str] = []  # event records, staged together at the end
-        # (topic, sequence) -> incident key of the messages recorded under that sequence.
-        self.sequences: dict[tuple[str, str], str] = {}
-        self.new_sequences: dict[tuple[str, str], str] = {}  # first recorded in this batch
-        self.note_append: NoteAppend | None = None
-        self.ts_text = timestamps.rfc3339(now)  # every record of the batch shares it
-        # What `CadenceState.apply` reads back from a record's `ts` (None: it would skip it).
-        self.fold_ts = timestamps.parse_ts(self.ts_text)
 
-    def prefetch(self, events: Sequence[Event]) -> None:
-        """What the batch reads before deciding: the ids already recorded and the incident of
-        every sequence the events name, asked together (one answer to wait for on PostgreSQL),
-        then every incident the messages name (a backlog repeats a few incidents: one lookup
-        each per batch, not per event). A batch of at most `SPECULATE_AT_MOST` messages (a live
-        one) asks its signals' incidents with the first reads, before it knows which of them
-        are duplicates: one wait fewer. Then only what those did not foresee is asked: the
-        incident an earlier message of a sequence names (an update that changed its title)."""
-        known = self._ask(
-            "SELECT event_id, raw_sha256 FROM inbox WHERE {}", "event_id", [e.id for e in events]
-        )
-        wanted = sorted(
-            {
-                e.sequence if isinstance(e, Message) else e.sequence_id
-                for e in events
-                if not isinstance(e, Ignored)
-            }
-        )
-        sequences = self._ask(
-            "SELECT topic, sequence_id, incident_key FROM inbox"
-            " WHERE {} AND event = 'message' ORDER BY seq",
-            "sequence_id",
-            wanted,
-        )
-        messages = [e for e in events if isinstance(e, Message)]
-        speculate = len(messages) <= SPECULATE_AT_MOST
-        if speculate:
-            self._sign(messages, ahead=True)
-        named = self._ask_incidents({signal.key for signal in self.signals.values()})
-        for cursor in known:
-            self.known.update(cursor.fetchall())
-        for cursor in sequences:
-            for topic, sequence, key in cursor:
-                self.sequences.setdefault((topic, sequence), key)
-        self._take_incidents(named)
-        for event_id in self.known:  # duplicates and conflicts: `seen` skips them
-            self.signals.pop(event_id, None)
-        if not speculate:
-            self._sign(m for m in messages if m.id not in self.known)
-        keys = {signal.key for signal in self.signals.values()}
-        for message in messages:
-            joined = self.sequences.get((message.topic, message.sequence))
-            if joined is not None and message.id in self.signals:
-                keys.add(joined)
-        self._take_incidents(self._ask_incidents(keys - self.stored.keys()))
+_Asked = tuple[list[Cursor], list[str], dict[str, str]]
 
-    def _sign(self, messages: Iterable[Message], *, ahead: bool = False) -> None:
-        """The signal of each message, by id (a repeated id: its first). `ahead`: before the
-        duplicates are known, so a value that breaks `signal_of` is left for `message` to meet
-        (a duplicate never does, as before: it must not fail the batch)."""
-        for message in messages:
-            if message.id in self.signals:
-                continue
-            try:
-                self.signals[message.id] = incidents.signal_of(message)
-            except Exception:
-                if not ahead:
-                    raise
 
-    def _ask_incidents(self, keys: set[str]) -> tuple[list[Cursor], dict[str, str]]:
-        """The incidents `keys` name, asked (not yet read), each key marked as looked up; and
-        each key by the form its row answers under (dialect.stored_text: a NUL as U+FFFD on
-        PostgreSQL), so the row is kept under the key the batch asks by."""
-        wanted = sorted(keys)
-        self.stored.update(dict.fromkeys(wanted))
-        asked = self._ask(f"{incident_rows.SELECT} WHERE {{}}", "key", wanted)
-        return asked, {dialect.stored_text(self.conn, key): key for key in wanted}
+def _ask_incidents(conn: Connection, keys: list[str]) -> _Asked:
+    """The incidents `keys` name, asked (not yet read); and each key by the form its row answers
+    under (dialect.stored_text: a NUL as U+FFFD on PostgreSQL), so the row is kept under the key
+    the batch asks by."""
+    asked = _ask(conn, f"{incident_rows.SELECT} WHERE {{}}", "key", keys)
+    return asked, keys, {dialect.stored_text(conn, key): key for key in keys}
 
-    def _ask(self, select: str, column: str, values: list[str]) -> list[Cursor]:
-        """`select`'s rows where `column` is one of `values`, asked (none when there are none;
-        dialect.one_of: on PostgreSQL one statement text whatever the number of values)."""
-        return [
-            self.conn.execute(select.format(where), parameters)
-            for where, parameters in dialect.one_of(self.conn, column, values)
-        ]
 
-    def _take_incidents(self, asked: tuple[list[Cursor], dict[str, str]]) -> None:
-        cursors, by_stored = asked
-        for cursor in cursors:
-            for row in cursor:
-                self.stored[by_stored.get(row[0], row[0])] = incident_rows.from_row(row)
+def _take_incidents(answers: batch_plan.Answers, asked: _Asked) -> None:
+    cursors, keys, by_stored = asked
+    answers.incidents.update(dict.fromkeys(keys))  # None: not recorded yet
+    for cursor in cursors:
+        for row in cursor:
+            answers.incidents[by_stored.get(row[0], row[0])] = incident_rows.from_row(row)
 
-    def seen(self, index: int, event: Event) -> bool:
-        """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""
-        known = self.known.get(event.id)
-        if known is None:
-            self.known[event.id] = event.raw_sha256
-            return False
-        result = self.result
-        if known in (event.raw_sha256, REBUILT_UNKNOWN_SHA256):
-            result.duplicates += 1
-            if event.time is not None:
-                result.candidates.append(Candidate(index, event.id, event.time, event.cached))
+
+def _ask(conn: Connection, select: str, column: str, values: list[str]) -> list[Cursor]:
+    """`select`'s rows where `column` is one of `values`, asked (none when there are none;
+    dialect.one_of: on PostgreSQL one statement text whatever the number of values)."""
+    return [
+        conn.execute(select.format(where), parameters)
+        for where, parameters in dialect.one_of(conn, column, values)
+    ]
+
+
+def decide(
+    planner: batch_plan.Planner,
+    answers: batch_plan.Answers,
+    state: cadence.CadenceState,
+    frames: Sequence[Event | Junk | Notice],
+) -> batch_plan.Plan:
+    """The planner fed the frames in delivery order (no I/O): its `Plan`. A junk frame and a
+    notice stay in their place, for `write`."""
+    planner.start(answers, state)
+    for index, frame in enumerate(frames):
+        if isinstance(frame, Message):
+            planner.message(index, frame)
+        elif isinstance(frame, DeviceAction):
+            planner.action(index, frame)
+        elif isinstance(frame, Ignored):
+            planner.ignored(index, frame)
         else:
-            result.conflicts += 1
-            reason = "conflict: id already recorded with a different body"
-            self.quarantine(Junk(event.raw, reason, event.id), reason)
-        return True
+            planner.aside(frame)
+    return planner.plan
 
-    def message(self, index: int, message: Message) -> None:
-        # Runs once per event of every replay: values are read once into locals.
-        event_id = message.id
-        if event_id in self.known and self.seen(index, message):
-            return
-        self.known[event_id] = message.raw_sha256
-        now = self.now
-        signal = self.signals.get(event_id) or incidents.signal_of(message)
-        key = signal.key
-        sequence = (message.topic, message.sequence_id or event_id)
-        joined = self.sequences.get(sequence)
-        if joined is None:
-            self.sequences[sequence] = key
-            self.new_sequences[sequence] = key
-        elif joined != key:
-            # An update (or the original, after its update): one sequence, one incident.
-            signal = signal._replace(key=joined)
-            key = joined
-        before = self.touched.get(key) or self._stored_incident(key)
-        after = incidents.merge(before, signal, message)
-        self.touched[key] = after
-        view = cadence.IncidentView(key, after.severity, after.status, before is None)
-        decision = self.work.decide_event(self.policy, view, event_id, now)
-        outcome = decision.outcome
-        if outcome == "joined" and not self._still_collecting(decision.delivery_key):
-            # Only a wall clock stepping backwards can close a window early; never join a
-            # request whose payload is already frozen: open a fresh one instead.
-            decision = cadence.Decision(
-                "triage_requested",
-                "window_closed",
-                cadence.delivery_key_for(event_id),
-                now + self.policy.debounce,
-            )
-            outcome = decision.outcome
-        delivery_key = decision.delivery_key
-        if outcome == "triage_requested":
-            assert delivery_key is not None and decision.due_at is not None
-            outbox.create(self.conn, delivery_key, key, decision.reason, decision.due_at, now)
-            self.collecting[delivery_key] = True
-        if delivery_key is not None:
-            self.attach_rows.append((delivery_key, event_id))
-        self.inbox_rows.append(
-            (
-                event_id,
-                message.topic,
-                message.time,
-                message.expires,
-                message.raw,
-                message.raw_sha256,
-                key,
-                signal.severity,
-                outcome,
-                decision.reason,
-                delivery_key,
-                now,
-                "message",
-                sequence[1],
-            )
-        )
-        record = cadence_records.event_record(
-            decision,
-            view,
-            event_id,
-            now,
-            topic=message.topic,
-            time=message.time,
-            expires=message.expires,
-            sequence_id=message.sequence_id,
-            sha256=message.raw_sha256,
-        )
-        self.journal.append(event_line.encode(self.ts_text, message, view, decision))
-        # The fold of `record` (what `apply(record)` does), from the values at hand.
-        self.work.apply_event(key, view.severity, view.status, outcome, delivery_key, self.fold_ts)
-        result = self.result
-        result.records.append(record)
-        result.recorded += 1
-        result.candidates.append(Candidate(index, event_id, message.time, message.cached))
 
-    def _still_collecting(self, key: str | None) -> bool:
-        if key is None:
-            return False
-        if key not in self.collecting:
-            if self.collecting_stored is None:
-                # Few rows (one per open debounce window), on the index outbox_due.
-                self.collecting_stored = {
-                    row[0]
-                    for row in self.conn.execute(
-                        "SELECT delivery_key FROM outbox WHERE state = 'collecting'"
-                    )
-                }
-            self.collecting[key] = key in self.collecting_stored
-        return self.collecting[key]
+def write(
+    txn: db.Transaction,
+    plan: batch_plan.Plan,
+    now: float,
+    *,
+    queue: OwnerQueue,
+    note_append: NoteAppend | None,
+) -> BatchResult:
+    """The plan's rows, in its transaction, before anything reads them back (release_due
+    does). Its asides first, in frame order (their audit lines come before the events'), then
+    the requests, inbox rows, links, incidents and the events' audit lines."""
+    conn = txn.conn
+    result = BatchResult(
+        candidates=plan.candidates,
+        recorded=plan.recorded,
+        duplicates=plan.duplicates,
+        conflicts=plan.conflicts,
+    )
+    noticed: list[tuple[int, list[Record]]] = []
+    for aside in plan.asides:
+        item = aside.item
+        if isinstance(item, Junk):
+            result.quarantined += _quarantine(conn, item, item.reason, now)
+        elif isinstance(item, batch_plan.Conflict):
+            junk = Junk(item.event.raw, batch_plan.CONFLICT, item.event.id)
+            result.quarantined += _quarantine(conn, junk, batch_plan.CONFLICT, now)
+        elif isinstance(item, batch_plan.Note):
+            if note_append is not None:
+                note_append(conn, item.event_id, item.payload, item.summary, now)
+        elif isinstance(item, Notice):
+            noticed.append((aside.at, queue.notice(txn, item, now, state=plan.state)))
+    if plan.requests:
+        conn.executemany(outbox.CREATE, [(*request, now) for request in plan.requests])
+    conn.executemany(_INSERT_INBOX, plan.rows)
+    device_actions.link(conn, plan.links)
+    conn.executemany(_ATTACH, plan.attach)
+    conn.executemany(incident_rows.SAVE, [incident_rows.to_row(s) for s in plan.incidents.values()])
+    audit.stage_encoded(conn, [audit.encode(record) for record in plan.records])
+    result.records = _with_notices(plan.records, noticed)
+    return result
 
-    def _stored_incident(self, key: str) -> incidents.IncidentState | None:
-        if key in self.stored:
-            return self.stored[key]
-        return incident_rows.load(self.conn, key)  # a key `prefetch` did not foresee
 
-    def write(self) -> None:
-        """The rows gathered in memory, before anything reads them back (release_due does)."""
-        self.conn.executemany(_INSERT_INBOX, self.inbox_rows)
-        if self.new_sequences:
-            # Deletes/clears that arrived before the message they name: link them now.
-            links = [(key, topic, seq) for (topic, seq), key in self.new_sequences.items()]
-            if dialect.is_postgres(self.conn):
-                self.conn.execute(_LINK_PG, [list(column) for column in zip(*links, strict=True)])
-            elif self.conn.execute(UNLINKED_PROBE).fetchone():
-                self.conn.executemany(_LINK, links)
-        self.conn.executemany(
-            "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING",
-            self.attach_rows,
-        )
-        self.conn.executemany(
-            incident_rows.SAVE, [incident_rows.to_row(s) for s in self.touched.values()]
-        )
-        audit.stage_encoded(self.conn, self.journal)
+def _with_notices(
+    records: list[batch_plan.Record], noticed: list[tuple[int, list[Record]]]
+) -> list[Record]:
+    """The batch's records in frame order: each notice's where its frame stood."""
+    if not noticed:
+        return list(records)
+    merged: list[Record] = []
+    start = 0
+    for at, extra in noticed:
+        merged.extend(records[start:at])
+        merged.extend(extra)
+        start = at
+    merged.extend(records[start:])
+    return merged
 
-    def quarantine(self, junk: Junk, reason: str) -> None:
-        """A junk frame or a conflicting id, stored once per distinct raw line."""
-        cursor = self.conn.execute(
-            "INSERT INTO quarantine(raw_sha256, raw, reason, event_id, first_seen, last_seen, count)"
-            " VALUES (?, ?, ?, ?, ?, ?, 1)"
-            " ON CONFLICT(raw_sha256) DO UPDATE SET last_seen = excluded.last_seen,"
-            " count = quarantine.count + 1 RETURNING count",
-            (junk.raw_sha256, junk.raw, reason, junk.event_id, self.now, self.now),
-        )
-        first_time = cursor.fetchone()[0] == 1
-        if first_time:
-            # One audit record per distinct bad frame, not per replay of it.
-            audit.stage(
-                self.conn,
-                "quarantine",
-                self.now,
-                event_id=junk.event_id,
-                reason=reason,
-                sha256=junk.raw_sha256,
-            )
-            self.result.quarantined += 1
+
+def _quarantine(conn: Connection, junk: Junk, reason: str, now: float) -> int:
+    """A junk frame or a conflicting id, stored once per distinct raw line: 1 the first time
+    (with its one audit record, not one per replay of it), else 0."""
+    cursor = conn.execute(_QUARANTINE, (junk.raw_sha256, junk.raw, reason, junk.event_id, now, now))
+    if cursor.fetchone()[0] != 1:
+        return 0
+    audit.stage(
+        conn, "quarantine", now, event_id=junk.event_id, reason=reason, sha256=junk.raw_sha256
+    )
+    return 1

@@ -36,14 +36,17 @@ PUBLISHER_FIELDS = ("click", "icon", "actions", "attachment", "content_type")
 FeedAppend = Callable[[Connection, str, dict[str, Any], str, float], None]
 
 
+# A request opened by the inbox batch: (delivery key, incident key, reason, due at, created at).
+CREATE = (
+    "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+    " VALUES (?, ?, ?, 'collecting', ?, ?)"
+)
+
+
 def create(
     conn: Connection, key: str, incident_key: str, reason: str, due_at: float, now: float
 ) -> None:
-    conn.execute(
-        "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
-        " VALUES (?, ?, ?, 'collecting', ?, ?)",
-        (key, incident_key, reason, due_at, now),
-    )
+    conn.execute(CREATE, (key, incident_key, reason, due_at, now))
 
 
 _NEXT_RELEASE = "SELECT min(due_at) FROM outbox WHERE state = 'collecting'"
@@ -114,13 +117,16 @@ _EVENTS = (
     "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " WHERE e.delivery_key = {} ORDER BY n.time, n.seq"
 )
+# The kinds as SQL literals, from the one list of them: a kind ntfy adds is named there alone.
+# They are the wire's constants, never input; the check keeps a quote out all the same.
+_DEVICE_ACTIONS = ", ".join(f"'{kind}'" for kind in frames.DEVICE_ACTIONS if kind.isidentifier())
 # ntfy >= 2.16: devices that removed or dismissed one of these messages. Information for the
 # agent, never a resolution: the request goes out all the same.
 _ACTION_ROWS = (
     "SELECT DISTINCT a.event_id, a.event, a.sequence_id, a.topic, a.time, a.seq"
     " FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " JOIN inbox a ON a.sequence_id = n.sequence_id AND a.topic = n.topic"
-    " WHERE e.delivery_key = {} AND a.event IN ('message_delete', 'message_clear')"
+    f" WHERE e.delivery_key = {{}} AND a.event IN ({_DEVICE_ACTIONS})"
 )
 _ACTIONS = f"{_ACTION_ROWS} ORDER BY a.time, a.seq"
 # PostgreSQL: the due requests and what their payloads are built from in ONE statement, so one

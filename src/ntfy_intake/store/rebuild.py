@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ntfy_intake.rules import timestamps
+from ntfy_intake.rules import cadence, timestamps
+from ntfy_intake.rules.batch_plan import REBUILT_UNKNOWN_SHA256
 from ntfy_intake.store import audit, audit_mirror, db, dialect
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
-from ntfy_intake.store.inbox_batch import REBUILT_UNKNOWN_SHA256
 from ntfy_intake.store.transaction import Connection
 
 FeedAppend = Callable[[Connection, str, dict[str, Any], str, float], None]
@@ -325,7 +325,11 @@ def _requests(
             state, due, settled = ("pending" if relay_enabled else "skipped"), now, None
             pending_again += relay_enabled
         else:
-            state, due, settled = "collecting", request.opened_at + debounce, None
+            state, due, settled = (
+                "collecting",
+                cadence.debounce_end(request.opened_at, debounce),
+                None,
+            )
         conn.execute(
             "INSERT INTO outbox(delivery_key, incident_key, reason, state, payload, attempts,"
             " due_at, created_at, settled_at) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?)",
