@@ -166,6 +166,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("ntfy", "first_start"): "6h",
         ("ntfy", "cache_settle"): "3s",
         ("ntfy", "overlap"): "45s",
+        ("ntfy", "profiles"): "off",
         ("state", "dir"): str(tmp_path),
         ("state", "database"): "postgresql://intake@db.lan:5433/alerts",
         ("cluster", "node"): "pi-b",
@@ -210,6 +211,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             first_start=FirstStart("history", 6 * 3600),
             cache_settle=3,
             overlap=45,
+            profiles="off",
         ),
         state=settings.StateSettings(
             tmp_path, database=Dsn("postgresql://intake@db.lan:5433/alerts")

@@ -23,6 +23,7 @@ import json
 import re
 from typing import Any, Literal, NamedTuple, Protocol
 
+from ntfy_intake.rules import profiles as publisher_profiles
 from ntfy_intake.rules import sanitize
 
 
@@ -41,6 +42,8 @@ class Alert(Protocol):
     def message(self) -> str: ...
     @property
     def effective_priority(self) -> int: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
 
 
 Status = Literal["firing", "resolved"]
@@ -89,6 +92,7 @@ class Signal(NamedTuple):
     severity: int
     status: Status
     envelope: bool  # the key came from a JSON envelope
+    profile: str | None = None  # the publisher profile that gave key, status and severity
 
 
 class IncidentState(NamedTuple):
@@ -118,7 +122,9 @@ def normalise_first_line(text: str) -> str:
     return line[:KEY_LIMIT]
 
 
-def signal_of(message: Alert) -> Signal:
+def signal_of(message: Alert, *, profiles: bool = True) -> Signal:
+    """`profiles`: the setting `ntfy.profiles` ("auto" is True): an envelope wins, then a
+    publisher profile (rules/profiles), then the title rule."""
     envelope = _envelope(message.message)
     severity = message.effective_priority
     status: Status = "firing"
@@ -132,6 +138,17 @@ def signal_of(message: Alert) -> Signal:
             if env_status in ("firing", "resolved"):
                 status = env_status
             return Signal(normalise_title(key), severity, status, envelope=True)
+    if profiles:
+        found = publisher_profiles.match(
+            message.topic,
+            message.title,
+            message.message,
+            severity,
+            message.tags,
+            first_line=normalise_first_line,
+        )
+        if found is not None:
+            return Signal(found.key, found.severity, found.status, False, found.profile)
     title = message.title
     if title is not None:
         titled = (

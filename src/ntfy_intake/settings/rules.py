@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -242,7 +242,18 @@ def _ntfy(r: _Reader, *, required: bool = True) -> NtfySettings:
         first_start=_first_start(r),
         cache_settle=_duration(r, "ntfy", "cache_settle", 2.0, 0.0),
         overlap=overlap,
+        profiles=_profiles(r),
     )
+
+
+def _profiles(r: _Reader) -> Literal["auto", "off"]:
+    text = r.text("ntfy", "profiles")
+    if text is None or text == "auto":
+        return "auto"
+    if text == "off":
+        return "off"
+    shown = r.show("ntfy", "profiles", text)
+    r.fail("ntfy", "profiles", f'expected "auto" or "off", got {shown}')
 
 
 def _duration(

@@ -52,6 +52,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("ntfy", "first_start"): "str",
     ("ntfy", "cache_settle"): "duration",
     ("ntfy", "overlap"): "duration",
+    ("ntfy", "profiles"): "str",
     ("state", "dir"): "str",
     ("state", "database"): "str",
     ("cluster", "node"): "str",
@@ -141,6 +142,9 @@ class NtfySettings:
     # has passed after each `open`.
     cache_settle: float = 2.0
     overlap: float = 30.0
+    # Publisher profiles (DESIGN.md section 12): "auto" recognises known publishers' payloads,
+    # "off" keys every message by the envelope or the title rule alone.
+    profiles: Literal["auto", "off"] = "auto"
 
 
 DSN_SCHEMES = dsn_rules.SCHEMES
