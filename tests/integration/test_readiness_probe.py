@@ -14,6 +14,7 @@ import pytest
 
 from ntfy_intake.errors import StartupError
 from ntfy_intake.rules import readiness as rules
+from ntfy_intake.rules.readiness import WorkState
 from ntfy_intake.runtime.cluster import Member
 from ntfy_intake.runtime.readiness import WORK_NTFY_URL_ENV, Prober
 from ntfy_intake.settings import Settings
@@ -193,3 +194,40 @@ def test_a_second_instance_under_a_reporting_node_s_name_is_a_startup_error(
         for p in (first, twin):
             p.close()
             p.member.close()
+
+
+def test_ntfy_s_request_bucket_running_dry_is_no_reason_to_call_a_node_unready(
+    tmp_path: Path,
+) -> None:
+    """ntfy counts every request against the address's bucket (60, one back per 5 s): a 429 says
+    the route, the server and the credentials work; the node would get its stream within one
+    replenish period."""
+    config = EmulatorConfig(request_limit_burst=1, request_limit_replenish=3600.0)
+    with NtfyEmulator(config).running() as emulator:
+        prober = prober_for(tmp_path, emulator.url)
+        try:
+            probe(prober, first=True)  # the bucket's one token
+            assert prober.not_ready_reason() is None
+            probe(prober)  # 429 42901
+            assert prober.not_ready_reason() is None
+        finally:
+            prober.close()
+            prober.member.close()
+
+
+def test_a_leader_whose_stream_is_live_spends_no_request_of_ntfy_s_bucket(
+    tmp_path: Path, emu: NtfyEmulator
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    prober = prober_for(tmp_path, dead)
+    prober.work_state = lambda: WorkState("live", 0.0)
+    try:
+        probe(prober, first=True)
+        assert prober.not_ready_reason() is None, "the live stream is the probe"
+        assert stored(prober).intake == "live"
+        prober.work_state = lambda: WorkState("dead", 0.0)
+        probe(prober)
+        assert "ntfy unreachable" in (prober.not_ready_reason() or "")
+    finally:
+        prober.close()
+        prober.member.close()

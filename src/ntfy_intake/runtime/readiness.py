@@ -246,9 +246,12 @@ class Prober:
             await asyncio.to_thread(self.close)
 
     async def probe(self, *, first: bool = False) -> None:
-        ntfy = await self._ntfy()
-        loop = asyncio.get_running_loop()
         work = self.work_state()
+        # A leader whose stream is live has its answer already, and ntfy counts every request
+        # against the address's bucket (60, one back per 5 s): two nodes behind one address
+        # probing every 10 s would spend the whole refill, and the leader's reconnects none.
+        ntfy = None if work.intake == "live" else await self._ntfy()
+        loop = asyncio.get_running_loop()
         try:
             found = await loop.run_in_executor(self._pool, self._store_step, ntfy, work, first)
         except db.ERRORS as exc:
@@ -295,6 +298,13 @@ class Prober:
         if 200 <= response.status_code < 300:
             return None
         said = diagnose.ntfy_error(response.text)
+        if response.status_code == 429 and not (said or "").startswith("42909"):
+            # Rate limited (this address's request bucket, or its subscriptions): the route,
+            # the server and the credentials work; a stream asked for after a takeover gets a
+            # token within one replenish period (5 s by default). Ready, and said in the log.
+            log.info("readiness.ntfy_rate_limited", node=self.member.node)
+            return None
+        # 42909 is too many failed logins from here: the credentials, not the bucket.
         return f"ntfy answered HTTP {response.status_code}" + (f" ({said})" if said else "")
 
     def _store_step(self, ntfy: str | None, work: WorkState, first: bool) -> _Found:
