@@ -4,7 +4,8 @@
 One probe:
 1. a `poll=1&since=latest` GET to its OWN `ntfy.url` for its topics, with its credentials
    (the token as the intake sends it; userinfo in the URL as httpx sends it): 2xx is reachable,
-   anything else is named by its status or its error, never by a credential;
+   anything else is named by its status or its error, never by a credential (a 429 of the
+   request bucket is no failure, and a leader whose stream is live sends none: `probe`);
 2. the migration ledger: every step it names is one this code knows (a newer version migrated
    the schema: this node could not run the leader's daemon, migrations.apply would refuse);
 3. its work fingerprint equals the live leader's (the lease holder's node row, same instance:
