@@ -298,14 +298,17 @@ class Daemon:
             if self.settings.health.ping_url is not None:
                 tasks.start(self.vitals.run_dead_mans_switch(client), "dead_mans_switch")
             await tasks.watch(stop)
+            if not self.stepping_down:
+                self.vitals.notifier.stopping("draining")
+                # A node hands over at once (section 9: < 2 s): no reorder window, and no drain
+                # past its term's end (a database not answering): supervisor.drain.
+                window = None if self.holding is not None else self.settings.ntfy.reorder_window
+                lost = None if self.holding is None else self.holding.lost
+                await tasks.drain(self.writer, intake_stop, reader, writing, window, lost)
             if self.stepping_down:  # every side effect stops now; no drain: writes are fenced
                 await tasks.abandon()
                 self.close()
                 return
-            self.vitals.notifier.stopping("draining")
-            # A node hands over at once (section 9: < 2 s): no reorder window (supervisor.drain).
-            window = None if self.holding is not None else self.settings.ntfy.reorder_window
-            await tasks.drain(self.writer, intake_stop, reader, writing, window)
             senders_stop.set()
             for sender in (self.relay, self.owner):
                 if sender is not None:

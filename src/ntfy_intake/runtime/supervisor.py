@@ -4,7 +4,9 @@ A task that dies with an exception stops the daemon with a failure (systemd rest
 restart is the cure for an unexpected bug); one that simply ends (the HTTP surface after failing
 to bind) does not. The drain keeps the stream open for one reorder window so the cursor can
 settle on an id, makes everything read durable, moves the cursor, then closes the stream; the
-senders then get a bounded time to finish what is in flight.
+senders then get a bounded time to finish what is in flight. A node hands the work over instead
+(DESIGN.md section 9: the standby leads within 2 s): no reorder window, its senders 1 s at most,
+and no drain past its term's end (a database that stopped answering).
 """
 
 from __future__ import annotations
@@ -82,10 +84,11 @@ class Supervisor:
         reader: asyncio.Task[None],
         writing: asyncio.Task[None],
         reorder_window: float | None,
+        lost: asyncio.Event | None = None,
     ) -> None:
         """Graceful stop (module doc). After a failure there is nothing to drain into: close
         the stream and leave the rest to replay. `reorder_window` None: a node handing the work
-        over (`_hand_over`)."""
+        over (`_hand_over`), until its term is `lost` at the latest (module doc)."""
         self._stop_began = time.monotonic()
         writer.stopping()
         if self.failed or writing.done():
@@ -95,7 +98,7 @@ class Supervisor:
             return
         if reorder_window is None:
             self._handing_over = True
-            await self._hand_over(writer, intake_stop, reader)
+            await _unless_lost(self._hand_over(writer, intake_stop, reader), lost)
             return
         # Frames already read but not yet durable count too: wait for the writer first, so a
         # stop right after the audit line is written still waits out their window.
@@ -165,6 +168,29 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         log.warning("daemon.stepped_down", tasks=len(self.tasks))
+
+
+async def _unless_lost(drain: Coroutine[Any, Any, None], lost: asyncio.Event | None) -> None:
+    """`drain`, given up once `lost` is set: a term that ended mid-drain (its local deadline
+    passed while the database did not answer) may write nothing more, and the drain would have
+    waited for the database as long as the outage lasted, its process deaf to SIGTERM until
+    systemd killed it. What it had read is the next leader's, through its overlap backfill."""
+    work = asyncio.ensure_future(drain)
+    if lost is None:
+        await work
+        return
+    ended = asyncio.create_task(lost.wait())
+    try:
+        await asyncio.wait([work, ended], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+    if work.done():
+        work.result()
+        return
+    log.warning("daemon.drain_abandoned", reason="the term ended mid-drain")
+    work.cancel()  # a database call in its thread ends first (Database.run)
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
 
 
 async def after_subscribing(

@@ -12,6 +12,7 @@ suite's shared server.
 from __future__ import annotations
 
 import os
+import contextlib
 import re
 import shlex
 import shutil
@@ -297,3 +298,40 @@ def test_database_outage_longer_than_the_lease_tells_the_owner_once_naming_its_l
             assert len(sent) == 1, sent
         finally:
             cluster.close()
+
+
+def test_sigterm_while_postgresql_is_down_exits_by_the_lease_deadline_and_loses_nothing(
+    tmp_path: Path, emu: NtfyEmulator, tagged: TaggedReceiver, own_server: tuple[str, Path]
+) -> None:
+    """Failure mode: a graceful stop while the database does not answer drains into nothing for
+    as long as the outage lasts (systemd kills it at TimeoutStopSec): once its term is over
+    (the local deadline), nothing it still holds may be written anyway; the next leader's
+    overlap backfill reads it again."""
+    dsn, data_dir = own_server
+    cluster = Cluster(tmp_path, dsn, emu, tagged, http_token=TOKEN)
+    try:
+        alpha, beta = leader_and_standby(cluster)
+        stream = Stream(emu).start()
+        try:
+            wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+            down = stop_server(data_dir)
+            at = alpha.send(signal.SIGTERM)
+            assert alpha.proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                alpha.proc.wait(OUTAGE)
+            exited = time.monotonic()
+            up = start_server(data_dir)
+            for node in (alpha, beta):
+                cluster.fault(node, "SIGTERM while PostgreSQL is down", down, until=up)
+            print(
+                f"\nalpha exited {alpha.proc.poll()} after {exited - at:.2f} s (outage {OUTAGE} s)"
+            )
+            assert not alpha.alive, f"alpha still draining {OUTAGE} s into the outage"
+            cluster.wait_lease(lambda s: s.node == beta.name, 60, "beta leading")
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 60, "beta recording")
+        finally:
+            published = stream.stop()
+        settle(cluster, published, alpha)
+    finally:
+        cluster.close()
