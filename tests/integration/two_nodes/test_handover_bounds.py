@@ -11,8 +11,8 @@ suite's shared server.
 
 from __future__ import annotations
 
-import os
 import contextlib
+import os
 import re
 import shlex
 import shutil
