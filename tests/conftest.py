@@ -48,9 +48,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # What makes a test slow, found in what it (or a fixture or helper of its module) calls: a whole
-# daemon (in a thread or a process), or a Python child (`sys.executable`: a second or so to
-# import). `-m "not slow"` (the fast lane) leaves these out; CI runs everything.
-SLOW_CALLS = frozenset({"DaemonThread", "daemon_process", "executable", "Daemon"})
+# daemon (in a thread or a process), a Python child (`sys.executable`: a second or so to
+# import), or a browser. `-m "not slow"` (the fast lane) leaves these out; CI runs everything.
+SLOW_CALLS = frozenset(
+    {"DaemonThread", "daemon_process", "executable", "Daemon", "sync_playwright"}
+)
 
 
 def _names(code: types.CodeType, space: dict[str, object], seen: set[types.CodeType]) -> set[str]:
@@ -84,6 +86,9 @@ def _starts_something_slow(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("engine") == "postgresql":
+            item.add_marker(pytest.mark.postgresql)
         if item.get_closest_marker("soak") or (
             not item.get_closest_marker("slow") and _starts_something_slow(item)
         ):
