@@ -6,6 +6,8 @@ Pure: time comes in as an argument. Invariants owned here (ntfy-spec.md section 
   overrides a `message` parameter; an empty result is "triggered"; a larger or non-UTF-8 body would
   be an attachment, which is not configured: 400 code 40014, never 413;
 - `Cache` is true unless given and not 1/yes/true; a cached event gets `expires = time + duration`;
+- `?template=alertmanager|grafana` renders the JSON body into the title and message as ntfy >= 2.14
+  does (templates.py), in ntfy's place: after the attachment cases, before the plain body;
 - JSON publishing (`/`) is limited to 2x the message limit (413, 41303), needs a valid `topic`
   (40009), and is rewritten into the same headers ntfy sets before the normal path runs.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ntfy_intake.testbed.emulator import schedule, wire
+from ntfy_intake.testbed.emulator import schedule, templates, wire
 from ntfy_intake.testbed.emulator.actions import actions_from_json_values, parse_actions_param
 from ntfy_intake.testbed.emulator.params import Params, go_trim, parse_priority
 from ntfy_intake.testbed.emulator.wire import Event, NtfyError
@@ -129,8 +131,9 @@ def build_event(
     actions = parse_actions_param(actions_value) if actions_value else ()
     markdown = params.get_bool(False, "x-markdown", "markdown", "md")
     content_type = params.get("content-type", "content_type")
-    if params.get_bool(False, "x-template", "template", "tpl"):
-        raise wire.TEMPLATE_INVALID.wrap(f"templates are {_NOT_IMPLEMENTED}")
+    # templateMode: any non-empty value turns templating on; a boolean one (even "no") is inline
+    # mode, anything else names a template file (ntfy >= 2.14).
+    template = params.get("x-template", "template", "tpl")
     unifiedpush = params.get_bool(False, "x-unifiedpush", "unifiedpush", "up")
     unifiedpush = unifiedpush or params.get("content-encoding") == "aes128gcm"
     poll_id = params.get("x-poll-id", "poll-id")
@@ -158,7 +161,14 @@ def build_event(
         message = _text_body(peeked, message)
         if message == "":
             message = f"You received a file: {attachment['name']}"
-    elif attachment is not None or len(body) >= size_limit or not _is_utf8(body):
+    elif attachment is not None:
+        raise wire.ATTACHMENTS_DISALLOWED
+    elif template and templates.is_inline(template):
+        raise wire.TEMPLATE_INVALID.wrap(f"inline templates are {_NOT_IMPLEMENTED}")
+    elif template:
+        rendered = templates.render(template, body, size_limit)
+        title, message = rendered.title, rendered.message
+    elif len(body) >= size_limit or not _is_utf8(body):
         raise wire.ATTACHMENTS_DISALLOWED
     else:
         message = _text_body(body, message)
