@@ -34,6 +34,7 @@ PROFILES: tuple[tuple[str, Profile], ...] = (
     (alertmanager_ntfy.NAME, alertmanager_ntfy.match),
 )
 NAMES: tuple[str, ...] = tuple(name for name, _ in PROFILES)
+_BEFORE_THE_BRIDGE = tuple(profile for _, profile in PROFILES[:-1])
 SETTINGS = ("auto", "off")  # ntfy.profiles
 
 
@@ -48,7 +49,7 @@ def match(
 ) -> base.Match | None:
     """The first profile that recognises this message, or None. `first_line`: the title
     rule's key of a titleless body (see alertmanager_ntfy.match)."""
-    for _, profile in PROFILES[:-1]:
+    for profile in _BEFORE_THE_BRIDGE:
         found = profile(topic, title, message, priority, tags)
         if found is not None:
             return found

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from ntfy_intake.rules.profiles import base
 
 NAME = "alertmanager-ntfy"
-_PREFIX = "Resolved: "
+_PREFIXED = re.compile(r"\s*Resolved: ")
 _LABEL_TAG = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*) = (?P<value>.*)", re.DOTALL)
 # The resolve tags the bridge's own README, example config and NixOS module configure.
 RESOLVE_TAGS = frozenset({"+1", "white_check_mark", "heavy_check_mark", "green_circle"})
@@ -42,15 +42,22 @@ def match(
     """`first_line` is the title rule's key of a titleless body (rules.incidents passes its
     `normalise_first_line`; this package cannot import it back): without it, a titleless
     resolve without label tags is not claimed."""
-    labels = _labels(tags)
-    headline = title.strip() if title is not None else message.lstrip()
-    resolved = headline.startswith(_PREFIX)
-    if labels is not None:
-        status: base.Status = "resolved" if resolved else "firing"
-        return base.Match(NAME, base.key(NAME, topic, labels), status, base.clamp(priority))
-    if not resolved or RESOLVE_TAGS.isdisjoint(tags):
+    # Every message meets this profile last: the cheap tests on the tags come first.
+    labels = None
+    for tag in tags:
+        if " = " in tag:
+            labels = _labels(tags)
+            break
+    if labels is None and RESOLVE_TAGS.isdisjoint(tags):
         return None
-    rest = headline[len(_PREFIX) :]
+    # Matched, not stripped: a titleless body may be megabytes long.
+    prefixed = _PREFIXED.match(title if title is not None else message)
+    if labels is not None:
+        status: base.Status = "firing" if prefixed is None else "resolved"
+        return base.Match(NAME, base.key(NAME, topic, labels), status, base.clamp(priority))
+    if prefixed is None:
+        return None
+    rest = prefixed.string[prefixed.end() :]
     if title is not None:
         part = base.title_part(rest)
     elif first_line is not None:
