@@ -118,3 +118,109 @@ def test_each_publishers_resolve_resolves_its_incident_with_no_second_triage_req
     for records in by_incident.values():
         assert [r["outcome"] for r in records] == ["triage_requested", "joined"]
         assert records[0]["delivery_key"] == records[1]["delivery_key"]
+
+
+def _alertmanager_webhook(status: str) -> dict[str, Any]:
+    """Alertmanager's webhook body (version 4), one alert in the group."""
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="DiskFull"}',
+        "status": status,
+        "receiver": "ntfy",
+        "groupLabels": {"alertname": "DiskFull"},
+        "commonLabels": {"alertname": "DiskFull", "instance": "nas:9100", "severity": "warning"},
+        "commonAnnotations": {"summary": "disk 91% full"},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [
+            {
+                "status": status,
+                "labels": {"alertname": "DiskFull", "instance": "nas:9100", "severity": "warning"},
+                "annotations": {"summary": "disk 91% full"},
+                "startsAt": "2026-12-06T10:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-12-06T10:05:00Z",
+                "generatorURL": "http://prometheus:9090/graph",
+                "fingerprint": "3f2a9bc1d4e5f607",
+            }
+        ],
+    }
+
+
+def _grafana_webhook(status: str) -> dict[str, Any]:
+    """Grafana's webhook contact point body, with Grafana's default title."""
+    title = (
+        "[FIRING:1] HighCPU homelab (nas)"
+        if status == "firing"
+        else "[RESOLVED] HighCPU homelab (nas)"
+    )
+    return {
+        "receiver": "ntfy",
+        "status": status,
+        "orgId": 1,
+        "alerts": [],
+        "groupLabels": {"alertname": "HighCPU", "grafana_folder": "homelab"},
+        "commonLabels": {"alertname": "HighCPU", "grafana_folder": "homelab", "host": "nas"},
+        "externalURL": "http://grafana:3000/",
+        "version": "1",
+        "groupKey": '{}:{alertname="HighCPU"}',
+        "truncatedAlerts": 0,
+        "title": title,
+        "state": "alerting" if status == "firing" else "ok",
+        "message": f"**{status.title()}**\n\nValue: B=97\nLabels:\n - alertname = HighCPU\n",
+    }
+
+
+def _bridge(url: str, title: str, body: str, priority: str, tags: list[str]) -> None:
+    """As alertmanager-ntfy publishes: headers, the description as the body."""
+    headers = {"X-Title": title, "X-Tags": ",".join(tags), "X-Priority": priority}
+    reply = httpx.post(f"{url}/alerts", content=body.encode(), headers=headers, timeout=10)
+    assert reply.status_code == 200, reply.text
+
+
+def test_alertmanager_grafana_and_the_bridge_resolve_their_incidents(tmp_path: Path) -> None:
+    labels = ["alertname = NodeDown", "instance = pi:9100"]
+    with (
+        NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as emu,
+        DaemonThread(settings_for(emu.url, tmp_path)),
+    ):
+        emu.wait_for_subscribers(1)
+        for status in ("firing", "resolved"):
+            for template, body in (
+                ("alertmanager", _alertmanager_webhook(status)),
+                ("grafana", _grafana_webhook(status)),
+            ):
+                reply = httpx.post(f"{emu.url}/alerts?template={template}", json=body, timeout=10)
+                assert reply.status_code == 200, reply.text
+            if status == "firing":
+                _bridge(
+                    emu.url,
+                    "Node pi down",
+                    "no scrape for 5m",
+                    "urgent",
+                    ["rotating_light", *labels],
+                )
+                _bridge(emu.url, "Disk full on nas", "tank", "high", ["rotating_light"])
+                time.sleep(1.1)  # ntfy's one-second times: the resolve must be the later event
+            else:
+                _bridge(
+                    emu.url,
+                    "Resolved: Node pi down",
+                    "no scrape for 5m",
+                    "default",
+                    ["+1", *labels],
+                )
+                _bridge(emu.url, "Resolved: Disk full on nas", "tank", "default", ["+1"])
+        wait_until(lambda: len(event_ids(tmp_path)) == 8, what="eight recorded events")
+    incidents = {
+        key: (severity, status, events)
+        for key, severity, status, events in query(
+            tmp_path, "SELECT key, severity, status, events FROM incidents"
+        )
+    }
+    assert incidents == {
+        "alertmanager:alerts:diskfull": (4, "resolved", 2),  # the warning label raises 3 to 4
+        "grafana:alerts:highcpu homelab (nas)": (3, "resolved", 2),
+        "alertmanager-ntfy:alerts:nodedown{instance=pi:9100}": (5, "resolved", 2),
+        "alerts:disk full on nas": (4, "resolved", 2),  # keyed by its title; resolved by the bridge
+    }
+    requests = query(tmp_path, "SELECT incident_key FROM outbox")
+    assert sorted(key for (key,) in requests) == sorted(incidents)
