@@ -98,18 +98,33 @@ def start_server(data_dir: Path) -> float:
 
 
 class Clients:
-    """HTTP clients held on a node while it stops: an agent's feed long poll and a logged-in
-    console session reloading its page, each on a keep-alive connection, in loops until
-    `stop` (errors once the node is gone are expected and ignored)."""
+    """HTTP clients held on a node while it stops, each on a keep-alive connection, in loops
+    until `stop` (errors once the node is gone are expected and ignored): an agent reading and
+    acking the busy feed, a long poll on a channel nothing is published to (held open for 30 s
+    unless the node ends it), and a logged-in console session reloading its page."""
 
     def __init__(self, node: Node) -> None:
         self.base = f"http://127.0.0.1:{node.port}"
         self.answers = {"feed": 0, "console": 0}
+        self.polling = threading.Event()  # a quiet long poll is open now
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._feed, daemon=True),
+            threading.Thread(target=self._quiet_poll, daemon=True),
             threading.Thread(target=self._console, daemon=True),
         ]
+
+    def _quiet_poll(self) -> None:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=self.base, headers=headers, timeout=40) as client:
+            while not self._stop.is_set():
+                self.polling.set()
+                try:
+                    client.get("/v1/feed/idle/wait?channel=quiet&timeout=30")
+                except httpx.HTTPError:
+                    self._stop.wait(0.1)
+                finally:
+                    self.polling.clear()
 
     def _feed(self) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -191,6 +206,7 @@ def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_strea
             if state == "relay_stalled":  # the receiver commits, then holds its answer 4 s
                 tagged.faults.commit_then_stall(4.0)
                 wait_until(lambda: tagged.in_flight("alpha"), 30, "a POST of alpha held open")
+            wait_until(clients.polling.is_set, 10, "a quiet long poll open on alpha")
             at = alpha.send(signal.SIGTERM)
             fault = cluster.fault(alpha, f"SIGTERM of the leader ({state})", at)
             taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
