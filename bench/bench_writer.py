@@ -10,7 +10,7 @@ the daemon's own per-event code, each part next to a plain reference in the same
   then `audit.flush` of the batch (lines, fsync, mark); reference: one `executemany` of the same
   inbox rows per transaction, into a table of the same columns;
 - encode: `audit.encode` of every event record the replay wrote (the general encoder of every
-  other record; the inbox writes its event lines field by field); reference: a bare `json.dumps`.
+  record, the inbox's event lines among them); reference: a bare `json.dumps`.
 
 CPU is `time.thread_time()` of this thread (SQLite runs in it), the best of `--repeat` runs, in
 microseconds per event. `--profile` prints cProfile's top functions of one decode + record run.

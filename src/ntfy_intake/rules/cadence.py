@@ -7,6 +7,9 @@ records and nothing else, so the audit log is the only cadence store (DESIGN.md 
     record = cadence_records.event_record(decision, incident, event_id, now, topic=...)
     state.apply(record)                                             # fold the record it wrote
 
+The inbox batch does exactly this per message (rules/batch_plan.py), and a replay of the audit
+log folds the same records with the same `apply`: one fold for both.
+
 Replaying the same records into `CadenceState.empty()` rebuilds the same state (`rehydrate.py`
 does that at startup). The rules, the record shapes and the time rounding are in docs/cadence.md.
 
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from ntfy_intake.rules import maintenance as _maintenance
 from ntfy_intake.rules import silences as _silences
 from ntfy_intake.rules.owner_cap import OwnerCap
 
@@ -52,6 +56,9 @@ class Policy:
     timezone: str = "UTC"
     notice_limit: int = 6  # operational notices per kind per `notice_window`
     notice_window: float = 3600.0
+    # `[[maintenance]]` windows (rules/maintenance.py): triage owner messages they hold are
+    # suppressed with reason `maintenance:<name>`.
+    maintenance: tuple[_maintenance.Window, ...] = ()
 
     @property
     def retention(self) -> float:
@@ -196,22 +203,6 @@ class CadenceState:
             folded = _REORDERED if self._owner.apply(record, ts) else _REJECTED
         self._advance(folded, ts)
 
-    def apply_event(
-        self,
-        incident: object,
-        severity: object,
-        status: object,
-        outcome: object,
-        delivery_key: object,
-        ts: float | None,
-    ) -> None:
-        """`apply` of an `event` record with these fields whose `ts` parsed to `ts`: the same
-        fold, for a writer that has the values at hand (no record read back, no `ts` parsed)."""
-        if ts is not None:
-            self._advance(
-                self._apply_event(incident, severity, status, outcome, delivery_key, ts), ts
-            )
-
     def _advance(self, folded: str, ts: float) -> None:
         if folded is _REJECTED:
             return
@@ -335,6 +326,15 @@ class CadenceState:
         or one of its topics, or suppressed past the day's cap."""
         if self._silences.match(quantize(now), incident, topics) is not None:
             return OwnerDecision(False, "silenced")
+        if policy.maintenance:
+            window = _maintenance.holding(
+                policy.maintenance,
+                topics=topics,
+                incident_key=incident,
+                now_utc=_maintenance.at(quantize(now)),
+            )
+            if window is not None:
+                return OwnerDecision(False, window.reason)
         if self.triage_messages_today(policy, now) >= policy.daily_cap:
             return OwnerDecision(False, "daily_cap")
         return OwnerDecision(True)

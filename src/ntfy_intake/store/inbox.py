@@ -11,6 +11,10 @@ get their own row and outcome `noted`, linked to the incident of the message the
 arrives first stays unlinked (incident_key '') until that message is recorded. Neither touches the
 incident's status nor any triage request. Unknown event kinds: outcome `ignored`, with the kind.
 
+The transaction goes in three steps: store reads what the batch needs (`inbox_batch.read`),
+the pure planner decides every row, request and record (rules/batch_plan.py), store writes the
+plan (`inbox_batch.write`), then the release of the windows that closed (`outbox.release_due`).
+
 Cadence decisions are made on a fork of the live cadence state, which the owner queue adopts
 only after COMMIT (`OwnerQueue.fork_for`, the one rule of `db.Transaction`), so a rollback
 changes nothing and a batch run again decides as the first run did.

@@ -108,7 +108,7 @@ def _prune_journal(conn: Connection, now: float) -> int:
         return 0
     newest_ts = timestamps.parse_ts(_ts_of(newest[0]))
     moment = now if newest_ts is None else min(now, newest_ts)
-    # Every line begins with its `ts` (audit.encode, event_line), RFC 3339 with milliseconds,
+    # Every line begins with its `ts` (audit.encode), RFC 3339 with milliseconds,
     # so its text sorts as its time does; a line without one is never pruned by time.
     count, top = conn.execute(
         _PRUNE_JOURNAL, (audit.flushed_seq(conn), timestamps.rfc3339(moment - JOURNAL_SECONDS))
