@@ -11,6 +11,8 @@ import json
 from typing import NamedTuple
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules import incidents, profiles
@@ -366,6 +368,59 @@ def test_profiles_off_is_the_title_rule_exactly(
     assert off.profile is None and off.status == "firing"
     title_key = f"alerts:{incidents.normalise_title(payload.title or '')}"
     assert off.key == title_key
+
+
+@pytest.mark.parametrize(("payload", "expected"), TABLES)
+def test_exactly_one_profile_claims_each_payload(
+    payload: Payload, expected: tuple[str, str, str, int]
+) -> None:
+    """The shapes do not overlap, so the order `match` asks them in decides nothing."""
+    claims = [
+        name
+        for name, profile in profiles.PROFILES
+        if profile("alerts", payload.title, payload.message, payload.priority or 3, payload.tags)
+        is not None
+    ]
+    assert claims == [expected[0]]
+
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=60)
+_SHAPED = st.sampled_from(
+    [
+        "{} Down [Uptime-Kuma]",
+        "{} Up [Uptime-Kuma]",
+        "Gatus: {}",
+        "{} is DOWN",
+        "🚨 Alert: {}",
+        "✅ [RESOLVED] {}",
+        "Resolved: {}",
+    ]
+)
+_TAGS = st.lists(
+    st.sampled_from(["red_circle", "green_circle", "rotating_light", "x", "white_check_mark", "+1"])
+    | st.builds("{} = {}".format, st.sampled_from(["alertname", "job"]), _TEXT)
+    | _TEXT,
+    max_size=4,
+)
+
+
+@given(
+    title=st.none() | _TEXT | st.builds(str.format, _SHAPED, _TEXT),
+    message=_TEXT,
+    priority=st.integers(1, 5),
+    tags=_TAGS,
+)
+def test_any_message_gets_a_bounded_key_or_none_never_an_error(
+    title: str | None, message: str, priority: int, tags: list[str]
+) -> None:
+    found = profiles.match(
+        "alerts", title, message, priority, tuple(tags), first_line=incidents.normalise_first_line
+    )
+    if found is not None:
+        assert found.profile in profiles.NAMES
+        assert found.status in ("firing", "resolved")
+        assert 1 <= found.severity <= 5
+        assert 0 < len(found.key) <= base.KEY_LIMIT + len("alerts:")
 
 
 def test_every_profile_is_in_a_table() -> None:
