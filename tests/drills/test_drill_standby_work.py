@@ -20,7 +20,10 @@ from ntfy_intake.testbed.drill_standby_parts import LABELS, WORK_FAULTS, build_p
 from .. import engines
 from .test_drill import children_of, value
 
-SEED = 11
+# Audit full first: a latched yielder still reports ready, so a node in its cool-off (it yielded
+# the round before) holds off for it and the lease may return to the latched node (docs/standby.md,
+# "Failover times at the defaults"); the route faults after it leave their node not ready.
+SEED = 1
 YIELD_AFTER, PROBE_EVERY = 4, 1  # the drill's defaults for the yield
 BOUND = YIELD_AFTER + 3 + 1 + 5  # yield_after + the drill's lease_ttl + renew_every + 5 s
 
@@ -33,7 +36,7 @@ def test_a_leader_that_cannot_do_the_work_yields_it_within_the_bound(
     server = engines.server_dsn()
     assert server is not None  # the engine fixture skipped (or failed) without one
     plan = build_plan(3, random.Random(SEED), pg_restart=False, kinds=WORK_FAULTS)
-    assert sorted(plan) == sorted(WORK_FAULTS)  # one round of each
+    assert plan == ["audit_full", "stream_silent", "route_cut"]  # one round of each
     children_before = set(children_of(os.getpid()))
     argv = ["drill", "--standby", "--rounds", "3", "--seed", str(SEED), "--database", server]
     code = cli.main([*argv, "--kinds", ",".join(WORK_FAULTS)])
