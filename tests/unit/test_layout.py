@@ -283,3 +283,52 @@ def test_no_product_module_is_over_500_lines() -> None:
         if room_of(name) != "testbed" and (lines := code_lines(path.read_text())) > MAX_MODULE_LINES
     }
     assert long == {}
+
+
+# Issue 33: the store reads and writes; the rules decide. No store module refers to an incident
+# or event-cadence decision by name: `signal_of` and `merge` (rules/incidents.py), any `decide_*`
+# and `reopen` (rules/cadence.py), the records they write (rules/cadence_records.py), or the fold
+# of an event. The batch reaches them only through rules/batch_plan.py's Planner.
+STORE_DECISIONS = frozenset(
+    {"signal_of", "merge", "reopen", "apply_event", "event_record", "action_record"}
+)
+# The owner queue still decides owner messages in store (not the batch's; next to move).
+STORE_DECISIONS_LEFT = {
+    "ntfy_intake.store.owner_queue": {"decide_notice", "decide_owner_message", "owner_record"}
+}
+
+
+def store_decisions(name: str, source: str) -> set[str]:
+    """The decision names a module refers to (an import, a name, an attribute), less the ones
+    `STORE_DECISIONS_LEFT` grants it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+    decisions = {n for n in found if n in STORE_DECISIONS or n.startswith("decide_")}
+    return decisions - STORE_DECISIONS_LEFT.get(name, set())
+
+
+def test_no_store_module_calls_an_incident_or_cadence_decision() -> None:
+    deciding = {
+        name: sorted(names)
+        for name, path in modules().items()
+        if room_of(name) == "store" and (names := store_decisions(name, path.read_text()))
+    }
+    assert deciding == {}
+
+
+def test_the_decision_check_sees_a_call_an_import_and_a_granted_name() -> None:
+    source = (
+        "from ntfy_intake.rules.incidents import signal_of\n"
+        "def f(state, policy, view):\n"
+        "    return state.decide_event(policy, view), signal_of(view)\n"
+    )
+    assert store_decisions("ntfy_intake.store.x", source) == {"decide_event", "signal_of"}
+    granted = "def g(state):\n    return state.decide_notice()\n"
+    assert store_decisions("ntfy_intake.store.owner_queue", granted) == set()
+    assert store_decisions("ntfy_intake.store.x", granted) == {"decide_notice"}
