@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from ntfy_intake.rules import maintenance as _maintenance
 from ntfy_intake.rules import silences as _silences
 from ntfy_intake.rules.owner_cap import OwnerCap
 
@@ -55,6 +56,9 @@ class Policy:
     timezone: str = "UTC"
     notice_limit: int = 6  # operational notices per kind per `notice_window`
     notice_window: float = 3600.0
+    # `[[maintenance]]` windows (rules/maintenance.py): triage owner messages they hold are
+    # suppressed with reason `maintenance:<name>`.
+    maintenance: tuple[_maintenance.Window, ...] = ()
 
     @property
     def retention(self) -> float:
@@ -322,6 +326,15 @@ class CadenceState:
         or one of its topics, or suppressed past the day's cap."""
         if self._silences.match(quantize(now), incident, topics) is not None:
             return OwnerDecision(False, "silenced")
+        if policy.maintenance:
+            window = _maintenance.holding(
+                policy.maintenance,
+                topics=topics,
+                incident_key=incident,
+                now_utc=_maintenance.at(quantize(now)),
+            )
+            if window is not None:
+                return OwnerDecision(False, window.reason)
         if self.triage_messages_today(policy, now) >= policy.daily_cap:
             return OwnerDecision(False, "daily_cap")
         return OwnerDecision(True)
