@@ -288,3 +288,20 @@ def test_the_real_server_renders_the_same(
     fields = ("title", "message", "tags", "priority")
     assert {k: real.json().get(k) for k in fields} == {k: emulated.json().get(k) for k in fields}
     assert (real.json()["title"], real.json()["message"]) == (title, message)
+
+
+@pytest.mark.parametrize(
+    ("status", "titled"),
+    [
+        ("firing", "Firing"),
+        ("RESOLVED", "Resolved"),
+        ("1st ALERT", "1St Alert"),
+        ("foo_bar baz", "Foo_bar Baz"),
+        ("o'neil-smith x.y", "O'neil-Smith X.y"),
+        ("ÉTAT über", "État Über"),
+    ],
+)
+def test_status_is_title_cased_as_x_text_cases_title_does(status: str, titled: str) -> None:
+    """`{{ .status | title }}` is golang.org/x/text's cases.Title: Unicode word breaking, the first
+    cased letter of each word upper (outputs checked against x/text v0.43.0)."""
+    assert templates._title(status) == titled

@@ -312,18 +312,31 @@ def _trunc(count: int, text: str) -> str:
 
 
 def _title(text: str) -> str:
-    """cases.Title(language.English): each word's first letter upper, the rest lower; an
-    apostrophe inside a word does not start a new one."""
+    """cases.Title(language.English): words as Unicode word breaking finds them (letters, digits
+    and `_` join; `'`, `.`, `:` between two of those do not break), the first cased character of
+    each word in title case, the rest in lower case ("1st" -> "1St", "foo_bar" -> "Foo_bar")."""
     out = []
     in_word = False
-    for char in text:
-        if char.isalnum():
-            out.append(char.lower() if in_word else char.upper())
-            in_word = True
+    cased_yet = False
+    for index, char in enumerate(text):
+        if char.isalnum() or char == "_":
+            if not in_word:
+                in_word, cased_yet = True, False
+        elif not (in_word and char in _MID_WORD and _word_char(text, index + 1)):
+            in_word = False
+        if in_word and char.lower() != char.upper():
+            out.append(char.lower() if cased_yet else char.title())
+            cased_yet = True
         else:
             out.append(char)
-            in_word = char == "'" and in_word
     return "".join(out)
+
+
+_MID_WORD = frozenset("'.:\u00b7\u2019\u2018\u2024\ufe52\uff07\uff0e\u05f4\u0387\ufe13\ufe55\uff1a")
+
+
+def _word_char(text: str, index: int) -> bool:
+    return index < len(text) and (text[index].isalnum() or text[index] == "_")
 
 
 def _text(value: Any) -> str:
