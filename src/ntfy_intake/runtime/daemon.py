@@ -93,6 +93,7 @@ class Daemon:
             cooldown=settings.cadence.cooldown,
             daily_cap=settings.cadence.daily_cap,
             timezone=settings.cadence.timezone,
+            maintenance=settings.maintenance,
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
         self.owner_queue = CountedOwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.settings import maintenance as _maintenance
 from ntfy_intake.settings.cluster import _cluster, _cluster_fits
 from ntfy_intake.settings.rules import (
     _cadence,
@@ -118,10 +119,12 @@ def load(
     values: dict[tuple[str, str], _Value] = {}
     problems = _Problems()
     config_label = "config"
+    windows: object = None  # `[[maintenance]]`: file only, read after the sections
     if path is None and environ.get(CONFIG_ENV):
         path, config_label = Path(environ[CONFIG_ENV]), f"config ({CONFIG_ENV})"
     if path is not None:
         doc = _read_toml(path, config_label)  # an unreadable file hides everything else: stop
+        windows = doc.pop(_maintenance.SECTION, None)
         toml = _toml_values(doc, path.parent, problems)
         inline = sorted(
             f"{s}.{k}" for (s, k), v in toml.items() if (s, k) in SECRET_KEYS and v.file is None
@@ -152,6 +155,13 @@ def load(
     owner = build.section("owner", lambda r: _owner(r, known_ntfy))
     http = build.section("http", _http)
     health = build.section("health", _health)
+    maintenance, trouble = _maintenance.parse(
+        windows,
+        default_timezone=cadence.timezone if cadence else "UTC",
+        topics=ntfy.topics if ntfy else (),
+    )
+    for error in trouble:
+        problems.add(error)
     problems.raise_any()
     assert ntfy and state and cluster and relay and cadence and owner and http and health
     return Settings(
@@ -163,6 +173,7 @@ def load(
         owner=owner,
         http=http,
         health=health,
+        maintenance=maintenance,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Literal, TypeVar
 from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules.durations import format_duration
+from ntfy_intake.rules.maintenance import Window
 from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.wire import signing
 
@@ -303,6 +304,8 @@ class Settings:
     owner: OwnerSettings
     http: HttpSettings
     health: HealthSettings
+    # `[[maintenance]]` windows (settings/maintenance.py reads them, rules/maintenance.py holds).
+    maintenance: tuple[Window, ...] = dataclasses.field(default=(), metadata={"section": False})
 
     def redacted(self) -> dict[str, object]:
         """Every key, JSON-able, for `status` and logs: secrets as "***" (None when unset), URL
