@@ -78,6 +78,26 @@ def test_an_update_under_a_new_title_joins_its_sequences_incident_read_after(
         assert waited[0] == LIVE_BATCH_WAITS + 1
 
 
+def test_a_live_event_joining_an_open_window_waits_no_more_than_a_new_one(
+    store: db.Connection,
+) -> None:
+    """A burst's later events join the request an earlier batch opened: whether that request
+    still collects was read on its own once the join was decided, one wait more per batch of
+    a burst. It is read with the first reads now (the open debounce windows)."""
+    queue = owner_queue(debounce=60.0)
+    inbox.record_batch(store, [make_message("burst0000001")], NOW, queue=queue, relay_enabled=True)
+    with answers_waited(store) as waited:
+        result = inbox.record_batch(
+            store, [make_message("burst0000002")], NOW + 1, queue=queue, relay_enabled=True
+        )
+    (outcome,) = store.execute(
+        "SELECT outcome FROM inbox WHERE event_id = 'burst0000002'"
+    ).fetchone()
+    assert (outcome, result.recorded) == ("joined", 1)
+    if db.is_postgres(store):
+        assert waited[0] <= LIVE_BATCH_WAITS
+
+
 def test_the_next_release_is_read_in_the_batch_as_the_batch_left_it(store: db.Connection) -> None:
     queue = owner_queue(debounce=60.0)
     result = inbox.record_batch(
