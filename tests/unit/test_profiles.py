@@ -186,7 +186,8 @@ ALERTMANAGER = [
 ]
 
 # binwiederhier/ntfy server/templates/grafana.yml (commit ae62e0d9): "🚨 "/"✅ " + Grafana's
-# title, whose default is grafana/alerting's __subject: "[FIRING:n] <group labels> (<common>)".
+# title, whose default is grafana/alerting's `__subject` (templates/default_template.go, read as
+# an indexed excerpt, no commit): "[FIRING:n] <group labels> (<common>)", "[RESOLVED] ...".
 GRAFANA = [
     (
         Payload("🚨 [FIRING:1] HighCPU homelab (nas)", "Value: B=97", None, ()),
@@ -202,9 +203,10 @@ GRAFANA = [
     ),
 ]
 
-# alexbakker/alertmanager-ntfy internal/server/server.go, util.go (labels as "name = value"
-# tags) and README.md / config.example.yml (title "Resolved: " + summary when resolved; tags
-# rotating_light firing, +1 resolved; priority urgent firing, default resolved).
+# alexbakker/alertmanager-ntfy internal/server/server.go (commit 015c4b44), util.go (15cb8cc1:
+# labels as "name = value" tags) and README.md (0de5ad5e) / config.example.yml (01778d3c): title
+# "Resolved: " + summary when resolved; tags rotating_light firing, +1 resolved; priority urgent
+# firing, default resolved.
 _LABELS = ("alertname = DiskFull", "instance = nas:9100", "severity = critical")
 ALERTMANAGER_NTFY = [
     (
