@@ -192,6 +192,10 @@ class StandbyDrill:
         self.publisher.start()
 
     def _await_ready(self, node: Node, what: str) -> bool:
+        """Until `node`, just started, stands by (or leads) and its readiness row says ready:
+        a standby that is not ready yet (its first probe failed) is held off on purpose, and
+        no bound for taking over applies to it."""
+        since = self.cluster.server_now()
         deadline = time.monotonic() + READY_BOUND_S
         while not node.ready():
             if not node.process.alive():
@@ -203,6 +207,9 @@ class StandbyDrill:
                 )
                 return False
             time.sleep(0.05)
+        if not self.work.await_ready(self.store, node.name, since=since):
+            self.tally.stalls.append(f"node {node.name} ({what}): its readiness row not ready")
+            return False
         return True
 
     def _unexpected_exit(self, node: Node, what: str) -> None:
@@ -368,9 +375,9 @@ class StandbyDrill:
             done.exit_code = node.process.terminate(drill_parts.STOP_BOUND_S)
         if not node.process.alive():
             node.start()
-            if not self._await_ready(node, f"{what}, started again"):
-                return
-        if self.work.await_ready(self.store, node.name, since=self.cluster.server_now()):
+            if self._await_ready(node, f"{what}, started again"):
+                done.ready_again_s = time.monotonic() - lifted
+        elif self.work.await_ready(self.store, node.name, since=self.cluster.server_now()):
             done.ready_again_s = time.monotonic() - lifted
         else:
             self.tally.stalls.append(f"{what}: node {node.name} not ready again after the fault")
