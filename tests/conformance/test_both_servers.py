@@ -57,7 +57,11 @@ def test_item01_stream_is_ndjson_and_opens_first(server: Server) -> None:
         raw.close()
 
 
-def test_item02_03_open_and_keepalive_carry_exactly_four_fields(server: Server) -> None:
+def test_item02_03_open_and_keepalive_carry_exactly_four_fields(
+    make_server: MakeServer, kind: str
+) -> None:
+    # The emulator shows a keepalive's shape after 1 s; the real one keeps its 5 s minimum.
+    server = make_server(keepalive_interval=5 if kind == "real" else 1)
     raw = stream(server, "/t/json")
     try:
         opened = raw.event(5)
