@@ -9,11 +9,13 @@ nights, midnight, day names) are proven with an injected clock in tests/unit/tes
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ntfy_intake import settings
@@ -25,6 +27,7 @@ from ..harness import DaemonThread, audit_records, env_for, query, wait_until
 pytestmark = pytest.mark.engines
 
 FALLBACK = "owner-notices"
+TOKEN = "maintenance-test-token-7Hq2Xv9Lp4"
 
 
 def hhmm(moment: datetime) -> str:
@@ -69,7 +72,7 @@ def running(emu: NtfyEmulator, tmp_path: Path) -> Iterator[tuple[DaemonThread, P
         state,
         cadence_debounce="0s",
         owner_fallback_topic=FALLBACK,
-        http_token="maintenance-test-token-7Hq2Xv9Lp4",
+        http_token=TOKEN,
     )
     with receiver.running(tmp_path / "receiver.sqlite3") as triage:
         env["NTFY_INTAKE_RELAY_URL"] = triage.url
@@ -137,3 +140,24 @@ def test_owner_message_outside_any_window_is_sent(
     while not emu.messages(FALLBACK) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(emu.messages(FALLBACK)) == 1
+
+
+def test_console_overview_lists_the_windows_and_the_one_holding_now(
+    running: tuple[DaemonThread, Path],
+) -> None:
+    daemon, _ = running
+    assert daemon.daemon is not None
+    with httpx.Client(base_url=f"http://127.0.0.1:{daemon.daemon.http_port}") as client:
+        form = client.get("/console/login").text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert csrf is not None
+        answer = client.post("/console/login", data={"csrf": csrf.group(1), "token": TOKEN})
+        assert answer.status_code == 303, answer.text
+        page = client.get("/console/").text
+    section = page[page.index('id="maintenance"') :]
+    section = section[: section.index("</section>")]
+    backup, later = section.split("<li>")[1:3]
+    assert '<span class="tag">holding</span> <strong>nightly-backup</strong>' in backup
+    assert "holding until" in backup and "backup*" in backup
+    assert "holding" not in later.split("</strong>")[0] and "<strong>later</strong>" in later
+    assert "next " in later

@@ -9,9 +9,10 @@ read by `store.summary.read`: this module only words it.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from ntfy_intake.rules import health, readiness
+from ntfy_intake.rules import health, maintenance, readiness
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import db, leadership, nodes, summary
 
@@ -89,7 +90,34 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "dead": owner.dead,
         },
         "cluster": _cluster(conn, settings),
+        "maintenance": _maintenance(settings, now),
     }
+
+
+def _maintenance(settings: Settings, now: float) -> list[dict[str, Any]]:
+    """The `[[maintenance]]` windows in file order: which holds now (until when), and when each
+    other opens next (RFC 3339 UTC)."""
+    moment = maintenance.at(now)
+    windows = []
+    for window in settings.maintenance:
+        span = window.holding_span(moment)
+        opens = window.next_opening(moment)
+        windows.append(
+            {
+                "name": window.name,
+                "when": window.describe(),
+                "topics": list(window.topics),
+                "incidents": list(window.incidents),
+                "active": span is not None,
+                "until": None if span is None else _utc(span[1]),
+                "next": None if opens is None else _utc(opens),
+            }
+        )
+    return windows
+
+
+def _utc(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%MZ")
 
 
 def _cluster(conn: db.Connection, settings: Settings) -> dict[str, Any] | None:
@@ -210,6 +238,7 @@ def render(report: dict[str, Any]) -> str:
         rows.append(("last error", f"{intake['last_error']} ({when}{later})"))
     if relay["dead_keys"]:
         rows.append(("dead keys", " ".join(relay["dead_keys"])))
+    rows += _maintenance_rows(report.get("maintenance") or [])
     if report.get("cluster") is not None:
         cluster = report["cluster"]
         rows[1:1] = [
@@ -219,6 +248,22 @@ def render(report: dict[str, Any]) -> str:
         ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _maintenance_rows(windows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """`maintenance  1 of 2 holding now`, then one `  window` line each."""
+    if not windows:
+        return [("maintenance", "no windows")]
+    holding = sum(1 for w in windows if w["active"])
+    rows = [("maintenance", f"{holding} of {len(windows)} holding now")]
+    for w in windows:
+        what = ", ".join([*w["topics"], *(f"incident {p}" for p in w["incidents"])])
+        if w["active"]:
+            state = f"HOLDING until {w['until']}"
+        else:
+            state = f"next {w['next']}" if w["next"] else "does not open in the next week"
+        rows.append(("  window", f"{w['name']!r} {w['when']} ({what}): {state}"))
+    return rows
 
 
 def _daemon(daemon: dict[str, Any]) -> str:
