@@ -142,11 +142,13 @@ def test_owner_message_outside_any_window_is_sent(
     assert len(emu.messages(FALLBACK)) == 1
 
 
-def test_console_overview_lists_the_windows_and_the_one_holding_now(
-    running: tuple[DaemonThread, Path],
+def test_console_lists_the_windows_the_one_holding_now_and_the_message_it_held(
+    running: tuple[DaemonThread, Path], emu: NtfyEmulator
 ) -> None:
-    daemon, _ = running
+    daemon, state = running
     assert daemon.daemon is not None
+    emu.publish("backups", "backup job failed", title="Backup", priority=5)
+    wait_until(lambda: owner_rows(state) == [("suppressed", "maintenance:nightly-backup")])
     with httpx.Client(base_url=f"http://127.0.0.1:{daemon.daemon.http_port}") as client:
         form = client.get("/console/login").text
         csrf = re.search(r'name="csrf" value="([^"]+)"', form)
@@ -154,6 +156,8 @@ def test_console_overview_lists_the_windows_and_the_one_holding_now(
         answer = client.post("/console/login", data={"csrf": csrf.group(1), "token": TOKEN})
         assert answer.status_code == 303, answer.text
         page = client.get("/console/").text
+        owner_page = client.get("/console/owner").text
+    assert "maintenance:nightly-backup" in owner_page
     section = page[page.index('id="maintenance"') :]
     section = section[: section.index("</section>")]
     backup, later = section.split("<li>")[1:3]

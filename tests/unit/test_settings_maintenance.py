@@ -13,7 +13,7 @@ from ntfy_intake import settings
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules.maintenance import END_OF_DAY
 
-HEAD = '[ntfy]\nurl = "https://ntfy.example.com"\ntopics = ["alerts", "nas1", "nas2", "backup"]\n'
+HEAD = '[ntfy]\nurl = "https://ntfy.example.com"\ntopics = ["alerts", "nas1", "nas2", "backup", "backups"]\n'
 
 
 @pytest.fixture(autouse=True)
@@ -209,3 +209,27 @@ def test_topic_patterns_are_not_checked_against_topics_when_ntfy_is_not_needed(
     )
     (window,) = settings.load(path, {}, need_ntfy=False).maintenance
     assert window.topics == ("nas*",)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_commented_sample_window_and_the_docs_example_load(tmp_path: Path) -> None:
+    sample = (ROOT / "deploy" / "config.example.toml").read_text()
+    block = [line[4:] for line in sample.splitlines() if line.startswith("#   ")]
+    assert block[0] == "[[maintenance]]", block
+    (window,) = load(tmp_path, "\n".join(block)).maintenance
+    assert (window.name, window.days, window.timezone) == (
+        "sunday-backup",
+        frozenset({6}),
+        "Europe/Amsterdam",
+    )
+    doc = (ROOT / "docs" / "owner-messages.md").read_text()
+    example = doc[doc.index("```toml\n[[maintenance]]") + len("```toml\n") :]
+    (window,) = load(tmp_path, example[: example.index("```")]).maintenance
+    assert (window.topics, window.incidents, window.start, window.end) == (
+        ("backups",),
+        ("alerts:nas*",),
+        60,
+        240,
+    )
