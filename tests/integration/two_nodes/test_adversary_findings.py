@@ -1,0 +1,74 @@
+"""Defects found by trying to break issue 32's work as an operator running two Pis would (the
+adversary's pass, 2026-12-06), on real `ntfy-intake run` subprocesses sharing one PostgreSQL
+store. Each test is the finding's reproduction, marked xfail(strict): it fails on today's code,
+and the fix flips it (strict: then the mark must go)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from ntfy_intake.runtime.cluster import PREFIX_FILE
+
+from ...harness import wait_until
+from ...standby import Cluster, serving_as_leader
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
+]
+
+PROBE = {"cluster_probe_every": "1s", "cluster_yield_after": "4s"}
+
+
+def holder(cluster: Cluster) -> tuple[str, str, int] | None:
+    found = cluster.try_rows("SELECT node, instance, term FROM leadership WHERE id = 1")
+    return (str(found[0][0]), str(found[0][1]), int(found[0][2])) if found else None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a second box cloned from the first's SD card (same node name, the state"
+    " directory's instance prefix copied with it) is taken for the live leader's crashed"
+    " predecessor: it takes the live leader's lease at once instead of exiting 2",
+)
+def test_a_cloned_box_under_the_leader_s_name_exits_2_and_never_takes_its_lease(
+    cluster: Cluster,
+) -> None:
+    """An operator sets up Pi 1, runs it, then clones its SD card for Pi 2 (the usual way to
+    make a second Pi) and starts it without changing `[cluster] node` (defaulting to the host
+    name, `raspberrypi` on both). The state directory's `cluster-instance-prefix` came with the
+    clone, so store/leadership._takeable and store/nodes.report read the live leader's lease
+    and row as this node's own crashed predecessor's ("reclaimed at once"): the same name in
+    use is never seen, and the clone takes the work from a live, healthy leader. Seen: the clone
+    took term 2 within 3 s; alpha was fenced, stepped down, took term 3 back (the clone, too,
+    looks like its crashed predecessor), and the clone exited 1 ("term 2 is over (the leadership
+    row holds term 3): this write is rolled back"): exit 1, so systemd restarts it and the
+    cycle repeats at every restart. A second live process under an existing name must exit 2
+    (issue 32, point 5), prefix or not."""
+    alpha = cluster.add("alpha", **PROBE).start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+    before = holder(cluster)
+    assert before is not None and before[0] == "alpha"
+    clone = cluster.add("alpha", state="alpha-clone", **PROBE)
+    clone.state_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(alpha.state_dir / PREFIX_FILE, clone.state_dir / PREFIX_FILE)  # the clone's
+    clone.start()
+    deadline = time.monotonic() + 30
+    moved: tuple[str, str, int] | None = None
+    while time.monotonic() < deadline and clone.alive:
+        now = holder(cluster)
+        if now is not None and now[1] != before[1]:
+            moved = now
+            break
+        time.sleep(0.2)
+    print(f"\nlease before {before}, moved to {moved}; clone alive: {clone.alive}")
+    print(f"clone's stderr: {clone.stderr().strip()[:300]}")
+    assert moved is None, f"the clone took a live leader's lease: {before} -> {moved}"
+    assert not clone.alive and clone.proc is not None and clone.proc.returncode == 2
+    assert "in use" in clone.stderr()
+    assert alpha.alive
