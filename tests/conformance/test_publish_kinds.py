@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 from ..servers import Server
 
 
+@pytest.mark.slow  # ntfy's shortest delay is 10 s, waited out in real time on both servers
 def test_item20_scheduled_message_is_invisible_until_delivered_then_timed_at_delivery(
     server: Server,
 ) -> None:
