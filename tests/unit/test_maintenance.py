@@ -5,11 +5,14 @@ reads a clock."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from ntfy_intake.rules import cadence, cadence_records, maintenance
+from ntfy_intake.rules import cadence, cadence_records, maintenance, silences, timestamps
 from ntfy_intake.rules.maintenance import DAY_NAMES, END_OF_DAY, Window
 
 AMS = "Europe/Amsterdam"
@@ -392,8 +395,6 @@ def test_maintenance_suppression_does_not_use_up_the_daily_cap() -> None:
 
 
 def test_a_silence_is_named_before_a_window_and_a_window_before_the_cap() -> None:
-    from ntfy_intake.rules import silences, timestamps  # noqa: PLC0415
-
     state = cadence.CadenceState.empty(POLICY)
     state.apply(
         {
@@ -420,3 +421,43 @@ def test_no_windows_change_nothing() -> None:
     assert state.decide_owner_message(
         plain, SUNDAY_2AM, incident="nas1:disk", topics=("nas1",)
     ).allowed
+
+
+def brute_span(chosen: Window, day: date) -> tuple[datetime, datetime]:
+    """The same definition, the slow way: scan UTC minutes for the first at which the local
+    wall clock reads each edge or later."""
+    zone = ZoneInfo(chosen.timezone)
+    start_wall = datetime(day.year, day.month, day.day) + timedelta(minutes=chosen.start)
+    end = chosen.end if chosen.end > chosen.start else chosen.end + END_OF_DAY
+    end_wall = datetime(day.year, day.month, day.day) + timedelta(minutes=end)
+    scan = datetime(day.year, day.month, day.day, tzinfo=UTC) - timedelta(days=1)
+    found: list[datetime] = []
+    for wall in (start_wall, end_wall):
+        while scan.astimezone(zone).replace(tzinfo=None) < wall:
+            scan += timedelta(minutes=1)
+        found.append(scan)
+    return found[0], max(found)
+
+
+# Days around each zone's 2026 changes, and one plain day. Lord Howe moves by 30 minutes.
+DST_DAYS = {
+    AMS: [date(2026, 3, 29), date(2026, 10, 25), date(2026, 6, 1)],
+    NYC: [date(2026, 3, 8), date(2026, 11, 1), date(2026, 6, 1)],
+    "Australia/Lord_Howe": [date(2026, 4, 5), date(2026, 10, 4), date(2026, 6, 1)],
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    zone=st.sampled_from(sorted(DST_DAYS)),
+    which=st.integers(0, 2),
+    start=st.integers(0, 24 * 4 - 1).map(lambda q: q * 15),
+    end=st.integers(1, 24 * 4).map(lambda q: q * 15),
+)
+def test_span_is_the_first_instant_the_wall_clock_reads_each_edge(
+    zone: str, which: int, start: int, end: int
+) -> None:
+    assume(start != end)
+    day = DST_DAYS[zone][which]
+    chosen = Window("w", ("*",), (), frozenset(range(7)), start, end, zone)
+    assert chosen.span(day) == brute_span(chosen, day)
