@@ -14,6 +14,7 @@ from ntfy_intake.runtime.cluster import PREFIX_FILE
 
 from ...harness import wait_until
 from ...standby import Cluster, serving_as_leader
+from ...standby_nodes import free_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -72,3 +73,33 @@ def test_a_cloned_box_under_the_leader_s_name_exits_2_and_never_takes_its_lease(
     assert not clone.alive and clone.proc is not None and clone.proc.returncode == 2
     assert "in use" in clone.stderr()
     assert alpha.alive
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: readiness probes only ntfy: a standby that cannot reach relay.url (the"
+    " triage agent on the leader's loopback, the same URL text on both boxes) says ready",
+)
+def test_a_standby_that_cannot_reach_the_relay_is_not_ready(cluster: Cluster) -> None:
+    """`relay.url = "http://127.0.0.1:9000/triage"` in the one config both boxes share (docs/
+    standby.md: "the same configuration on both boxes"), with the agent running on box 1 only:
+    the fingerprint is the same text, so the same work, and box 2's probe asks ntfy alone.
+    Box 2 says ready (healthz 200 `standby`, `check` 0, ntfy_intake_ready 1), box 1 yields to it
+    or stops, and from then on every alert is recorded but no agent hears of it: the issue's
+    "a standby pointed at a dead URL reports healthy until it has to lead", for the relay.
+    (The hook gives both nodes one relay in the fingerprint, as the shared text would; only
+    beta's route to it is dead.)"""
+    alpha = cluster.add("alpha", **PROBE).start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+    beta = cluster.add("beta", **PROBE)
+    beta.env["NTFY_INTAKE_RELAY_URL"] = f"http://127.0.0.1:{free_port()}/triage"  # nothing there
+    beta.start()
+    wait_until(lambda: beta.healthz() is not None, 30, "beta answering")
+    time.sleep(6.0)  # six probes at probe_every = 1 s
+    answer = beta.healthz()
+    check = beta.command("check")
+    print(f"\nbeta /healthz: {answer}; check: {check.returncode} {check.stdout.strip()[:200]}")
+    assert answer is not None and answer[0] == 503 and answer[1].get("ready") is False, answer
+    assert check.returncode == 1, check.stdout
