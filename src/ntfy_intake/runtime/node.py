@@ -5,15 +5,23 @@ state directory's lock for its whole life, stands by (runtime/standby.py) until 
 then runs a fresh `Daemon` for that term: recovery before its first decision rebuilds the
 cadence from the journal this node mirrored and resumes from the durable cursor and the
 backfill owed. A term ends four ways:
-- a graceful stop (SIGTERM): the daemon drains under its still-valid term, then the lease is
-  released with a NOTIFY, so a standby takes over within a second;
+- a graceful stop (SIGTERM): the daemon drains under its still-valid term, then this node's
+  row says it is not ready (stopped) and the lease is released with a NOTIFY, so a standby
+  takes over within a second, even one in a yield's cool-off (runtime/readiness, `leaving`);
 - the lease lost (a renewal refused or late, the local deadline passed, a fence that saw a new
   term): the daemon stops its side effects at once, without a drain (its writes would be fenced),
   and the node stands by again, in the same process, with memory rebuilt at its next term;
 - a task that failed: exit 1 (systemd restarts the process), the lease released first;
 - a yield (DESIGN.md section 11, runtime/yielding.py): the term's work dead or latched while
   another node is ready, the owner's notice recorded under the term, the daemon drains as at
-  SIGTERM, the lease is released with a NOTIFY, and the node stands by in a cool-off.
+  SIGTERM, its row says it yielded (not ready), the lease is released with a NOTIFY, and the
+  node stands by in a cool-off.
+
+A standby LISTENs for the release before its first read of the lease (runtime/cluster.py): a
+release that came between the two went unheard, and a standby that had just started took
+over only at its next poll (2.2 to 2.8 s after a SIGTERM at the default timing). The HTTP
+surface's modules are imported off the loop during the first probe for the same reason: that
+import held the loop (0.3 s idle, 0.9 s on a busy box) right when a standby starts.
 """
 
 from __future__ import annotations
@@ -95,7 +103,8 @@ async def serve(
     waits = StorageWaits()
     work = yielding.WorkWatch()  # what this node's row says of its work: the yield rule's view
     prober = readiness.Prober(settings, member, work)  # section 11: could this node do the work?
-    cooloff = yielding.Cooloff(member, cooloff=cluster.yield_cooloff, peers=prober.peers_ready)
+    # The cool-off asks in the lease thread: the rows read again when the lease is free.
+    cooloff = yielding.Cooloff(member, cooloff=cluster.yield_cooloff, peers=prober.campaign_peers)
     member.hold_off = lambda: prober.hold_off() or cooloff()
     member.readiness_view = prober.view
     probing: asyncio.Task[None] | None = None
@@ -107,7 +116,8 @@ async def serve(
             member.prepare, stop, waits, {}, notifier, member.instance
         ):
             return 0
-        await prober.start(stop)  # a work differing from the leader's: exit 2, naming the keys
+        # A work differing from the leader's: exit 2, naming the keys (module doc: the import).
+        await asyncio.gather(prober.start(stop), asyncio.to_thread(_import_surfaces))
         probing = asyncio.create_task(prober.run(stop), name="readiness")
         # One owner notice per database outage longer than the lease, on either side of it.
         outages = recovery.OutageWatch(member, waits, lease_ttl=cluster.lease_ttl)
@@ -137,7 +147,9 @@ async def serve(
             if failed or stop.is_set():
                 break
             if yielded is not None:
-                # Drained under the term: now the lease, with its NOTIFY, to the ready node.
+                # Drained under the term: its row says it yielded, then the lease, with its
+                # NOTIFY, to the ready node (whose cool-off, if any, no longer counts this one).
+                await prober.leaving(f"yielded the work to {yielded.to}")
                 await member.release()
                 cooloff.began()
                 log.warning("cluster.yielded", node=member.node, term=holding.term, to=yielded.to)
@@ -146,6 +158,8 @@ async def serve(
             log.warning("cluster.stepped_down", node=member.node, term=holding.term)
             notifier.status(f"standby: term {holding.term} is over; standing by")
     finally:
+        # No ready peer for anyone from here on, then the lease (module doc).
+        await prober.leaving("stopped (a graceful stop)" if not failed else "stopped (failed)")
         await member.release()
         if watching is not None:
             watching.cancel()
@@ -157,6 +171,11 @@ async def serve(
         member.close()
         lock.release()
     return 1 if failed else 0
+
+
+def _import_surfaces() -> None:
+    """The standby's HTTP surface's modules, imported in a thread (module doc)."""
+    from ntfy_intake.surfaces import console, http_api  # noqa: F401, PLC0415
 
 
 async def _lead(

@@ -24,7 +24,12 @@ What follows from a probe:
   collision rule): a StartupError, raised by `hold_off` at the next campaign step; a crashed
   predecessor of this state directory (`directory_prefix`) is reclaimed at once;
 - on the leader: a node whose work differs from its own is told to the owner once per pair of
-  fingerprints (`tell_owner`, set by the leader's term).
+  fingerprints (`tell_owner`, set by the leader's term);
+- a node about to release the lease (a graceful stop, a yield) writes its row as not ready
+  FIRST (`leaving`): the node that wakes on the release NOTIFY reads the rows again before it
+  decides (`campaign_peers`, when the lease is free), so it does not count the leaver as a
+  ready peer for up to two probes (a cool-off that waited lease_ttl + renew_every: 10 s at the
+  defaults). A yielder's row says so until a probe sees another node holding the lease.
 
 Invariants owned here:
 - nothing a probe does can block the lease thread or the loop beyond its budget
@@ -62,6 +67,9 @@ from ntfy_intake.wire import diagnose
 log = structlog.get_logger("ntfy_intake.readiness")
 
 NOT_PROBED = "readiness not probed yet"
+# What the leaving write may meet: its bound, a pool already shut down (RuntimeError), the
+# database. None of them stops the release that follows.
+_LEAVING_FAULTS: tuple[type[Exception], ...] = (TimeoutError, RuntimeError, *db.ERRORS)
 
 
 # Test hooks (never set in production): the URLs a node's fingerprint names in place of its
@@ -167,6 +175,9 @@ class Prober:
         self._monotonic = monotonic
         self._conn: Any = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="readiness")
+        # Why this node gives the work up (a stop, a yield), written into its row (`leaving`).
+        self._leaving: str | None = None
+        self._peek: Any = None  # the lease thread's connection for `campaign_peers`' reads
 
     # -- what the rest of the node asks --------------------------------------------------------------
 
@@ -190,6 +201,36 @@ class Prober:
             probe_every=self.probe_every,
         )
 
+    def campaign_peers(self) -> list[NodeSeen]:
+        """`peers_ready` for a campaign step, in the lease thread, right after it read the lease:
+        when the lease is free and the last read of the rows (older than that read of the lease)
+        names a ready peer, the rows are read again first. A release is what frees a lease
+        early, and the node that released wrote its row as not ready before it (`leaving`):
+        the cached rows would count it as ready for up to two probes."""
+        peers = self.peers_ready()
+        lease, lease_read = self.member.row, self.member.row_read_at
+        _, read_at = self.latest()
+        if not peers or (lease is not None and not lease.expired):
+            return peers
+        if read_at is not None and lease_read is not None and read_at >= lease_read:
+            return peers
+        try:
+            if self._peek is None:
+                every = self.member.renew_every
+                self._peek = postgres.connect(
+                    self.member.dsn, timeout=every, statement_timeout=every
+                )
+            rows = nodes.read_all(self._peek)
+        except db.ERRORS as exc:
+            conn, self._peek = self._peek, None
+            if conn is not None:
+                with contextlib.suppress(*db.ERRORS):
+                    conn.close()
+            log.warning("readiness.reread_failed", error=type(exc).__name__)
+            return peers  # the cool-off's own give-way (lease_ttl + renew_every) still holds
+        self._rows, self._read_at = rows, self._monotonic()
+        return self.peers_ready()
+
     def hold_off(self) -> str | None:
         """Member.hold_off (module doc): raises StartupError for a name in use."""
         if self._fatal is not None:
@@ -197,7 +238,7 @@ class Prober:
         reason = self._reason
         if reason is None or self._hard:
             return reason
-        return reason if self.peers_ready() else None
+        return reason if self.campaign_peers() else None
 
     def verdict(self) -> Verdict:
         """The one model (rules/readiness.judge) over the last rows and the member's lease."""
@@ -235,16 +276,19 @@ class Prober:
             raise StartupError(self._fatal)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """A probe every `probe_every` until `stop` (the first one is `start`'s)."""
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.probe_every)
-                if stop.is_set():
-                    break
-                await self.probe()
-        finally:
-            await asyncio.to_thread(self.close)
+        """A probe every `probe_every` until `stop` (the first one is `start`'s); every
+        renew_every while a yielder's row says it left (`leaving`), so it says ready again
+        soon after another node took the lease. The owner closes the prober (`close`): the
+        leaving write of a graceful stop comes after `stop`, on this pool and connection."""
+        while not stop.is_set():
+            every = self.probe_every
+            if self._leaving is not None:
+                every = min(every, self.member.renew_every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=every)
+            if stop.is_set():
+                break
+            await self.probe()
 
     async def probe(self, *, first: bool = False) -> None:
         work = self.work_state()
@@ -268,6 +312,28 @@ class Prober:
         self._set(found.reason, hard=found.hard)
         if self.tell_owner is not None and self.member.may_act():
             await self._tell_differing(found.rows)
+
+    async def leaving(self, reason: str) -> None:
+        """Before this node releases the lease (a graceful stop, a yield): its row says not
+        ready, `reason`, now, and every probe until another node holds the lease (`_store_step`)
+        or this node leads again (`lead`) writes it so. Bounded by renew_every (the release
+        matters more); skipped while the lease's statements fail (the database is away: the
+        release will not get through either, and the lease runs out instead)."""
+        self._leaving = reason
+        if self.probes == 0 or self.member.problem is not None:
+            return
+        me = self.member
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(me.renew_every):
+                await loop.run_in_executor(
+                    self._pool,
+                    lambda: nodes.leaving(
+                        self._connection(), node=me.node, instance=me.instance, reason=reason
+                    ),
+                )
+        except _LEAVING_FAULTS as exc:
+            log.warning("readiness.leaving_not_written", node=me.node, error=type(exc).__name__)
 
     def _set(self, reason: str | None, *, hard: bool) -> None:
         if reason != self._reason:
@@ -349,12 +415,18 @@ class Prober:
         reason = "; ".join(text for text, _ in reasons) or None
         hard = any(h for _, h in reasons)
         since = work.since
+        leaving = self._leaving
+        taken = lease is not None and not lease.expired and lease.instance != me.instance
+        if leaving is not None and taken:
+            self._leaving = leaving = None  # the work went on: the row tells the truth again
+        # Only the row says it (the other nodes must not count this one): the node's own
+        # campaign is held off by its own probe's reason, never by its leaving.
         written, row = nodes.report(
             conn,
             node=me.node,
             instance=me.instance,
-            ready=reason is None,
-            reason=reason,
+            ready=reason is None and leaving is None,
+            reason=reason if leaving is None else "; ".join(filter(None, [leaving, reason])),
             fingerprint=self.fingerprint,
             parts=self.parts,
             version=__version__,
@@ -428,6 +500,7 @@ class Prober:
         whose work differs (through that daemon's journal)."""
         assess = getattr(leader, "assess_health", None)
         journal = getattr(leader, "journal", None)
+        self._leaving = None
         if callable(assess) and self._given_work is None:
             self.work_state = WorkWatch(assess, self._monotonic)
         if journal is not None and callable(getattr(journal, "note", None)):
@@ -457,4 +530,8 @@ class Prober:
 
     def close(self) -> None:
         self._drop_connection()
+        peek, self._peek = self._peek, None
+        if peek is not None:
+            with contextlib.suppress(*db.ERRORS):
+                peek.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

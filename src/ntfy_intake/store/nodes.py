@@ -48,6 +48,10 @@ _REPORT = f"""INSERT INTO nodes AS n(node, instance, ready, reason, fingerprint,
     RETURNING {_AGES}"""
 _READ_ONE = f"SELECT {_AGES} FROM nodes WHERE node = ?"
 _FORGET = "DELETE FROM nodes WHERE node = ? AND instance = ?"
+# Only this instance's row: a leaving node never marks another live process's.
+_LEAVING = """UPDATE nodes SET ready = false, reason = ?, intake = 'standby', intake_since = now(),
+        seen_at = now()
+    WHERE node = ? AND instance = ?"""
 
 
 def report(
@@ -108,6 +112,13 @@ def forget(conn: Connection, node: str, instance: str) -> bool:
     """Remove this instance's row (a node taken out of the cluster for good: `status` stops
     listing it). Another instance's row under the name is left alone."""
     return int(_pg(conn).execute(_FORGET, (node, instance)).rowcount) > 0
+
+
+def leaving(conn: Connection, *, node: str, instance: str, reason: str) -> bool:
+    """This instance's row says not ready, `reason`, now: a node about to release the lease (a
+    graceful stop, a yield) is no ready peer for anyone from here on (runtime/readiness,
+    `Prober.leaving`). False when the row is not this instance's (nothing written)."""
+    return int(_pg(conn).execute(_LEAVING, (reason, node, instance)).rowcount) > 0
 
 
 def _seen(row: Any) -> NodeSeen:

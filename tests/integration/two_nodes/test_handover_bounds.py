@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -29,12 +30,14 @@ import pytest
 
 from ntfy_intake.testbed import drill_store, signal_standin
 from ntfy_intake.testbed.emulator import NtfyEmulator
+from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
 from ...standby import (
     GRACEFUL_BOUND,
     Cluster,
     leader_and_standby,
+    serving_as_leader,
     settle,
     standing_by,
 )
@@ -351,3 +354,132 @@ def test_sigterm_while_postgresql_is_down_exits_by_the_lease_deadline_and_loses_
         settle(cluster, published, alpha)
     finally:
         cluster.close()
+
+
+# -- a graceful stop whatever state the standby is in ---------------------------------------------------
+
+
+def _said_at(node: Node, event: str) -> float | None:
+    """The wall-clock instant (epoch seconds) of `node`'s first `event` log line, None before."""
+    for record in node.events(event):
+        stamp = record.get("timestamp")
+        if isinstance(stamp, str):
+            return datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
+def _timeline(node: Node, zero: float) -> str:
+    """`node`'s log, event by event, in seconds from `zero` (wall clock): the failure's text."""
+    shown = []
+    for record in node.events():
+        stamp, event = record.get("timestamp"), str(record.get("event"))
+        if isinstance(stamp, str) and not event.startswith(("relay.", "intake.")):
+            at = datetime.fromisoformat(stamp).timestamp() - zero
+            shown.append(f"{at:+.2f} {event}")
+    return "; ".join(shown[-40:])
+
+
+@pytest.mark.parametrize("after", [0.3, 1.0])
+def test_graceful_stop_just_after_the_standby_started_at_the_default_timing_hands_over_within_2s(
+    cluster: Cluster, after: float
+) -> None:
+    """Failure mode (the defaults run, docs/standby.md): SIGTERM of the leader a moment after
+    the standby started (it said `standby.status`, as `drill --standby` waits for) handed over
+    in 2.94 s: lease 8 s / renew 2 s, probe_every 10 s, as shipped."""
+    cluster.settings.update(cluster_lease_ttl="8s", cluster_renew_every="2s")
+    alpha, beta = cluster.add("alpha"), cluster.add("beta")
+    alpha.start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        lease, _ = cluster.wait_lease(lambda _: True, 10, "the lease")
+        beta.start()
+        wait_until(lambda: _said_at(beta, "standby.status"), 60, "beta standing by")
+        said = _said_at(beta, "standby.status")
+        assert said is not None
+        time.sleep(max(0.0, said + after - time.time()))
+        wall = time.time()
+        at = alpha.send(signal.SIGTERM)
+        fault = cluster.fault(alpha, f"SIGTERM {after:g} s after beta started", at)
+        taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
+        assert alpha.proc is not None
+        code = alpha.proc.wait(30)
+        cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
+        cluster.note_term(taken.term)
+        handover = seen - fault.at
+        print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
+        assert taken.node == "beta" and code == 0
+        assert handover < GRACEFUL_BOUND, (
+            f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
+        )
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published, alpha)
+
+
+def test_graceful_stop_while_the_standby_is_in_its_yield_cooloff_hands_over_within_2s(
+    cluster: Cluster,
+) -> None:
+    """Failure mode (the defaults run, docs/standby.md): beta yielded to alpha (its route to
+    ntfy cut), its route came back, and alpha stopped gracefully within beta's cool-off: beta
+    took the lease 10.1 and 10.4 s later, once it had been free for lease_ttl + renew_every,
+    because alpha's own row still read "ready" for up to two probes. Lease 3 s / renew 1 s,
+    probe_every 1 s, yield_after 4 s, the shipped 5 min cool-off."""
+    cluster.settings.update(cluster_probe_every="1s", cluster_yield_after="4s")
+    routes = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
+    try:
+        # beta first: it leads, then yields to alpha (the test's two names keep their roles).
+        beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
+        alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
+        for node in (alpha, beta):
+            node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
+        beta.start()
+        assert cluster.leader().name == "beta"
+        wait_until(lambda: serving_as_leader(beta), 30, "beta serving as the leader")
+        alpha.start()
+        wait_until(lambda: _row_ready(cluster, "alpha"), 30, "alpha's row saying ready")
+        stream = Stream(cluster.emu).start()
+        try:
+            wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+            lease, _ = cluster.wait_lease(lambda _: True, 10, "the lease")
+            routes["beta"].cut()
+            cut = cluster.fault(beta, "beta's route to ntfy cut", time.monotonic())
+            yielded, _ = cluster.failover(cut, lease.term, 4.0 + 3.0 + 1.0 + 5.0)
+            assert yielded.node == "alpha"
+            routes["beta"].restore()
+            cluster.fault(beta, "beta's route back", cut.at, until=time.monotonic())
+            wait_until(lambda: _row_ready(cluster, "beta"), 30, "beta's row ready again")
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 30, "alpha recording")
+            assert beta.events("cluster.yielded"), "beta did not yield"
+            wall = time.time()
+            at = alpha.send(signal.SIGTERM)
+            fault = cluster.fault(alpha, "SIGTERM of alpha within beta's cool-off", at)
+            taken, seen = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
+            assert alpha.proc is not None
+            code = alpha.proc.wait(30)
+            cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
+            cluster.note_term(taken.term)
+            handover = seen - fault.at
+            print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
+            assert taken.node == "beta" and code == 0
+            assert handover < GRACEFUL_BOUND, (
+                f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
+            )
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+        finally:
+            published = stream.stop()
+        settle(cluster, published, alpha)
+    finally:
+        for route in routes.values():
+            route.close()
+
+
+def _row_ready(cluster: Cluster, node: str) -> bool:
+    return bool(cluster.try_rows("SELECT ready FROM nodes WHERE node = ?", node) == [(True,)])
