@@ -36,12 +36,14 @@ from ...harness import wait_until
 from ...standby import (
     GRACEFUL_BOUND,
     Cluster,
+    Lease,
     leader_and_standby,
     serving_as_leader,
     settle,
     standing_by,
 )
 from ...standby_nodes import Node, Stream, TaggedReceiver
+from .test_yield import audit_disk_full
 
 pytestmark = [
     pytest.mark.slow,
@@ -422,63 +424,121 @@ def test_graceful_stop_just_after_the_standby_started_at_the_default_timing_hand
     settle(cluster, published, alpha)
 
 
+def _beta_yields_to_alpha(cluster: Cluster, routes: dict[str, NtfyRoute]) -> tuple[Node, Node]:
+    """beta leading, alpha ready; the stream started by the caller once this returns."""
+    cluster.settings.update(cluster_probe_every="1s", cluster_yield_after="4s")
+    # beta first: it leads, then yields to alpha (the two names keep their roles in the tests).
+    beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
+    alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
+    for node in (alpha, beta):
+        node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
+    beta.start()
+    assert cluster.leader().name == "beta"
+    wait_until(lambda: serving_as_leader(beta), 30, "beta serving as the leader")
+    alpha.start()
+    wait_until(lambda: _row_ready(cluster, "alpha"), 30, "alpha's row saying ready")
+    return alpha, beta
+
+
+def _into_the_cooloff(cluster: Cluster, routes: dict[str, NtfyRoute], beta: Node) -> Lease:
+    """beta's route cut: it yields to alpha; its route back, its row ready again, in its
+    cool-off (the shipped 5 min); alpha recording. alpha's lease."""
+    lease, _ = cluster.wait_lease(lambda _: True, 10, "the lease")
+    routes["beta"].cut()
+    cut = cluster.fault(beta, "beta's route to ntfy cut", time.monotonic())
+    yielded, _ = cluster.failover(cut, lease.term, 4.0 + 3.0 + 1.0 + 5.0)
+    assert yielded.node == "alpha"
+    routes["beta"].restore()
+    cluster.fault(beta, "beta's route back", cut.at, until=time.monotonic())
+    wait_until(lambda: _row_ready(cluster, "beta"), 30, "beta's row ready again")
+    count = cluster.recorded()
+    wait_until(lambda: cluster.recorded() >= count + 20, 30, "alpha recording")
+    assert beta.events("cluster.yielded"), "beta did not yield"
+    return yielded
+
+
+@pytest.fixture
+def routes(cluster: Cluster) -> Iterator[dict[str, NtfyRoute]]:
+    """alpha's and beta's own routes to ntfy (testbed/ntfy_route.py)."""
+    made = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
+    try:
+        yield made
+    finally:
+        for route in made.values():
+            route.close()
+
+
 def test_graceful_stop_while_the_standby_is_in_its_yield_cooloff_hands_over_within_2s(
-    cluster: Cluster,
+    cluster: Cluster, routes: dict[str, NtfyRoute]
 ) -> None:
     """Failure mode (the defaults run, docs/standby.md): beta yielded to alpha (its route to
     ntfy cut), its route came back, and alpha stopped gracefully within beta's cool-off: beta
     took the lease 10.1 and 10.4 s later, once it had been free for lease_ttl + renew_every,
     because alpha's own row still read "ready" for up to two probes. Lease 3 s / renew 1 s,
     probe_every 1 s, yield_after 4 s, the shipped 5 min cool-off."""
-    cluster.settings.update(cluster_probe_every="1s", cluster_yield_after="4s")
-    routes = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
+    alpha, beta = _beta_yields_to_alpha(cluster, routes)
+    stream = Stream(cluster.emu).start()
     try:
-        # beta first: it leads, then yields to alpha (the test's two names keep their roles).
-        beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
-        alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
-        for node in (alpha, beta):
-            node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
-        beta.start()
-        assert cluster.leader().name == "beta"
-        wait_until(lambda: serving_as_leader(beta), 30, "beta serving as the leader")
-        alpha.start()
-        wait_until(lambda: _row_ready(cluster, "alpha"), 30, "alpha's row saying ready")
-        stream = Stream(cluster.emu).start()
-        try:
-            wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
-            lease, _ = cluster.wait_lease(lambda _: True, 10, "the lease")
-            routes["beta"].cut()
-            cut = cluster.fault(beta, "beta's route to ntfy cut", time.monotonic())
-            yielded, _ = cluster.failover(cut, lease.term, 4.0 + 3.0 + 1.0 + 5.0)
-            assert yielded.node == "alpha"
-            routes["beta"].restore()
-            cluster.fault(beta, "beta's route back", cut.at, until=time.monotonic())
-            wait_until(lambda: _row_ready(cluster, "beta"), 30, "beta's row ready again")
-            count = cluster.recorded()
-            wait_until(lambda: cluster.recorded() >= count + 20, 30, "alpha recording")
-            assert beta.events("cluster.yielded"), "beta did not yield"
-            wall = time.time()
-            at = alpha.send(signal.SIGTERM)
-            fault = cluster.fault(alpha, "SIGTERM of alpha within beta's cool-off", at)
-            taken, seen = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
-            assert alpha.proc is not None
-            code = alpha.proc.wait(30)
-            cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        yielded = _into_the_cooloff(cluster, routes, beta)
+        wall = time.time()
+        at = alpha.send(signal.SIGTERM)
+        fault = cluster.fault(alpha, "SIGTERM of alpha within beta's cool-off", at)
+        taken, seen = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
+        assert alpha.proc is not None
+        code = alpha.proc.wait(30)
+        cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
+        cluster.note_term(taken.term)
+        handover = seen - fault.at
+        print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
+        assert taken.node == "beta" and code == 0
+        assert handover < GRACEFUL_BOUND, (
+            f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
+        )
+        count = cluster.recorded()
+        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+    finally:
+        published = stream.stop()
+    settle(cluster, published, alpha)
+
+
+def test_a_yield_back_to_a_node_in_its_cooloff_hands_over_within_2s_of_the_release(
+    cluster: Cluster, routes: dict[str, NtfyRoute]
+) -> None:
+    """Failure mode (the defaults run, "two faults within one cool-off"): nas yielded to pi, then
+    pi's audit directory filled and pi yielded back; nas, in its cool-off "while pi is ready"
+    (pi, latched and just yielded, still reported ready), did not campaign, and after
+    lease_ttl + renew_every pi took its own lease back, latched. Now the yielder's row says it
+    yielded before it releases: beta (in its cool-off) takes the lease at the NOTIFY."""
+    if not Path("/dev/full").exists():
+        pytest.skip("/dev/full is not available")
+    alpha, beta = _beta_yields_to_alpha(cluster, routes)
+    stream = Stream(cluster.emu).start()
+    try:
+        wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+        yielded = _into_the_cooloff(cluster, routes, beta)
+        wall = time.time()
+        with audit_disk_full(alpha.state_dir):
+            fault = cluster.fault(alpha, "alpha's audit disk full", time.monotonic())
+            taken, _ = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
+            seen = time.time()
+            cluster.fault(alpha, "alpha's drain", fault.at, until=time.monotonic())
             cluster.note_term(taken.term)
-            handover = seen - fault.at
-            print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
-            assert taken.node == "beta" and code == 0
+            released = _said_at(alpha, "cluster.released")
+            assert released is not None, "alpha did not release the lease"
+            handover = seen - released
+            print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the release")
+            assert alpha.events("audit.latched"), "the fault did not latch alpha"
+            assert taken.node == "beta", f"{taken.node} took it; beta: {_timeline(beta, wall)}"
             assert handover < GRACEFUL_BOUND, (
                 f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
             )
             count = cluster.recorded()
             wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
-        finally:
-            published = stream.stop()
-        settle(cluster, published, alpha)
     finally:
-        for route in routes.values():
-            route.close()
+        published = stream.stop()
+    settle(cluster, published)
+    assert alpha.alive, alpha.stderr()
 
 
 def _row_ready(cluster: Cluster, node: str) -> bool:
