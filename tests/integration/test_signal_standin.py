@@ -3,10 +3,12 @@ must survive (201, 400, 429, partial failure, ambiguous timeout, outage)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.signal_standin import SignalFaults, SignalHandle
@@ -175,3 +177,76 @@ def test_faults_passed_in_are_the_handles(
         assert handle.faults is faults
         faults.down()
         assert send(http, handle).status_code == 503
+
+
+# -- the receive API (bbernhard/signal-cli-rest-api src/api/api.go `Receive`: normal/native mode
+# answers a JSON array, json-rpc mode a WebSocket on the same path; envelope fields as in
+# AsamK/signal-cli src/main/java/org/asamk/signal/json/JsonMessageEnvelope.java,
+# JsonDataMessage.java and JsonQuote.java) ------------------------------------------------------
+
+
+def test_send_timestamps_are_distinct_and_recorded(
+    http: httpx.Client, signal: SignalHandle
+) -> None:
+    stamps = [int(send(http, signal).json()["timestamp"]) for _ in range(5)]
+    assert len(set(stamps)) == 5
+    assert [m.timestamp for m in signal.messages()] == stamps
+
+
+def test_receive_returns_envelopes_once_in_the_real_shape(
+    http: httpx.Client, signal: SignalHandle
+) -> None:
+    sent = int(send(http, signal).json()["timestamp"])
+    signal.inbox.inject(SENDER, OWNER, "ack", quote=sent)
+    signal.inbox.inject(SENDER, PARTNER, "status")
+    first = http.get(f"{signal.url}/v1/receive/{SENDER}")
+    assert first.status_code == 200
+    items = first.json()
+    assert [i["account"] for i in items] == [SENDER, SENDER]
+    envelope = items[0]["envelope"]
+    assert {"source", "sourceNumber", "sourceUuid", "timestamp", "dataMessage"} <= envelope.keys()
+    assert envelope["sourceNumber"] == OWNER
+    assert envelope["dataMessage"]["message"] == "ack"
+    assert envelope["dataMessage"]["quote"]["id"] == sent
+    assert "quote" not in items[1]["envelope"]["dataMessage"]
+    # Receive removes what it returned: a second call gets nothing.
+    assert http.get(f"{signal.url}/v1/receive/{SENDER}").json() == []
+    assert http.get(f"{signal.url}/v1/receive/{OWNER}").json() == []
+
+
+def test_receive_is_503_while_down_and_keeps_the_queue(
+    http: httpx.Client, signal: SignalHandle
+) -> None:
+    signal.inbox.inject(SENDER, OWNER, "help")
+    signal.faults.down()
+    assert http.get(f"{signal.url}/v1/receive/{SENDER}").status_code == 503
+    signal.faults.down(False)
+    [item] = http.get(f"{signal.url}/v1/receive/{SENDER}").json()
+    assert item["envelope"]["dataMessage"]["message"] == "help"
+
+
+def test_inject_endpoint_queues_a_reply(http: httpx.Client, signal: SignalHandle) -> None:
+    answer = http.post(
+        f"{signal.url}/_standin/inject/{SENDER}",
+        json={"source": OWNER, "message": "silence 2h", "quote": 12345},
+    )
+    assert answer.status_code == 201
+    [item] = http.get(f"{signal.url}/v1/receive/{SENDER}").json()
+    assert item == answer.json()
+    bad = http.post(f"{signal.url}/_standin/inject/{SENDER}", json={"message": "x"})
+    assert bad.status_code == 400
+
+
+def test_websocket_pushes_one_envelope_per_text_frame(signal: SignalHandle) -> None:
+
+    signal.inbox.inject(SENDER, OWNER, "ack")
+    url = signal.url.replace("http://", "ws://") + f"/v1/receive/{SENDER}"
+    with connect(url, open_timeout=5) as ws:
+        first = json.loads(ws.recv(timeout=5))
+        signal.inbox.inject(SENDER, OWNER, "details")
+        second = json.loads(ws.recv(timeout=5))
+    assert [
+        first["envelope"]["dataMessage"]["message"],
+        second["envelope"]["dataMessage"]["message"],
+    ] == ["ack", "details"]
+    assert signal.inbox.pending(SENDER) == 0
