@@ -22,6 +22,10 @@ that a leader reaches the database; these rules look at the work itself:
   cool-off never leaves the work undone: it gives way at once when no other node is ready, and
   when the lease has stayed free for `grace` (lease_ttl + renew_every: the ready node should
   have taken it by then, and two nodes that each yielded within a cool-off must not both wait).
+  A node that gives the work up (a graceful stop, a yield back) writes its row as not ready
+  before it releases, and the caller reads the rows again when the lease is free
+  (runtime/readiness, `campaign_peers`): so the node it yielded to, stopping or yielding in
+  turn, is no ready peer here, and the cool-off gives way at the release, not `grace` later.
 
 No flapping: with ntfy unreachable from every node, no node is ready (each one's own probe of
 ntfy fails), so no leader yields at all.

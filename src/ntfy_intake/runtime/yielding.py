@@ -12,7 +12,9 @@ task. Three parts, composed by runtime/node.py:
   daemon as at SIGTERM (a drain under the still-valid term), releases the lease with its
   NOTIFY, starts the cool-off and stands by, in the same process, as after a lost lease;
 - `Cooloff`: composed into `Member.hold_off`; after a yield this node leaves the lease to the
-  ready node (rules/yielding.cooloff says for how long and when it gives way).
+  ready node (rules/yielding.cooloff says for how long and when it gives way). Its peers are
+  `Prober.campaign_peers`: read again when the lease is free, so a node that released it
+  (its row written "stopped" or "yielded" first) no longer counts as ready.
 
 The notice, exactly once: it is recorded under the yielding leader's term, before the drain and
 the release, with the NEXT term's takeover key (rules/notices.yielded). The owner outbox keeps
