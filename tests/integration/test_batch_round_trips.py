@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ntfy_intake.flow.pipeline import append_triage_entry
+from ntfy_intake.flow.pipeline import append_info_entry, append_triage_entry
 from ntfy_intake.rules import batch_plan
 from ntfy_intake.store import db, inbox, inbox_batch, outbox
 from ntfy_intake.wire.frames import DeviceAction, decode_line
@@ -94,6 +94,44 @@ def test_a_live_event_joining_an_open_window_waits_no_more_than_a_new_one(
         "SELECT outcome FROM inbox WHERE event_id = 'burst0000002'"
     ).fetchone()
     assert (outcome, result.recorded) == ("joined", 1)
+    if db.is_postgres(store):
+        assert waited[0] <= LIVE_BATCH_WAITS
+
+
+def test_writing_a_batchs_plan_waits_for_no_answer(store: db.Connection) -> None:
+    """Store reads what the batch needs, the planner decides, store writes: the write asks the
+    server nothing it waits for. A junk frame's and a conflict's quarantine each waited for
+    the row's count (RETURNING) to know whether to audit it; the quarantine's rows are read
+    with the batch's reads now. Junk, a conflict, a late delete and a new message here."""
+    queue = owner_queue()
+    inbox.record_batch(store, [make_message("seqaaaaaaa01")], NOW, queue=queue, relay_enabled=True)
+    junk = decode_line(b"not json at all", TOPICS)
+    conflict = make_message("seqaaaaaaa01", message="another body")
+    late = _delete("dddddddddd01", "seqaaaaaaa01", 1_764_470_001)
+    frames = [junk, conflict, late, make_message("aaaaaaaaaaa9", title="New one")]
+    with db.write_txn(store) as txn:
+        planner = batch_plan.Planner(queue.policy, NOW + 1)
+        answers = inbox_batch.read(store, planner, frames, notes=True)
+        plan = inbox_batch.decide(planner, answers, queue.fork_for(txn), frames)
+        with answers_waited(store) as waited:
+            result = inbox_batch.write(
+                txn, plan, answers, NOW + 1, queue=queue, note_append=append_info_entry
+            )
+    assert (result.recorded, result.conflicts, result.quarantined) == (2, 1, 2)
+    assert waited[0] == 0
+    (count,) = store.execute("SELECT count(*) FROM feed_entries").fetchone()
+    assert count >= 1  # the late delete's note
+
+
+def test_a_junk_frame_costs_a_live_batch_no_wait(store: db.Connection) -> None:
+    queue = owner_queue()
+    inbox.record_batch(
+        store, [decode_line(b"not json", TOPICS)], NOW, queue=queue, relay_enabled=True
+    )
+    frames = [decode_line(b"not json", TOPICS), make_message("aaaaaaaaaaa1")]
+    with answers_waited(store) as waited:
+        result = inbox.record_batch(store, frames, NOW + 1, queue=queue, relay_enabled=True)
+    assert (result.recorded, result.quarantined) == (1, 0)  # audited once, the first time
     if db.is_postgres(store):
         assert waited[0] <= LIVE_BATCH_WAITS
 

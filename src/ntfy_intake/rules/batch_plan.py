@@ -123,6 +123,9 @@ class Answers:
     windows: set[str] = field(default_factory=set)  # delivery keys of requests collecting
     # (topic, sequence id) -> (delivery key, outbox state) of its latest recorded message
     requests: dict[tuple[str, str], tuple[str | None, str | None]] = field(default_factory=dict)
+    # Hashes of raw lines the quarantine holds already (asked for the batch's junk and
+    # conflicts): a line's first quarantine is audited once, not once per replay of it.
+    quarantined: set[str] = field(default_factory=set)
 
 
 class InboxRow(NamedTuple):
@@ -208,6 +211,7 @@ class Planner:
         self.speculate_at_most = speculate_at_most
         self.signals: dict[str, incidents.Signal] = {}  # by event id, of the events it records
         self.asked: set[str] = set()  # incident keys asked of the store so far
+        self.events: list[Arrival] = []
         self.messages: list[Alert] = []
         self.speculated = False
         self.ts = timestamps.rfc3339(now)  # every record of the batch shares it
@@ -224,6 +228,7 @@ class Planner:
         """The first reads: `events` all of the batch's events, `messages` and `actions` those
         of them that are messages and delete/clears. A live batch asks its incidents ahead,
         before it knows which messages are duplicates: one wait fewer."""
+        self.events = list(events)
         self.messages = list(messages)
         self.speculated = len(self.messages) <= self.speculate_at_most
         if self.speculated:
@@ -255,6 +260,16 @@ class Planner:
         wanted = sorted(keys - self.asked)
         self.asked.update(wanted)
         return wanted
+
+    def conflicts(self, answers: Answers) -> list[Arrival]:
+        """The events whose id is recorded with another body (`_seen`'s rule): the store asks
+        whether the quarantine holds them already, with `still_needed`'s incidents."""
+        conflicting: list[Arrival] = []
+        for event in self.events:
+            known = answers.known.get(event.id)
+            if known is not None and known not in (event.raw_sha256, REBUILT_UNKNOWN_SHA256):
+                conflicting.append(event)
+        return conflicting
 
     def _sign(self, messages: Iterable[Alert], *, ahead: bool = False) -> None:
         """The signal of each message, by id (a repeated id: its first). `ahead`: before the

@@ -100,11 +100,10 @@ def _record_batch(
 ) -> BatchResult:
     with db.write_txn(conn, before_commit=before_commit) as txn:
         # Read what the batch needs, decide it (pure: rules/batch_plan.py), write the plan.
-        events = [f for f in frames if isinstance(f, inbox_batch.EVENT_TYPES)]
         planner = batch_plan.Planner(queue.policy, now)
-        answers = inbox_batch.read(conn, planner, events, notes=note_append is not None)
+        answers = inbox_batch.read(conn, planner, frames, notes=note_append is not None)
         plan = inbox_batch.decide(planner, answers, queue.fork_for(txn), frames)
-        result = inbox_batch.write(txn, plan, now, queue=queue, note_append=note_append)
+        result = inbox_batch.write(txn, plan, answers, now, queue=queue, note_append=note_append)
         if also is not None:
             also(conn, result)
         result.released = outbox.release_due(

@@ -14,6 +14,7 @@ wait), and the writes are sent without a probe first.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,11 +65,12 @@ _INSERT_INBOX = (
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _ATTACH = "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
+_QUARANTINED = "SELECT raw_sha256 FROM quarantine WHERE {}"
 _QUARANTINE = (
     "INSERT INTO quarantine(raw_sha256, raw, reason, event_id, first_seen, last_seen, count)"
     " VALUES (?, ?, ?, ?, ?, ?, 1)"
     " ON CONFLICT(raw_sha256) DO UPDATE SET last_seen = excluded.last_seen,"
-    " count = quarantine.count + 1 RETURNING count"
+    " count = quarantine.count + 1"
 )
 # A tuple, not `Message | DeviceAction | Ignored`: that union is built again at every use, and
 # this test runs once per frame.
@@ -76,13 +78,18 @@ EVENT_TYPES = (Message, DeviceAction, Ignored)
 
 
 def read(
-    conn: Connection, planner: batch_plan.Planner, events: Sequence[Event], *, notes: bool
+    conn: Connection,
+    planner: batch_plan.Planner,
+    frames: Sequence[Event | Junk | Notice],
+    *,
+    notes: bool,
 ) -> batch_plan.Answers:
     """What the planner asks, asked together (one answer to wait for on PostgreSQL), then the
     incidents those answers lead to (`Planner.still_needed`: none unless an update names an
     incident under another title, or a large batch asks its incidents once it knows which of
-    its events are new). `notes`: the caller appends notes, so where a delete/clear's message
-    request stands is read."""
+    its events are new) with the quarantine's rows of conflicts with recorded ids. `notes`:
+    the caller appends notes, so where a delete/clear's message request stands is read."""
+    events = [f for f in frames if isinstance(f, EVENT_TYPES)]
     messages = [e for e in events if isinstance(e, Message)]
     actions = [e for e in events if isinstance(e, DeviceAction)]
     asks = planner.asks(events, messages, actions)
@@ -91,6 +98,12 @@ def read(
     windows = conn.execute(_OPEN_WINDOWS) if asks.windows else None
     requests = device_actions.ask_requests(conn, asks.actions) if notes else []
     ahead = _ask_incidents(conn, asks.incidents)
+    # The junk's lines, and those of an id the batch holds twice (it may conflict with itself).
+    lines = {f.raw_sha256 for f in frames if isinstance(f, Junk)}
+    if len(asks.ids) != len(set(asks.ids)):
+        counts = Counter(asks.ids)
+        lines.update(_conflict(e).raw_sha256 for e in events if counts[e.id] > 1)
+    quarantined = _ask(conn, _QUARANTINED, "raw_sha256", sorted(lines))
     answers = batch_plan.Answers()
     for cursor in known:
         answers.known.update(cursor.fetchall())
@@ -103,8 +116,19 @@ def read(
         for topic, sequence, delivery_key, state in cursor:
             answers.requests[(topic, sequence)] = (delivery_key, state)  # the latest wins
     _take_incidents(answers, ahead)
-    _take_incidents(answers, _ask_incidents(conn, planner.still_needed(answers)))
+    for cursor in quarantined:
+        answers.quarantined.update(row[0] for row in cursor)
+    more = _ask_incidents(conn, planner.still_needed(answers))
+    conflicting = {_conflict(e).raw_sha256 for e in planner.conflicts(answers)} - lines
+    for cursor in _ask(conn, _QUARANTINED, "raw_sha256", sorted(conflicting)):
+        answers.quarantined.update(row[0] for row in cursor)
+    _take_incidents(answers, more)
     return answers
+
+
+def _conflict(event: batch_plan.Arrival) -> Junk:
+    """A conflicting event as the quarantine keeps it."""
+    return Junk(event.raw, batch_plan.CONFLICT, event.id)
 
 
 _Asked = tuple[list[Cursor], list[str], dict[str, str]]
@@ -159,6 +183,7 @@ def decide(
 def write(
     txn: db.Transaction,
     plan: batch_plan.Plan,
+    answers: batch_plan.Answers,
     now: float,
     *,
     queue: OwnerQueue,
@@ -175,13 +200,13 @@ def write(
         conflicts=plan.conflicts,
     )
     noticed: list[tuple[int, list[Record]]] = []
+    held = set(answers.quarantined)  # and, as the batch goes, what it quarantined
     for aside in plan.asides:
         item = aside.item
         if isinstance(item, Junk):
-            result.quarantined += _quarantine(conn, item, item.reason, now)
+            result.quarantined += _quarantine(conn, item, now, held)
         elif isinstance(item, batch_plan.Conflict):
-            junk = Junk(item.event.raw, batch_plan.CONFLICT, item.event.id)
-            result.quarantined += _quarantine(conn, junk, batch_plan.CONFLICT, now)
+            result.quarantined += _quarantine(conn, _conflict(item.event), now, held)
         elif isinstance(item, batch_plan.Note):
             if note_append is not None:
                 note_append(conn, item.event_id, item.payload, item.summary, now)
@@ -214,13 +239,14 @@ def _with_notices(
     return merged
 
 
-def _quarantine(conn: Connection, junk: Junk, reason: str, now: float) -> int:
+def _quarantine(conn: Connection, junk: Junk, now: float, held: set[str]) -> int:
     """A junk frame or a conflicting id, stored once per distinct raw line: 1 the first time
-    (with its one audit record, not one per replay of it), else 0."""
-    cursor = conn.execute(_QUARANTINE, (junk.raw_sha256, junk.raw, reason, junk.event_id, now, now))
-    if cursor.fetchone()[0] != 1:
+    (with its one audit record, not one per replay of it), else 0. `held`: the lines the
+    quarantine held before (read with the batch) and those this batch put there."""
+    sha = junk.raw_sha256
+    conn.execute(_QUARANTINE, (sha, junk.raw, junk.reason, junk.event_id, now, now))
+    if sha in held:
         return 0
-    audit.stage(
-        conn, "quarantine", now, event_id=junk.event_id, reason=reason, sha256=junk.raw_sha256
-    )
+    held.add(sha)
+    audit.stage(conn, "quarantine", now, event_id=junk.event_id, reason=junk.reason, sha256=sha)
     return 1
