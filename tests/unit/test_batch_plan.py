@@ -241,6 +241,21 @@ def test_a_known_id_is_a_duplicate_and_a_changed_body_a_conflict() -> None:
     assert isinstance(conflict, Conflict) and conflict.event is changed
 
 
+def test_a_conflict_is_a_known_id_with_another_body_unless_rebuilt_without_one() -> None:
+    same, changed, rebuilt, new = (msg(f"aaaaaaaaaaa{i}") for i in range(1, 5))
+    planner = batch_plan.Planner(POLICY, NOW)
+    batch = [same, changed, rebuilt, new]
+    planner.asks(batch, batch, [])
+    answers = Answers(
+        known={
+            same.id: same.raw_sha256,
+            changed.id: "another body",
+            rebuilt.id: batch_plan.REBUILT_UNKNOWN_SHA256,
+        }
+    )
+    assert planner.conflicts(answers) == [changed]
+
+
 def test_a_live_batch_asks_its_incidents_ahead_and_a_backlog_only_for_new_events() -> None:
     live = [msg("aaaaaaaaaaa1")]
     planner = batch_plan.Planner(POLICY, NOW)

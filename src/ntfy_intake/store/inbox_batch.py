@@ -8,8 +8,9 @@ and the one-by-one fallback, are `store/inbox.py`; ntfy's delete/clear, `store/d
 
 On PostgreSQL every wait for an answer is a round trip (the transaction is pipelined:
 postgres.py), so the reads are asked together wherever one does not need another's answer (the
-known ids, the sequences, the open debounce windows and, for a live batch, its incidents: one
-wait), and the writes are sent without a probe first.
+known ids, the sequences, the open debounce windows, the quarantine's rows of its junk and, for a
+live batch, its incidents: one wait), and the writes are sent without waiting for any answer
+(but a notice's: the owner queue asks whether its key is queued, store/owner_queue.py).
 """
 
 from __future__ import annotations
