@@ -50,6 +50,7 @@ from ntfy_intake.wire.owner_channels import (
     prepare_text,
     redact,
     retry_delay,
+    sent_timestamp,
 )
 
 log = structlog.get_logger("ntfy_intake.owner")
@@ -91,6 +92,7 @@ class Settlement:
     failing_since: float | None = None
     ntfy_attempts: int = 0
     sent_request: bool = False
+    signal_ts: int | None = None  # the 201's timestamp: what the owner's reply quotes
 
 
 @dataclass(slots=True)
@@ -233,9 +235,14 @@ class OwnerSender:
         outcome = classify_signal(status, headers, content, error, now, targets)
         detail = redact(outcome.detail, self._known)
         count = len(targets)
+        signal_ts = sent_timestamp(content) if outcome.kind in ("sent", "partial") else None
         if outcome.kind == "sent":
             return Settlement(
-                "sent", [Leg("signal", "sent", status, detail, count)], "signal", sent_request=True
+                "sent",
+                [Leg("signal", "sent", status, detail, count)],
+                "signal",
+                sent_request=True,
+                signal_ts=signal_ts,
             )
         failing_since = claim.failing_since if claim.failing_since is not None else started
         owed = outcome.failed or targets
@@ -276,6 +283,7 @@ class OwnerSender:
             owed=owed,
             failing_since=failing_since,
             sent_request=True,
+            signal_ts=signal_ts,
         )
 
     async def _ntfy_leg(self, claim: Claim, text: str, legs: list[Leg]) -> Settlement:
@@ -344,6 +352,9 @@ class OwnerSender:
                 failing_since=settlement.failing_since,
                 ntfy_attempts=settlement.ntfy_attempts,
             )
+            # Stored even when the lease moved on: the message went out and may be quoted.
+            if settlement.signal_ts is not None:
+                owner_outbox.record_signal_sent(self.conn, claim.key, settlement.signal_ts, now)
             if settled:
                 for leg in settlement.legs:
                     audit.stage(

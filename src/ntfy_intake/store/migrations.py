@@ -197,6 +197,19 @@ SQLITE: tuple[Migration, ...] = (
     ("0007_leadership", []),
     # Readiness per node (DESIGN.md section 11) exists on PostgreSQL only, as the lease does.
     ("0008_nodes", []),
+    # Replies from the phone (DESIGN.md section 13): the timestamp Signal answered for each send
+    # of an owner message, which a reply's quote names. One row per send: a message retried to
+    # the recipients a partial failure left has two timestamps, and either may be quoted.
+    (
+        "0009_owner_signal_sent",
+        [
+            """CREATE TABLE owner_signal_sent(
+                signal_ts INTEGER PRIMARY KEY,
+                key TEXT NOT NULL,
+                sent_at REAL NOT NULL)""",
+            "CREATE INDEX owner_signal_sent_at ON owner_signal_sent(sent_at)",
+        ],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

@@ -203,4 +203,15 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
                 seen_at TIMESTAMPTZ NOT NULL)""",
         ],
     ),
+    # The timestamp Signal answered for each send of an owner message (migrations.py says why).
+    (
+        "0009_owner_signal_sent",
+        [
+            """CREATE TABLE owner_signal_sent(
+                signal_ts BIGINT PRIMARY KEY,
+                key TEXT NOT NULL,
+                sent_at DOUBLE PRECISION NOT NULL)""",
+            "CREATE INDEX owner_signal_sent_at ON owner_signal_sent(sent_at)",
+        ],
+    ),
 )

@@ -20,7 +20,7 @@ from typing import Literal
 from ntfy_intake.store import db
 from ntfy_intake.store.db import Connection
 
-__all__ = ["Claim", "claim_due", "settle"]
+__all__ = ["Claim", "claim_due", "record_signal_sent", "settle"]
 
 State = Literal["pending", "sent", "dead"]
 
@@ -103,4 +103,15 @@ def settle(
             ),
         ).rowcount
         == 1
+    )
+
+
+def record_signal_sent(conn: Connection, key: str, signal_ts: int, now: float) -> None:
+    """Remember that the send of `key` Signal answered with `signal_ts`, inside the caller's
+    write transaction (the owner's reply quotes it: flow/owner_replies.py). A timestamp seen
+    again (the same answer settled twice) keeps its first row."""
+    conn.execute(
+        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (signal_ts) DO NOTHING",
+        (signal_ts, key, now),
     )

@@ -148,6 +148,24 @@ def failed_recipients(body: bytes, requested: Sequence[str]) -> tuple[str, ...]:
     return tuple(r for r in requested if r in failed)
 
 
+def sent_timestamp(body: bytes) -> int | None:
+    """The Signal timestamp (ms) of a sent message from a 2xx `/v2/send` answer
+    (`{"timestamp": "1700000000000"}`; some versions answer a number): what the owner's reply
+    quotes as `quote.id`. None when the body carries none."""
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        return None
+    value = parsed.get("timestamp") if isinstance(parsed, dict) else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value) or None
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class SignalOutcome:
     kind: Literal["sent", "partial", "retry", "permanent"]
