@@ -113,12 +113,19 @@ def test_writing_a_batchs_plan_waits_for_no_answer(store: db.Connection) -> None
         planner = batch_plan.Planner(queue.policy, NOW + 1)
         answers = inbox_batch.read(store, planner, frames, notes=True)
         plan = inbox_batch.decide(planner, answers, queue.fork_for(txn), frames)
+        statements: list[str] = []
+        if not db.is_postgres(store):
+            store.set_trace_callback(statements.append)  # type: ignore[union-attr]
         with answers_waited(store) as waited:
             result = inbox_batch.write(
                 txn, plan, answers, NOW + 1, queue=queue, note_append=append_info_entry
             )
+        if not db.is_postgres(store):
+            store.set_trace_callback(None)  # type: ignore[union-attr]
     assert (result.recorded, result.conflicts, result.quarantined) == (2, 1, 2)
     assert waited[0] == 0
+    assert statements or db.is_postgres(store)  # SQLite's trace saw the write
+    assert [s for s in statements if s.lstrip().upper().startswith("SELECT")] == []
     (count,) = store.execute("SELECT count(*) FROM feed_entries").fetchone()
     assert count >= 1  # the late delete's note
 

@@ -359,3 +359,20 @@ def _code_strings(source: str) -> list[str]:
         and isinstance(node.value, str)
         and id(node) not in docstrings
     ]
+
+
+@pytest.mark.parametrize(
+    ("waiting_before", "batch_has_early_delete", "links_written"),
+    [(False, False, False), (True, False, True), (False, True, True)],
+)
+def test_links_are_written_only_when_a_delete_may_wait_for_its_message(
+    waiting_before: bool, batch_has_early_delete: bool, links_written: bool
+) -> None:
+    """SQLite's probe (is any delete/clear waiting?) is read with the batch's reads, not in
+    its write; a delete of this batch that comes before its message waits too."""
+    batch: list[Any] = [msg("seqaaaaaaa01")]
+    if batch_has_early_delete:
+        batch.insert(0, action("dddddddddd01", "message_delete", "seqaaaaaaa01"))
+    plan = decide(batch, answers=Answers(unlinked=waiting_before))
+    assert plan.links == [("alerts:disk full", "alerts", "seqaaaaaaa01")]
+    assert plan.unlinked is links_written

@@ -126,6 +126,8 @@ class Answers:
     # Hashes of raw lines the quarantine holds already (asked for the batch's junk and
     # conflicts): a line's first quarantine is audited once, not once per replay of it.
     quarantined: set[str] = field(default_factory=set)
+    # Whether a delete/clear may wait for its message (SQLite asks; True: assume one may).
+    unlinked: bool = True
 
 
 class InboxRow(NamedTuple):
@@ -190,6 +192,7 @@ class Plan:
     # (incident key, topic, sequence id) of sequences first recorded in this batch: a
     # delete/clear that came before its message is linked to them.
     links: list[tuple[str, str, str]] = field(default_factory=list)
+    unlinked: bool = True  # any delete/clear waits for its message: the links are written
     attach: list[tuple[str, str]] = field(default_factory=list)  # (delivery key, event id)
     incidents: dict[str, incidents.IncidentState] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)  # the events' audit records, in order
@@ -290,7 +293,7 @@ class Planner:
         """Decide on `answers` (every incident `asks` and `still_needed` named, read) and fold
         the records into `state`, a fork the caller adopts once its transaction committed."""
         self.answers = answers
-        self.plan = Plan(state)
+        self.plan = Plan(state, unlinked=answers.unlinked)
         self.sequences = dict(answers.sequences)
         self.windows = set(answers.windows)
         self.known = dict(answers.known)
@@ -371,10 +374,14 @@ class Planner:
         sequence = event.sequence_id
         incident = self.sequences.get((event.topic, sequence), "")
         reason = f"{event.kind}: message {sequence} {DEVICE_ACTION_WORDS[event.kind]}"
-        if self._noted(index, event, event.kind, incident, sequence, "noted", reason) and incident:
-            note = self._late_note(event, incident)
-            if note is not None:
-                self.plan.asides.append(Aside(note, len(self.plan.records)))
+        if not self._noted(index, event, event.kind, incident, sequence, "noted", reason):
+            return
+        if not incident:
+            self.plan.unlinked = True  # its message may come later in this batch
+            return
+        note = self._late_note(event, incident)
+        if note is not None:
+            self.plan.asides.append(Aside(note, len(self.plan.records)))
 
     def ignored(self, index: int, event: Unknown) -> None:
         """An event of a kind the daemon does not know: outcome `ignored`, never junk."""

@@ -22,7 +22,8 @@ UNLINKED_PROBE = (
     "SELECT 1 FROM inbox INDEXED BY inbox_unlinked"
     " WHERE incident_key = '' AND sequence_id IS NOT NULL LIMIT 1"
 )
-# SQLite: the probe, then one UPDATE per new sequence only when something waits.
+# SQLite: the probe (with the batch's reads), then one UPDATE per new sequence only when
+# something waits.
 _LINK = (
     "UPDATE inbox SET incident_key = ? WHERE topic = ? AND sequence_id = ?"
     " AND incident_key = '' AND event != 'message'"
@@ -53,12 +54,19 @@ def ask_requests(conn: Connection, sequences: list[str]) -> list[Cursor]:
     ]
 
 
+def ask_unlinked(conn: Connection) -> Cursor | None:
+    """SQLite, with the batch's reads: any delete/clear waiting for its message (one row or
+    none)? PostgreSQL asks nothing: its link is one statement whatever waits."""
+    return None if dialect.is_postgres(conn) else conn.execute(UNLINKED_PROBE)
+
+
 def link(conn: Connection, links: Sequence[tuple[str, str, str]]) -> None:
     """Deletes/clears that arrived before the message they name, linked to its incident now:
-    `links` are (incident key, topic, sequence id) of the sequences a batch recorded first."""
+    `links` are (incident key, topic, sequence id) of the sequences a batch recorded first.
+    The batch writes them only when one may wait (`ask_unlinked`, or one of its own)."""
     if not links:
         return
     if dialect.is_postgres(conn):
         conn.execute(_LINK_PG, [list(column) for column in zip(*links, strict=True)])
-    elif conn.execute(UNLINKED_PROBE).fetchone():
+    else:
         conn.executemany(_LINK, links)

@@ -97,6 +97,8 @@ def read(
     known = _ask(conn, _KNOWN, "event_id", asks.ids)
     sequences = _ask(conn, _SEQUENCES, "sequence_id", asks.sequences)
     windows = conn.execute(_OPEN_WINDOWS) if asks.windows else None
+    # SQLite: is any delete/clear waiting for its message? (PostgreSQL links with no probe.)
+    probe = device_actions.ask_unlinked(conn) if asks.sequences and messages else None
     requests = device_actions.ask_requests(conn, asks.actions) if notes else []
     ahead = _ask_incidents(conn, asks.incidents)
     # The junk's lines, and those of an id the batch holds twice (it may conflict with itself).
@@ -113,6 +115,8 @@ def read(
             answers.sequences.setdefault((topic, sequence), key)
     if windows is not None:
         answers.windows = {row[0] for row in windows}
+    if probe is not None:
+        answers.unlinked = probe.fetchone() is not None
     for cursor in requests:
         for topic, sequence, delivery_key, state in cursor:
             answers.requests[(topic, sequence)] = (delivery_key, state)  # the latest wins
@@ -216,7 +220,8 @@ def write(
     if plan.requests:
         conn.executemany(outbox.CREATE, [(*request, now) for request in plan.requests])
     conn.executemany(_INSERT_INBOX, plan.rows)
-    device_actions.link(conn, plan.links)
+    if plan.unlinked:
+        device_actions.link(conn, plan.links)
     conn.executemany(_ATTACH, plan.attach)
     conn.executemany(incident_rows.SAVE, [incident_rows.to_row(s) for s in plan.incidents.values()])
     audit.stage_encoded(conn, [audit.encode(record) for record in plan.records])
