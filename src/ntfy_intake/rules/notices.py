@@ -236,3 +236,37 @@ def database_outage(seconds: float, node: str, term: int | None, episode: str) -
         key=f"database_outage:{episode if term is None else f'term-{term}'}",
         fields={"node": node, "seconds": f"{seconds:.0f}"},
     )
+
+
+def expect_missed(
+    name: str, topic: str, every: str, window_start: str, key: str, heard: bool
+) -> Notice:
+    """Once per episode of an `[[expect]]` entry (rules/expectations.py): nothing matching
+    arrived within every + grace of `window_start` (the last arrival, or the daemon's start
+    when none is known)."""
+    since = f"since {window_start}" if heard else f"since the daemon started at {window_start}"
+    return Notice(
+        "expect_missed",
+        f"Expected {name!r} (topic {topic}) at least every {every}; nothing has arrived {since}."
+        " The publisher may have stopped (a job that died, a failed send that is never retried)."
+        " One more notice follows when it is heard from again.",
+        key=key,
+        fields={"expectation": name, "topic": topic, "window_start": window_start},
+    )
+
+
+def expect_back(name: str, topic: str, window_start: str, arrived: str, key: str) -> Notice:
+    """Once per episode: a matching message arrived again after `expect_missed`."""
+    return Notice(
+        "expect_back",
+        f"{name!r} (topic {topic}) is heard from again: a message published at {arrived},"
+        f" after silence since {window_start}.",
+        key=key,
+        fields={
+            "expectation": name,
+            "topic": topic,
+            "window_start": window_start,
+            "arrived": arrived,
+        },
+    )
+
