@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -120,6 +120,9 @@ class Writer:
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
         self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
+        # Told each committed batch's records, in the event loop (the expectations' watch):
+        # in-memory state changes only after COMMIT, so a rolled-back batch is never seen.
+        self.on_committed: Callable[[list[dict[str, Any]]], None] | None = None
 
     def start_from(self, cursor: Cursor, next_release: float | None) -> None:
         """After local recovery: the cursor persisted, when the next debounce window closes."""
@@ -191,6 +194,8 @@ class Writer:
         if result.recorded:
             self._counters.last_event_wall = self._clock()
             self.next_release = write.next_release
+            if self.on_committed is not None:
+                self.on_committed(result.records)
         self._journal.wake_owner()
         if not write.audit_written:
             return result  # latched: the cursor stays frozen for the life of the process

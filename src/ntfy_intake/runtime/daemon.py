@@ -31,7 +31,7 @@ from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, 
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules import health as health_model
-from ntfy_intake.runtime import heap, recovery, supervisor, switches
+from ntfy_intake.runtime import expectations, heap, recovery, supervisor, switches
 from ntfy_intake.runtime.clock import TrustedClock
 from ntfy_intake.runtime.cluster import Holding
 from ntfy_intake.runtime.recovery import StateLock
@@ -101,6 +101,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self.relay: relay.Relay | None = None
         self.owner: owner.OwnerSender | None = None
+        self.expectations: expectations.ExpectationWatch | None = None  # with `[[expect]]`
         # The parts, each given its collaborators.
         self.database = Database(
             settings.state.store,
@@ -294,6 +295,9 @@ class Daemon:
             self.vitals.watch_senders(self.relay, self.owner)
             tasks.start(self.owner.run(senders_stop), "owner")
             tasks.start(self._housekeeping(), "housekeeping")
+            if self.settings.expect:  # `[[expect]]`: runtime/expectations.py
+                watch = self._expectations()
+                tasks.start(watch.run(self.writer.subscribed, self.queue), "expectations")
             http_stop = asyncio.Event()
             tasks.start(self._serve_http(http_stop), "http")
             if self.settings.health.ping_url is not None:
@@ -328,6 +332,17 @@ class Daemon:
         finally:
             self.close()
         log.info("daemon.stopped", recorded=self.counters.recorded, failed=self.failed)
+
+    def _expectations(self) -> expectations.ExpectationWatch:
+        self.expectations = expectations.ExpectationWatch(
+            self.settings.expect,
+            database=self.database,
+            journal=self.journal,
+            clock=self.clock,
+            audit_dir=self.settings.state.audit_dir,
+        )
+        self.writer.on_committed = self.expectations.committed
+        return self.expectations
 
     def _intake(self, client: httpx.AsyncClient) -> intake.Intake:
         ntfy = self.settings.ntfy

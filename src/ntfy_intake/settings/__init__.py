@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ntfy_intake.errors import ConfigError
+from ntfy_intake.settings import expectations as _expectations
 from ntfy_intake.settings import maintenance as _maintenance
 from ntfy_intake.settings.cluster import _cluster, _cluster_fits
 from ntfy_intake.settings.rules import (
@@ -120,11 +121,13 @@ def load(
     problems = _Problems()
     config_label = "config"
     windows: object = None  # `[[maintenance]]`: file only, read after the sections
+    expect: object = None  # `[[expect]]`: likewise
     if path is None and environ.get(CONFIG_ENV):
         path, config_label = Path(environ[CONFIG_ENV]), f"config ({CONFIG_ENV})"
     if path is not None:
         doc = _read_toml(path, config_label)  # an unreadable file hides everything else: stop
         windows = doc.pop(_maintenance.SECTION, None)
+        expect = doc.pop(_expectations.SECTION, None)
         toml = _toml_values(doc, path.parent, problems)
         inline = sorted(
             f"{s}.{k}" for (s, k), v in toml.items() if (s, k) in SECRET_KEYS and v.file is None
@@ -162,6 +165,9 @@ def load(
     )
     for error in trouble:
         problems.add(error)
+    expected, trouble = _expectations.parse(expect, topics=ntfy.topics if ntfy else ())
+    for error in trouble:
+        problems.add(error)
     problems.raise_any()
     assert ntfy and state and cluster and relay and cadence and owner and http and health
     return Settings(
@@ -174,6 +180,7 @@ def load(
         http=http,
         health=health,
         maintenance=maintenance,
+        expect=expected,
     )
 
 

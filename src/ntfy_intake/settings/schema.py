@@ -12,6 +12,7 @@ from typing import Literal, TypeVar
 from zoneinfo import ZoneInfo
 
 from ntfy_intake.rules.durations import format_duration
+from ntfy_intake.rules.expectations import Expectation
 from ntfy_intake.rules.maintenance import Window
 from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.wire import signing
@@ -306,6 +307,8 @@ class Settings:
     health: HealthSettings
     # `[[maintenance]]` windows (settings/maintenance.py reads them, rules/maintenance.py holds).
     maintenance: tuple[Window, ...] = dataclasses.field(default=(), metadata={"section": False})
+    # `[[expect]]` entries (settings/expectations.py reads them, rules/expectations.py holds).
+    expect: tuple[Expectation, ...] = dataclasses.field(default=(), metadata={"section": False})
 
     def redacted(self) -> dict[str, object]:
         """Every key, JSON-able, for `status` and logs: secrets as "***" (None when unset), URL
