@@ -57,7 +57,11 @@ every = "10m"
 """,
     )
     backup, kuma = loaded.expect
-    assert (backup.name, backup.topic, backup.title) == ("nightly-backup", "backups", "backup finished")
+    assert (backup.name, backup.topic, backup.title) == (
+        "nightly-backup",
+        "backups",
+        "backup finished",
+    )
     assert (backup.every, backup.grace) == (86400.0, 3600.0)
     # No grace given: a tenth of `every`, so a job that ran a little long is not missed.
     assert (kuma.every, kuma.grace, kuma.title) == (600.0, 60.0, None)
