@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from ntfy_intake.runtime.cluster import PREFIX_FILE
+from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
+from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
 from ...standby import Cluster, serving_as_leader, standing_by
@@ -23,6 +26,15 @@ pytestmark = [
 ]
 
 PROBE = {"cluster_probe_every": "1s", "cluster_yield_after": "4s"}
+
+
+@pytest.fixture
+def emu(request: pytest.FixtureRequest) -> Iterator[NtfyEmulator]:
+    """two_nodes/conftest's emulator, with the test's `emulator(**config)` marker applied."""
+    marker = request.node.get_closest_marker("emulator")
+    config = {"keepalive_interval": 1.0, **(marker.kwargs if marker else {})}
+    with NtfyEmulator(EmulatorConfig(**config)).running() as emulator:
+        yield emulator
 
 
 def holder(cluster: Cluster) -> tuple[str, str, int] | None:
@@ -143,3 +155,51 @@ def test_a_brute_force_against_the_standby_tells_the_owner_once(cluster: Cluster
         time.sleep(0.5)
     print(f"owner notices: {notices()}")
     assert len(notices()) == 1, "the owner was not told of the burst against the standby"
+
+
+GOOD = "tk_" + "g" * 29  # the ntfy token both nodes should carry
+STALE = "tk_" + "s" * 29  # the one left on the standby when the token was rotated
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.emulator(tokens={GOOD: ["alerts", "backups"]})
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a standby whose ntfy token is refused probes with it every probe_every,"
+    " spending ntfy's per-IP auth-failure budget (30, one back a minute): behind one address"
+    " the leader's next reconnect gets 429 42909 and it never gets back in",
+)
+def test_a_standby_with_a_refused_ntfy_token_does_not_lock_the_leader_out_of_ntfy(
+    cluster: Cluster,
+) -> None:
+    """Two Pis at home behind one NAT, one hosted ntfy with access control; the ntfy token was
+    rotated and only the leader's box got the new one. Before issue 32 a standby never spoke
+    to ntfy. Now its readiness probe sends the stale token every `probe_every` (10 s by
+    default: 6 failures a minute), and ntfy counts failed logins per IP: 30, then one back a
+    minute (ntfy-spec: 42909, which `maybeAuthenticate` answers before even reading a valid
+    token). The budget runs dry and stays dry; the leader's stream lives on until its first
+    reconnect (ntfy restarted, a blip), which gets 429 42909, and so does every later one:
+    the leader is deaf, the standby is not ready, nobody records anything, and ntfy's cache
+    runs out. Here probe_every is 1 s, so the budget is gone in about 30 s."""
+    route = NtfyRoute(cluster.emu.url, "alpha")
+    try:
+        alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url, ntfy_token=GOOD, **PROBE)
+        alpha.env["NTFY_INTAKE_NTFY_URL"] = route.url
+        alpha.start()
+        assert cluster.leader().name == "alpha"
+        cluster.emu.wait_for_subscribers(1, timeout=30)
+        wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+        beta = cluster.add("beta", ntfy_token=STALE, **PROBE).start()
+        wait_until(lambda: beta.healthz() is not None, 30, "beta answering")
+        time.sleep(40.0)  # beta's probes: one refused login a second
+        print(f"\nbeta after 40 s: {beta.healthz()}")
+        route.cut()  # one blip on the leader's route: it must reconnect
+        time.sleep(1.0)
+        route.restore()
+        event = cluster.emu.publish("alerts", "after the blip", title="adversary")
+        try:
+            cluster.wait_recorded([str(event["id"])], 30)  # seen: never; the leader is deaf
+        finally:
+            print(f"alpha: {alpha.healthz()}")
+    finally:
+        route.close()
