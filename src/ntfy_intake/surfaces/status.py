@@ -9,12 +9,13 @@ read by `store.summary.read`: this module only words it.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from ntfy_intake.rules import health, maintenance, readiness
+from ntfy_intake.rules import expectations, health, maintenance, readiness
+from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.settings import Settings
-from ntfy_intake.store import db, leadership, nodes, summary
+from ntfy_intake.store import audit, db, expect_fold, leadership, nodes, summary
 
 # A health snapshot older than this means the daemon is not running (it writes one every 2 s).
 SNAPSHOT_STALE_AFTER = 15.0
@@ -91,7 +92,44 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
         },
         "cluster": _cluster(conn, settings),
         "maintenance": _maintenance(settings, now),
+        "expectations": _expectations(conn, settings, now, snapshot.get("started_at")),
     }
+
+
+def _expectations(
+    conn: db.Connection, settings: Settings, now: float, started: object
+) -> list[dict[str, Any]]:
+    """The `[[expect]]` entries in file order, folded from the audit log as the daemon folds
+    them: the last arrival, when the window is missed, and whether it is."""
+    if not settings.expect:
+        return []
+    since = float(started) if isinstance(started, int | float) else now
+    state, _ = expect_fold.load(
+        settings.state.audit_dir,
+        settings.expect,
+        now=now,
+        started=since,
+        conn=conn,
+        folded_above=audit.flushed_seq(conn),
+    )
+    return [
+        {
+            "name": row.name,
+            "topic": row.topic,
+            "title": row.title,
+            "every": format_duration(row.every),
+            "grace": format_duration(row.grace),
+            "last": None if row.last is None else _utc(_moment(row.last)),
+            "due": _utc(_moment(row.due_at)),
+            "missed": row.state == "missed",
+            "since": None if row.missed_since is None else _utc(_moment(row.missed_since)),
+        }
+        for row in expectations.rows(state, now)
+    ]
+
+
+def _moment(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
 
 
 def _maintenance(settings: Settings, now: float) -> list[dict[str, Any]]:
@@ -239,6 +277,7 @@ def render(report: dict[str, Any]) -> str:
     if relay["dead_keys"]:
         rows.append(("dead keys", " ".join(relay["dead_keys"])))
     rows += _maintenance_rows(report.get("maintenance") or [])
+    rows += _expectation_rows(report.get("expectations") or [])
     if report.get("cluster") is not None:
         cluster = report["cluster"]
         rows[1:1] = [
@@ -263,6 +302,20 @@ def _maintenance_rows(windows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         else:
             state = f"next {w['next']}" if w["next"] else "does not open in the next week"
         rows.append(("  window", f"{w['name']!r} {w['when']} ({what}): {state}"))
+    return rows
+
+
+def _expectation_rows(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """`expectations  1 of 2 missed`, then one `  expect` line each (none: no line at all)."""
+    if not entries:
+        return []
+    missed = sum(1 for e in entries if e["missed"])
+    rows = [("expectations", f"{missed} of {len(entries)} missed")]
+    for e in entries:
+        what = e["topic"] + (f" title {e['title']!r}" if e["title"] else "")
+        heard = f"last {e['last']}" if e["last"] else "nothing heard yet"
+        state = f"MISSED since {e['since']}" if e["missed"] else f"due by {e['due']}"
+        rows.append(("  expect", f"{e['name']!r} every {e['every']} ({what}): {heard}; {state}"))
     return rows
 
 
