@@ -116,3 +116,23 @@ title = 3
 def test_a_table_instead_of_an_array_of_tables_is_refused(tmp_path: Path) -> None:
     found = problems(tmp_path, '[expect]\nname = "x"\n')
     assert found == ["config error: expect: expected [[expect]] entries (an array of tables)"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_commented_sample_and_the_guides_example_load(tmp_path: Path) -> None:
+    sample = (ROOT / "deploy" / "config.example.toml").read_text()
+    start = sample.index("#   [[expect]]")
+    block = [line[4:] for line in sample[start:].splitlines() if line.startswith("#   ")]
+    (backup,) = load(tmp_path, "\n".join(block)).expect
+    assert (backup.name, backup.topic, backup.every, backup.grace) == (
+        "nightly-backup",
+        "backups",
+        86400.0,
+        3600.0,
+    )
+    doc = (ROOT / "docs" / "publishing.md").read_text()
+    example = doc[doc.index("```toml\n[[expect]]") + len("```toml\n") :]
+    (same,) = load(tmp_path, example[: example.index("```")]).expect
+    assert same == backup
