@@ -203,3 +203,34 @@ def test_a_standby_with_a_refused_ntfy_token_does_not_lock_the_leader_out_of_ntf
             print(f"alpha: {alpha.healthz()}")
     finally:
         route.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the fingerprint is of the URL text: a standby on its own ntfy behind the"
+    " same text (127.0.0.1 on each box) is ready, and takes over a server no publisher uses",
+)
+def test_a_standby_on_its_own_ntfy_behind_the_same_url_text_is_not_ready(
+    cluster: Cluster,
+) -> None:
+    """Each Pi runs its own ntfy and the one shared config says `url = "http://127.0.0.1:2586"`
+    (docs/standby.md: the same configuration on both boxes): the same text, so the same
+    fingerprint, and box 2's probe is answered 200 by ITS ntfy, which no publisher sends to.
+    Box 2 says ready; when box 1 goes, it takes over a server that never hears an alert (and
+    tells the owner nothing is lost). The issue's "a standby pointed at its own ntfy reports
+    healthy until it has to lead", in the form the URL text cannot show. Here the fingerprint
+    hook gives both nodes one URL text while beta's ntfy is a second emulator."""
+    alpha = cluster.add("alpha", test_work_ntfy_url="http://127.0.0.1:2586", **PROBE).start()
+    assert cluster.leader().name == "alpha"
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+    with NtfyEmulator(EmulatorConfig(keepalive_interval=1.0)).running() as own:
+        beta = cluster.add("beta", test_work_ntfy_url="http://127.0.0.1:2586", **PROBE)
+        beta.env["NTFY_INTAKE_NTFY_URL"] = own.url
+        beta.start()
+        wait_until(lambda: beta.healthz() is not None, 30, "beta answering")
+        time.sleep(6.0)  # six probes
+        answer = beta.healthz()
+        print(f"\nbeta on its own ntfy: {answer}")
+        assert answer is not None and answer[1].get("ready") is False, answer
+        beta.terminate()
