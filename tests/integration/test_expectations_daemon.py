@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,10 +42,9 @@ def expect_rows(state: Path) -> list[tuple[str, str]]:
     )
 
 
-def kill9(proc: object) -> None:
-    pid = proc.pid  # type: ignore[attr-defined]
-    os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=10)  # type: ignore[attr-defined]
+def kill9(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
 
 
 def test_a_quiet_publisher_gives_one_notice_across_kill9_and_one_when_back(
