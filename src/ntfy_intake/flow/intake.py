@@ -19,6 +19,14 @@ off the socket and hands them, tagged with when they were read and on which conn
 - Gap probe: before resuming from a message id, `poll=1&since=all&id=<cursor>` asks whether the
   server still holds it. If not, the window between the last frame seen before the disconnect
   and the oldest message the backfill finds may have been lost: `Backfilled.gap` reports it.
+- One forbidden topic never blinds the others (rules/topic_access.py): a multi-topic subscribe
+  refused with 403 or 400 40009 is followed by one `poll=1&since=none` probe per topic; the
+  refused ones leave the stream (one `topic_refused` notice each per episode), the rest stream,
+  and each refused topic is probed again on its own backoff while they do. When one is readable
+  again the stream reconnects with it, and the backfill reaches back to when it was dropped.
+- A message without `expires` (published with `Cache: no`) can never be replayed: the first one
+  per topic per UTC day rides its batch with an `unreplayable` notice (its key names topic and
+  day, so the owner outbox drops a repeat after a restart).
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ from typing import NamedTuple
 import httpx
 import structlog
 
-from ntfy_intake.rules import backoff
+from ntfy_intake.rules import backoff, notices, topic_access
+from ntfy_intake.rules.notices import Notice
+from ntfy_intake.rules.topic_access import Probe
 from ntfy_intake.store.cursor import Cursor, Owed, Resume, backfill_since, gap_window
 from ntfy_intake.wire import diagnose, frames, http_stream, refusals
 from ntfy_intake.wire.frames import Event, Junk, Message
@@ -53,7 +63,7 @@ DECODE_TURN = 32
 class Received(NamedTuple):
     """A frame off the stream (a tuple: built once per event, cheaper than a frozen dataclass)."""
 
-    frame: Event | Junk
+    frame: Event | Junk | Notice  # a notice rides the batch of the frames around it
     read_at: float  # monotonic
     generation: int
 
@@ -145,9 +155,21 @@ class Intake:
         self.rng = rng
         self.server_clock = server_clock  # only when ntfy sent an `open` without a time
         self.topics = frozenset(config.topics)
-        self.topic_path = ",".join(config.topics)
-        self.stream_url = f"{config.base_url}/{self.topic_path}/json"
+        self.access = topic_access.TopicAccess(
+            config.topics, rng, base=topic_access.RETRY_FACTOR * config.backoff_base
+        )
+        self.topic_path = ""
+        self.stream_url = ""
+        self._set_stream()
         self.refusals = refusals.Episodes()
+        self._owed_from: int | None = None  # a readmitted topic's backlog starts here
+        self._uncached_day = ""  # the UTC day of `_uncached_told`
+        self._uncached_told: set[str] = set()  # topics whose unreplayable notice went today
+
+    def _set_stream(self) -> None:
+        """The stream (and its polls) carry the topics not refused on their own."""
+        self.topic_path = ",".join(self.access.streamed())
+        self.stream_url = f"{self.config.base_url}/{self.topic_path}/json"
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
@@ -166,10 +188,12 @@ class Intake:
                 if not await _unless_stopped(self._attempt(resume, generation), stop):
                     break  # stopped mid-attempt (connecting, or waiting for headers)
                 self._count("stream_ended")
-            except _RejectedCursor:
+            except (_RejectedCursor, _TopicsChanged):
                 failures = 0
                 continue
             except StatusFailure as exc:
+                if await self._split(exc, resume, generation):
+                    continue  # the readable topics stream at once; the others are retried
                 retry_after, report = self.refusals.refused(exc)
                 if report is not None:
                     self.sink(report.naming(self.topic_path))
@@ -309,6 +333,18 @@ class Intake:
 
         timer = loop.call_at(deadline, watchdog)
         backfill: asyncio.Task[None] | None = None
+        changed = False
+
+        def readmitted(task: asyncio.Task[bool]) -> None:
+            nonlocal changed
+            if not task.cancelled() and task.exception() is None and task.result():
+                changed = True
+                reader.cancel()
+
+        retry: asyncio.Task[bool] | None = None
+        if self.access.refused:
+            retry = asyncio.create_task(self._retry_refused(), name="topic-retry")
+            retry.add_done_callback(readmitted)
         try:
             async for chunk in response.aiter_raw():
                 lines = decoder.feed(chunk)
@@ -326,6 +362,8 @@ class Intake:
                     if type(frame) is Message:  # most frames: nothing else to look at
                         latest = max(latest, frame.time)
                         self.sink(Received(frame, now, generation))
+                        if frame.expires is None:
+                            self._unreplayable(frame, now, generation)
                         continue
                     server_time = getattr(frame, "time", None)
                     if isinstance(server_time, int):
@@ -336,12 +374,15 @@ class Intake:
                         self.health.connected_at = now
                         self.health.connections += 1
                         self.refusals.connected()
+                        self.access.connected()
                         log.info("intake.connected", since=cursor.since)
                         if backfill is None:
                             opened = frame.time or int(self.server_clock())
-                            owed = await self.owe_backfill(
-                                backfill_since(cursor, opened, self.config.overlap), gap_from
-                            )
+                            since = backfill_since(cursor, opened, self.config.overlap)
+                            if self._owed_from is not None:
+                                since = min(since, self._owed_from - int(self.config.overlap))
+                            owed = await self.owe_backfill(since, gap_from)
+                            self._owed_from = None  # persisted: a lost stream still owes it
                             backfill = asyncio.create_task(
                                 self._backfill(cursor, owed, opened), name="backfill"
                             )
@@ -355,15 +396,124 @@ class Intake:
             # Ours (the watchdog) unless someone else cancelled too (stop): then theirs wins.
             if expired and reader.uncancel() == 0:
                 raise _WatchdogExpired from None
+            if changed and reader.uncancel() == 0:
+                raise _TopicsChanged from None
             raise
         finally:
             if timer is not None:
                 timer.cancel()
+            if retry is not None and not retry.done():
+                retry.remove_done_callback(readmitted)
+                retry.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await retry
             if backfill is not None and not backfill.done():
                 # The poll dies with its stream: what it owed stays persisted for the next one.
                 backfill.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await backfill
+
+    # -- one forbidden topic, messages ntfy will not replay --------------------------------------
+
+    async def _split(self, failure: StatusFailure, resume: Resume, generation: int) -> bool:
+        """After a refused multi-topic subscribe: probe each streamed topic, drop the refused
+        ones (a notice each) and keep the rest. False when nothing was split."""
+        streamed = self.access.streamed()
+        if len(streamed) < 2 or not topic_access.per_topic(failure.status, failure.code):
+            return False
+        if not self.access.probe_due(time.monotonic()):
+            return False  # every topic was refused a moment ago: not on every reconnect
+        probes: list[tuple[str, Probe]] = []
+        answers: dict[str, StatusFailure] = {}
+        for topic in streamed:
+            probe, answer = await self._probe_topic(topic)
+            probes.append((topic, probe))
+            if answer is not None:
+                answers[topic] = answer
+            if probe is Probe.STOP:
+                break
+        dropped = self.access.split(probes)
+        if not dropped:
+            self.access.probed_nothing(time.monotonic())
+            return False
+        # Its backlog is owed from the last server time seen (this process's, else persisted).
+        seen = self.health.last_server_time or resume.last_frame_time
+        since = seen or resume.cursor.message_time or int(self.server_clock())
+        now = time.monotonic()
+        for topic in dropped:
+            answer = answers[topic]
+            refusal = self.access.refuse(
+                topic,
+                answer.status,
+                answer.code,
+                answer.error or f"HTTP {answer.status}",
+                since=since,
+                episode=str(int(self.server_clock())),
+                now=now,
+            )
+            notice = notices.topic_refused(
+                topic,
+                refusal.status,
+                refusal.code,
+                refusal.error,
+                ",".join(t for t in streamed if t not in dropped),
+                refusal.episode,
+            )
+            self.sink(Received(notice, now, generation))
+            log.warning("intake.topic_refused", topic=topic, status=answer.status, code=answer.code)
+        self._set_stream()
+        self._count("topic_refused")
+        return True
+
+    async def _probe_topic(self, topic: str) -> tuple[Probe, StatusFailure | None]:
+        """One topic alone, `poll=1&since=none`: ntfy checks access and returns nothing."""
+        try:
+            async with asyncio.timeout(self.config.connect_timeout + self.config.keepalive_timeout):
+                response = await self.client.get(
+                    f"{self.config.base_url}/{topic}/json",
+                    params={"poll": "1", "since": "none"},
+                    headers=self._headers(),
+                    timeout=self.config.connect_timeout,
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.warning("intake.topic_probe_failed", topic=topic, detail=type(exc).__name__)
+            return Probe.UNKNOWN, None
+        if response.status_code == 200:
+            return Probe.ALLOWED, None
+        failure = refusals.status_failure(response.status_code, response.headers, response.text)
+        return topic_access.classify(failure.status, failure.code), failure
+
+    async def _retry_refused(self) -> bool:
+        """While the stream lasts: probe each refused topic when its retry is due. True (and the
+        stream set widened) once one is readable again."""
+        while (due_at := self.access.next_due()) is not None:
+            await asyncio.sleep(max(0.0, due_at - time.monotonic()))
+            back = False
+            for topic in self.access.due(time.monotonic()):
+                probe, _ = await self._probe_topic(topic)
+                if probe is Probe.ALLOWED:
+                    refusal = self.access.readmit(topic)
+                    owed = self._owed_from
+                    self._owed_from = refusal.since if owed is None else min(owed, refusal.since)
+                    log.info("intake.topic_readmitted", topic=topic, since=refusal.since)
+                    back = True
+                else:
+                    self.access.still_refused(topic, time.monotonic())
+            if back:
+                self._set_stream()
+                return True
+        return False
+
+    def _unreplayable(self, message: Message, now: float, generation: int) -> None:
+        """The first message without `expires` per topic per UTC day: one owner notice."""
+        day = notices.utc_day(message.time)
+        if day != self._uncached_day:
+            self._uncached_day, self._uncached_told = day, set()
+        if message.topic in self._uncached_told:
+            return
+        self._uncached_told.add(message.topic)
+        log.warning("intake.unreplayable", topic=message.topic, event_id=message.id)
+        self.sink(Received(notices.unreplayable(message.topic, day), now, generation))
 
     async def _backfill(self, cursor: Cursor, owed: Owed, opened: int) -> None:
         """After `cache_settle`, poll since the owed T (retrying while the stream lasts), then
@@ -436,6 +586,10 @@ class Intake:
 
 class _RejectedCursor(Exception):
     pass
+
+
+class _TopicsChanged(Exception):
+    """A refused topic is readable again: reconnect with it, at once."""
 
 
 ERROR_TEXT_BYTES = 512

@@ -8,6 +8,7 @@ retry) reuses the key and the owner outbox sends it once; the per-kind rate limi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,3 +271,41 @@ def expect_back(name: str, topic: str, window_start: str, arrived: str, key: str
         },
     )
 
+
+def topic_refused(
+    topic: str, status: int, code: int | None, error: str, streaming: str, episode: str
+) -> Notice:
+    """One per refused topic per episode (flow/intake.py, rules/topic_access.py): ntfy refused
+    this topic alone; the others stream on. `episode`: when it began (server Unix seconds)."""
+    said = f"{code}: {error}" if code is not None else error
+    why = _REFUSALS["acl"] if status == 403 else _REFUSALS["rejected"]
+    return Notice(
+        "topic_refused",
+        f"ntfy refused topic {topic!r}: {why} (HTTP {status}, {said!r}). The other topics"
+        f" ({streaming}) are streamed without it; {topic!r} is tried again with backoff and its"
+        " backlog is fetched while ntfy's cache still holds it. Grant the token read access"
+        f" to {topic!r} (`ntfy access <user> {topic} read`) or remove it from ntfy.topics.",
+        key=f"topic_refused:{topic}:{episode}",
+        fields={"topic": topic, "status": str(status), "error": said},
+    )
+
+
+def utc_day(server_time: int) -> str:
+    """The UTC calendar day of a server time, as in the `unreplayable` notice's key."""
+    return datetime.fromtimestamp(server_time, UTC).strftime("%Y-%m-%d")
+
+
+def unreplayable(topic: str, day: str) -> Notice:
+    """The first message without `expires` per topic per UTC day: ntfy did not cache it, so a
+    disconnect at the wrong moment loses it for good. The key names topic and day, so a restart
+    that sees another one the same day adds nothing."""
+    return Notice(
+        "unreplayable",
+        f"Topic {topic!r} carries messages ntfy does not cache (no `expires`: published with"
+        " `Cache: no`). They are recorded when they arrive, but ntfy never replays them, so one"
+        " lost connection loses them for good. Turn caching back on at the publisher: drop the"
+        " `Cache: no` / `X-Cache: no` header (`?cache=no` in the URL), or in Gatus set the ntfy"
+        " alerting `cache` option to true.",
+        key=f"unreplayable:{topic}:{day}",
+        fields={"topic": topic, "day": day},
+    )
