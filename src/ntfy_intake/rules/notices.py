@@ -276,7 +276,7 @@ def topic_refused(
     topic: str, status: int, code: int | None, error: str, streaming: str, episode: str
 ) -> Notice:
     """One per refused topic per episode (flow/intake.py, rules/topic_access.py): ntfy refused
-    this topic alone; the others stream on. `episode`: when it began (server Unix seconds)."""
+    this topic alone; the others stream on. `episode`: when it began (Unix seconds)."""
     said = f"{code}: {error}" if code is not None else error
     why = _REFUSALS["acl"] if status == 403 else _REFUSALS["rejected"]
     return Notice(
@@ -304,8 +304,8 @@ def unreplayable(topic: str, day: str) -> Notice:
         f"Topic {topic!r} carries messages ntfy does not cache (no `expires`: published with"
         " `Cache: no`). They are recorded when they arrive, but ntfy never replays them, so one"
         " lost connection loses them for good. Turn caching back on at the publisher: drop the"
-        " `Cache: no` / `X-Cache: no` header (`?cache=no` in the URL), or in Gatus set the ntfy"
-        " alerting `cache` option to true.",
+        " `Cache: no` / `X-Cache: no` header (`?cache=no` in the URL); in Gatus, remove"
+        " `disable-cache: true` from the ntfy alerting provider.",
         key=f"unreplayable:{topic}:{day}",
         fields={"topic": topic, "day": day},
     )
