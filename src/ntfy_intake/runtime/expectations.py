@@ -3,9 +3,10 @@ log once at start, then what the writer commits, and record each owed notice whe
 
 No polling tick (DESIGN.md section 14): the task sleeps until the next window's deadline, or
 until the writer wakes it with an arrival that ends a told episode. The first `missed` check
-waits until the first subscription's replay has been recorded (supervisor.after_subscribing):
+waits until a subscription opened and its replay has been recorded (supervisor.after_subscribing):
 a message published while the daemon was down fills its window once replayed, and is not
-reported missing first. A notice goes through the journal under its key: recorded again after a
+reported missing first. A later disconnect does not pause the checks: a message ntfy holds
+until the reconnect may then be told missed, and back once it is replayed. A notice goes through the journal under its key: recorded again after a
 restart, a rebuild or on the other node after a failover, it is a no-op in the owner outbox.
 """
 
@@ -69,6 +70,9 @@ class ExpectationWatch:
             expectations.fold(state, record)
         self._early.clear()
         self.state = state
+        # Not before ntfy answered once (an outage at start is intake_dead's to tell, and what
+        # ntfy holds is not replayed yet), then not before its replay was recorded.
+        await subscribed.wait()
         await supervisor.after_subscribing(subscribed, queue)
         while True:
             self._wakeup.clear()  # before `due`: an arrival folded meanwhile wakes the next wait
