@@ -191,6 +191,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("owner", "signal_number"): "+4915100000000",
         ("owner", "recipients"): recipients,
         ("owner", "fallback_topic"): "owner-fallback",
+        ("owner", "receive"): "poll",
+        ("owner", "receive_every"): "10s",
+        ("owner", "reply_from"): "+4915100000001",
         ("http", "listen"): "[::1]:9999",
         ("http", "token"): "feed-token-7Hq2Xv9Lp4",
         ("http", "public_url"): "https://intake.home.lan",
@@ -236,6 +239,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             "+4915100000000",
             ("+4915112345678", "group.YWJjZA=="),
             "owner-fallback",
+            receive="poll",
+            receive_every=10.0,
+            reply_from=("+4915100000001",),
         ),
         http=settings.HttpSettings(
             "[::1]:9999", "feed-token-7Hq2Xv9Lp4", public_url="https://intake.home.lan"

@@ -321,11 +321,15 @@ class CadenceState:
         *,
         incident: str | None = None,
         topics: tuple[str, ...] = (),
+        acknowledged: bool = False,
     ) -> OwnerDecision:
         """A triage reply to the owner: allowed, suppressed while a silence holds its incident
-        or one of its topics, or suppressed past the day's cap."""
+        or one of its topics, while the owner's ack holds its incident (`acknowledged`: the
+        store knows, store/owner_replies.ack_holds), or suppressed past the day's cap."""
         if self._silences.match(quantize(now), incident, topics) is not None:
             return OwnerDecision(False, "silenced")
+        if acknowledged:
+            return OwnerDecision(False, "acknowledged")
         if policy.maintenance:
             window = _maintenance.holding(
                 policy.maintenance,

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import structlog
 
-from ntfy_intake.flow import intake, owner, relay
+from ntfy_intake.flow import intake, owner, owner_replies, relay
 from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
@@ -294,6 +294,8 @@ class Daemon:
             self.journal.wake_owner_sender_with(self.owner.wakeup)
             self.vitals.watch_senders(self.relay, self.owner)
             tasks.start(self.owner.run(senders_stop), "owner")
+            if self.settings.owner.receive == "poll":  # replies from the phone (section 13)
+                tasks.start(self._owner_replies(client).run(senders_stop), "owner_replies")
             tasks.start(self._housekeeping(), "housekeeping")
             if self.settings.expect:  # `[[expect]]`: runtime/expectations.py
                 watch = self._expectations()
@@ -411,6 +413,22 @@ class Daemon:
             retry_base=self.owner_retry_base,
             after_send=lambda: self.crash.hit("after_owner_send"),
             may_act=self.may_act,
+        )
+
+    def _owner_replies(self, client: httpx.AsyncClient) -> owner_replies.OwnerReplies:
+        sender = self.owner
+        return owner_replies.OwnerReplies(
+            self.conn,
+            client,
+            run_db=self.database.run,
+            owner=self.settings.owner,
+            queue=self.owner_queue,
+            clock=self.clock,
+            flush_audit=self.journal.flush,
+            wake_sender=lambda: sender.wakeup.set() if sender is not None else None,
+            status_line=lambda: self.vitals.assess_health().line(),
+            may_act=self.may_act,
+            after_receive=lambda: self.crash.hit("after_owner_receive"),
         )
 
     async def _ticker(self) -> None:

@@ -417,9 +417,33 @@ def _owner(r: _Reader, ntfy: NtfySettings) -> OwnerSettings:
                 "fallback_topic",
                 f"{fallback!r} is also in ntfy.topics: the daemon would ingest its own notices",
             )
+    receive = r.text("owner", "receive") or "off"
+    if receive not in ("poll", "websocket", "off"):
+        r.fail("owner", "receive", f"expected poll, websocket or off, got {receive!r}")
+    if receive == "websocket":
+        r.fail("owner", "receive", "websocket is not supported yet: use poll (normal/native mode)")
+    if receive != "off" and signal_url is None:
+        r.fail("owner", "receive", "needs owner.signal_url (replies come over Signal)")
+    reply_from = r.strings("owner", "reply_from") or ()
+    for sender in reply_from:
+        if not (PHONE_RE.fullmatch(sender) or _UUID_RE.fullmatch(sender)):
+            r.fail(
+                "owner",
+                "reply_from",
+                f"expected a number like +4915112345678 or a UUID, got {sender!r}",
+            )
     return OwnerSettings(
-        signal_url=signal_url, signal_number=number, recipients=recipients, fallback_topic=fallback
+        signal_url=signal_url,
+        signal_number=number,
+        recipients=recipients,
+        fallback_topic=fallback,
+        receive=receive,
+        receive_every=_duration(r, "owner", "receive_every", 5.0, 1.0),
+        reply_from=reply_from,
     )
+
+
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _http(r: _Reader) -> HttpSettings:

@@ -78,6 +78,9 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("owner", "signal_number"): "str",
     ("owner", "recipients"): "list",
     ("owner", "fallback_topic"): "str",
+    ("owner", "receive"): "str",
+    ("owner", "receive_every"): "duration",
+    ("owner", "reply_from"): "list",
     ("http", "listen"): "str",
     ("http", "token"): "str",
     ("http", "public_url"): "str",
@@ -270,6 +273,10 @@ class OwnerSettings:
     signal_number: str | None
     recipients: tuple[str, ...]
     fallback_topic: str | None
+    # Replies from the phone (DESIGN.md section 13): "poll" | "websocket" | "off".
+    receive: str = "off"
+    receive_every: float = 5.0
+    reply_from: tuple[str, ...] = ()  # who else may answer (numbers or UUIDs)
 
 
 @dataclass(frozen=True, slots=True)

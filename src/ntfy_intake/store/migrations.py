@@ -210,6 +210,26 @@ SQLITE: tuple[Migration, ...] = (
             "CREATE INDEX owner_signal_sent_at ON owner_signal_sent(sent_at)",
         ],
     ),
+    # Replies from the phone (flow/owner_replies.py): each received envelope once, by its
+    # (source, timestamp), recorded in the transaction of its effect; and the incidents the
+    # owner acknowledged, with the incident's version then (it changes when the severity rises
+    # or the status flips: store/owner_replies.py).
+    (
+        "0010_owner_replies",
+        [
+            """CREATE TABLE owner_replies(
+                source TEXT NOT NULL,
+                envelope_ts INTEGER NOT NULL,
+                received_at REAL NOT NULL,
+                command TEXT NOT NULL,
+                result TEXT NOT NULL,
+                PRIMARY KEY (source, envelope_ts))""",
+            """CREATE TABLE owner_acks(
+                incident_key TEXT PRIMARY KEY,
+                version INTEGER NOT NULL,
+                acked_at REAL NOT NULL)""",
+        ],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

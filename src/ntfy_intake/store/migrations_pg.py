@@ -214,4 +214,21 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
             "CREATE INDEX owner_signal_sent_at ON owner_signal_sent(sent_at)",
         ],
     ),
+    # Replies from the phone and the owner's acks (migrations.py says why).
+    (
+        "0010_owner_replies",
+        [
+            """CREATE TABLE owner_replies(
+                source TEXT NOT NULL,
+                envelope_ts BIGINT NOT NULL,
+                received_at DOUBLE PRECISION NOT NULL,
+                command TEXT NOT NULL,
+                result TEXT NOT NULL,
+                PRIMARY KEY (source, envelope_ts))""",
+            """CREATE TABLE owner_acks(
+                incident_key TEXT PRIMARY KEY,
+                version BIGINT NOT NULL,
+                acked_at DOUBLE PRECISION NOT NULL)""",
+        ],
+    ),
 )

@@ -21,7 +21,7 @@ from typing import Any
 
 from ntfy_intake.rules import cadence, cadence_records, sanitize, timestamps
 from ntfy_intake.rules.notices import Notice
-from ntfy_intake.store import audit, db
+from ntfy_intake.store import audit, db, owner_replies
 from ntfy_intake.store.transaction import Connection
 
 Record = dict[str, Any]
@@ -157,8 +157,9 @@ class OwnerQueue:
         if _exists(conn, key):
             return "duplicate", []
         incident, topics = _subject(conn, key)
+        acked = incident is not None and owner_replies.ack_holds(conn, incident)
         decision = (state or self.state).decide_owner_message(
-            self.policy, now, incident=incident, topics=topics
+            self.policy, now, incident=incident, topics=topics, acknowledged=acked
         )
         _insert(conn, key, "triage", "triage", text, decision, now)
         record = cadence_records.owner_record(

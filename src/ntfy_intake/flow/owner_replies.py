@@ -1,0 +1,274 @@
+"""Replies from the owner's phone over Signal (DESIGN.md section 13), `owner.receive = "poll"`.
+
+The loop: ask signal-cli-rest-api `GET /v1/receive/<signal_number>` (normal/native mode), then
+handle each envelope it returned in a write transaction of its own, then flush the audit log,
+and only then ask again. The receive removes what it returns on the server, so what one call
+returned is committed before the next call: a kill -9 between a receive and its commits costs at
+most that one call's replies (the owner gets no confirmation and can send again;
+docs/owner-messages.md says so).
+
+One envelope, one transaction: its row in `owner_replies` (by source and envelope timestamp,
+inserted first, so a replayed envelope finds it and changes nothing), its effect (an ack row, a
+silence or silence_end audit record, as the console writes them), its `owner_reply` audit line
+and the confirmation to the owner (an owner_outbox row outside the cadence: no daily cap). A
+stranger's envelope is refused with one audit line naming the sender and nothing of its text.
+
+Parsing and matching are rules/owner_replies.py's; the SQL is store/owner_replies.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import structlog
+
+from ntfy_intake.rules import owner_replies as rules
+from ntfy_intake.rules import sanitize, silences
+from ntfy_intake.settings import OwnerSettings
+from ntfy_intake.store import audit, db
+from ntfy_intake.store import owner_replies as store
+from ntfy_intake.store.owner_queue import OwnerQueue
+
+log = structlog.get_logger("ntfy_intake.owner_replies")
+
+DETAIL_EVENTS = 3
+MAX_ITEMS = 100  # per receive call: more is logged and still handled next round
+
+
+@dataclass(slots=True)
+class ReplyStats:
+    receives: int = 0
+    receive_failures: int = 0
+    envelopes: int = 0
+    replayed: int = 0
+    by_result: dict[str, int] = field(default_factory=dict)
+    last_ok: float | None = None  # clock time of the last successful receive
+    last_error: str | None = None
+
+
+class OwnerReplies:
+    def __init__(
+        self,
+        conn: db.Connection,
+        client: httpx.AsyncClient,
+        *,
+        run_db: db.Runner,
+        owner: OwnerSettings,
+        queue: OwnerQueue,
+        clock: Callable[[], float],
+        flush_audit: Callable[[], Awaitable[bool]],
+        wake_sender: Callable[[], None],
+        status_line: Callable[[], str],
+        timeout: float = 10.0,
+        may_act: Callable[[], bool] = lambda: True,
+        after_receive: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.conn = conn
+        self.client = client
+        self.run_db = run_db
+        self.owner = owner
+        self.queue = queue
+        self.clock = clock
+        self.flush_audit = flush_audit
+        self.wake_sender = wake_sender
+        self.status_line = status_line
+        self.timeout = timeout
+        self.may_act = may_act
+        # Test hook (the daemon's crash points): right after a receive returned replies, before
+        # any of them is committed.
+        self.after_receive = after_receive
+        self.allowed = (*owner.recipients, *owner.reply_from)
+        self.stats = ReplyStats()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set() and self.may_act():
+            await self.run_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.owner.receive_every)
+
+    async def run_once(self) -> int:
+        """One receive call and the commits of what it returned; the number of envelopes that
+        had an effect (a replay or a skipped kind has none)."""
+        items = await self._receive()
+        if items is None:
+            return 0
+        if items:
+            self.after_receive()
+        line = self.status_line() if items else ""
+        done = 0
+        for item in items:
+            result = await self.run_db(self.handle, item, line)
+            if result is not None:
+                done += 1
+                self.stats.by_result[result] = self.stats.by_result.get(result, 0) + 1
+        if items:
+            await self.flush_audit()
+        if done:
+            self.wake_sender()
+        return done
+
+    async def _receive(self) -> list[object] | None:
+        url = f"{(self.owner.signal_url or '').rstrip('/')}/v1/receive/{self.owner.signal_number}"
+        self.stats.receives += 1
+        try:
+            async with asyncio.timeout(self.timeout + 1.0):
+                response = await self.client.get(url, timeout=self.timeout)
+            if response.status_code != 200:
+                raise ValueError(f"HTTP {response.status_code}")
+            items = response.json()
+            if not isinstance(items, list):
+                raise ValueError("not a JSON array")
+        except (httpx.HTTPError, TimeoutError, ValueError) as exc:
+            self.stats.receive_failures += 1
+            self.stats.last_error = sanitize.one_line(f"{type(exc).__name__}: {exc}", 200)
+            log.warning("owner_replies.receive_failed", detail=self.stats.last_error)
+            return None
+        self.stats.last_ok = self.clock()
+        self.stats.last_error = None
+        if len(items) > MAX_ITEMS:
+            log.warning("owner_replies.many", items=len(items))
+        return items
+
+    # -- one envelope, one transaction (database thread) --------------------------------------------
+
+    def handle(self, item: object, status_line: str = "") -> str | None:
+        """Record one received item with its effect; its result, or None (not a reply, or a
+        replay)."""
+        envelope = rules.parse_item(item)
+        if envelope is None:
+            return None
+        self.stats.envelopes += 1
+        now = self.clock()
+        with db.write_txn(self.conn) as txn:
+            if not rules.is_owner(envelope, self.allowed):
+                if not store.claim(
+                    self.conn, envelope.source, envelope.timestamp, now, "-", "refused"
+                ):
+                    self.stats.replayed += 1
+                    return None
+                audit.stage(
+                    self.conn,
+                    "owner_reply",
+                    now,
+                    result="refused",
+                    source=envelope.source,
+                    envelope_ts=envelope.timestamp,
+                )
+                txn.after_commit(lambda: log.warning("owner_replies.refused"))
+                return "refused"
+            command = rules.parse_command(envelope.text)
+            if not store.claim(
+                self.conn, envelope.source, envelope.timestamp, now, command.verb, "pending"
+            ):
+                self.stats.replayed += 1
+                return None
+            result, reply, fields = self._effect(txn, envelope, command, status_line, now)
+            store.settle(self.conn, envelope.source, envelope.timestamp, result)
+            audit.stage(
+                self.conn,
+                "owner_reply",
+                now,
+                command=command.verb,
+                result=result,
+                envelope_ts=envelope.timestamp,
+                **fields,
+            )
+            store.queue_confirmation(self.conn, _reply_key(envelope), reply, now)
+        return result
+
+    def _effect(
+        self,
+        txn: db.Transaction,
+        envelope: rules.Envelope,
+        command: rules.Command,
+        status_line: str,
+        now: float,
+    ) -> tuple[str, str, dict[str, Any]]:
+        verb = command.verb
+        if command.problem is not None:
+            return "help", rules.confirmation("help", None, problem=command.problem), {}
+        if verb == "help":
+            return "help", rules.HELP, {}
+        if verb == "status":
+            return "status", rules.confirmation("status", None, line=status_line), {}
+        conn = self.conn
+        quoted = None
+        if envelope.quote_id is not None:
+            quoted = store.key_for_signal_ts(conn, envelope.quote_id)
+        newest = None
+        if envelope.quote_id is None:
+            newest = store.newest_incident_message(conn, now - rules.NEWEST_WITHIN)
+        target = rules.match(envelope.quote_id, quoted, newest, now)
+        if target is None:
+            problem = (
+                "That quote is not one of my messages"
+                if envelope.quote_id is not None
+                else "No message of mine about an incident in the last hour to apply that to"
+            )
+            return "unmatched", rules.confirmation("help", None, problem=problem), {}
+        fields: dict[str, Any] = {"key": target.key, "matched": target.how}
+        incident = store.incident_of(conn, target.key)
+        state = None if incident is None else store.incident_state(conn, incident)
+        if incident is None or state is None:
+            problem = "That message is not about an incident"
+            return "unmatched", rules.confirmation("help", None, problem=problem), fields
+        fields["incident"] = incident
+        if verb == "ack":
+            store.ack(conn, incident, state[2], now)
+            return "acknowledged", rules.confirmation("ack", incident), fields
+        if verb == "silence":
+            assert command.span is not None  # parse_command gives silence a span or a problem
+            silence_id = "sil_" + secrets.token_hex(6)
+            until = now + command.span
+            record = silences.silence_fields(
+                silence_id, "incident", incident, until, "Signal reply"
+            )
+            self.queue.silence(txn, "silence", now, **record)
+            fields["silence_id"] = silence_id
+            return "silenced", rules.confirmation("silence", incident, until=_hhmm(until)), fields
+        if verb == "unsilence":
+            ended = 0
+            for held in self.queue.state.silences.active(now):
+                if held.scope == "incident" and held.target == incident:
+                    self.queue.silence(txn, "silence_end", now, silence_id=held.silence_id)
+                    ended += 1
+            result = "unsilenced" if ended else "not_silenced"
+            return result, rules.confirmation("unsilence", incident, ended=ended), fields
+        lines = [
+            _event_line(t, s, raw) for t, s, raw in store.last_events(conn, incident, DETAIL_EVENTS)
+        ]
+        return "details", rules.confirmation("details", incident, lines=lines), fields
+
+
+def _reply_key(envelope: rules.Envelope) -> str:
+    # Deterministic per envelope (a replay could never queue a second one anyway: the claim
+    # stops it), and no phone number in the key: keys appear in the audit log.
+    digest = hashlib.sha256(envelope.source.encode()).hexdigest()[:12]
+    return f"reply:{digest}:{envelope.timestamp}"
+
+
+def _hhmm(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _event_line(time_s: int, severity: int, raw: str) -> str:
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        message = {}
+    if not isinstance(message, dict):
+        message = {}
+    title = message.get("title") if isinstance(message.get("title"), str) else ""
+    body = message.get("message") if isinstance(message.get("message"), str) else ""
+    text = sanitize.one_line(f"{title}: {body}" if title else str(body), 120)
+    when = datetime.fromtimestamp(time_s, UTC).strftime("%H:%M")
+    return f"{when} sev {severity} {text}"

@@ -1,0 +1,129 @@
+"""The owner's replies from the phone and their effects (flow/owner_replies.py): named SQL only.
+
+- `owner_replies`: each received envelope once, by (source, envelope timestamp). `claim` inserts
+  its row first in the effect's transaction: a replayed envelope finds the row and does nothing.
+- `owner_signal_sent` (written by the owner sender): which of our messages a quote names, and
+  the newest one about an incident.
+- `owner_acks`: an incident the owner acknowledged, with the incident's `version` then (the
+  version changes exactly when the severity rises or the status flips: rules/incidents.merge).
+  An ack holds while the version is unchanged, or changed once by the incident resolving; it
+  ends when the incident fires again (a second flip) or its severity rises. `ack_holds` drops
+  one that ended, inside the caller's transaction, so an old ack never holds a new episode.
+"""
+
+from __future__ import annotations
+
+from ntfy_intake.store.transaction import Connection
+
+__all__ = [
+    "ack",
+    "ack_holds",
+    "claim",
+    "incident_of",
+    "incident_state",
+    "key_for_signal_ts",
+    "last_events",
+    "newest_incident_message",
+    "queue_confirmation",
+    "settle",
+]
+
+# Owner messages about an incident: a triage reply to a request, or an escalation of one.
+_INCIDENT_PREFIXES = ("notify:", "escalate:")
+
+_CLAIM = (
+    "INSERT INTO owner_replies(source, envelope_ts, received_at, command, result)"
+    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (source, envelope_ts) DO NOTHING"
+)
+_SETTLE = "UPDATE owner_replies SET result = ? WHERE source = ? AND envelope_ts = ?"
+_KEY_FOR_TS = "SELECT key FROM owner_signal_sent WHERE signal_ts = ?"
+_NEWEST = (
+    "SELECT key, sent_at FROM owner_signal_sent"
+    " WHERE sent_at >= ? AND (key LIKE 'notify:%' OR key LIKE 'escalate:%')"
+    " ORDER BY sent_at DESC, signal_ts DESC LIMIT 1"
+)
+_INCIDENT_OF = "SELECT incident_key FROM outbox WHERE delivery_key = ?"
+_INCIDENT_STATE = "SELECT severity, status, version FROM incidents WHERE key = ?"
+_ACK = (
+    "INSERT INTO owner_acks(incident_key, version, acked_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (incident_key) DO UPDATE SET version = excluded.version,"
+    " acked_at = excluded.acked_at"
+)
+_ACK_ROW = "SELECT version FROM owner_acks WHERE incident_key = ?"
+_ACK_DROP = "DELETE FROM owner_acks WHERE incident_key = ?"
+_LAST_EVENTS = (
+    "SELECT time, severity, raw FROM inbox WHERE incident_key = ? ORDER BY time DESC LIMIT ?"
+)
+_CONFIRM = (
+    "INSERT INTO owner_outbox(key, kind, topic, text, state, due_at, created_at)"
+    " VALUES (?, 'notice', 'reply', ?, 'pending', ?, ?) ON CONFLICT (key) DO NOTHING"
+)
+
+
+def claim(conn: Connection, source: str, ts: int, now: float, command: str, result: str) -> bool:
+    """Record the envelope (source, ts) in the caller's write transaction; False when it was
+    recorded before (a replay: its effect happened then, nothing happens now)."""
+    return conn.execute(_CLAIM, (source, ts, now, command, result)).rowcount == 1
+
+
+def settle(conn: Connection, source: str, ts: int, result: str) -> None:
+    """The claimed envelope's result, in the same transaction as its claim."""
+    conn.execute(_SETTLE, (result, source, ts))
+
+
+def key_for_signal_ts(conn: Connection, signal_ts: int) -> str | None:
+    row = conn.execute(_KEY_FOR_TS, (signal_ts,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def newest_incident_message(conn: Connection, since: float) -> tuple[str, float] | None:
+    """Our newest message about an incident sent at or after `since`: (key, sent_at)."""
+    row = conn.execute(_NEWEST, (since,)).fetchone()
+    return None if row is None else (str(row[0]), float(row[1]))
+
+
+def incident_of(conn: Connection, key: str) -> str | None:
+    """The incident an owner message is about (None for a notice or an agent's own notify)."""
+    for prefix in _INCIDENT_PREFIXES:
+        if key.startswith(prefix):
+            row = conn.execute(_INCIDENT_OF, (key[len(prefix) :],)).fetchone()
+            return None if row is None else str(row[0])
+    return None
+
+
+def incident_state(conn: Connection, incident: str) -> tuple[int, str, int] | None:
+    """(severity, status, version) of an incident as recorded."""
+    row = conn.execute(_INCIDENT_STATE, (incident,)).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+
+
+def ack(conn: Connection, incident: str, version: int, now: float) -> None:
+    conn.execute(_ACK, (incident, version, now))
+
+
+def ack_holds(conn: Connection, incident: str) -> bool:
+    """Whether the owner's ack still holds owner messages about `incident`, inside the caller's
+    write transaction; an ack that ended (fired again, or severity rose) is dropped here."""
+    row = conn.execute(_ACK_ROW, (incident,)).fetchone()
+    if row is None:
+        return False
+    state = incident_state(conn, incident)
+    if state is None:
+        return True
+    _severity, status, version = state
+    acked = int(row[0])
+    if version == acked or (version == acked + 1 and status == "resolved"):
+        return True
+    conn.execute(_ACK_DROP, (incident,))
+    return False
+
+
+def last_events(conn: Connection, incident: str, limit: int) -> list[tuple[int, int, str]]:
+    """The incident's newest events: (time, severity, raw JSON), newest first."""
+    rows = conn.execute(_LAST_EVENTS, (incident, limit)).fetchall()
+    return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+
+def queue_confirmation(conn: Connection, key: str, text: str, now: float) -> None:
+    """Queue a confirmation to the owner, outside the cadence (no daily cap, no audit fold)."""
+    conn.execute(_CONFIRM, (key, text, now, now))
