@@ -334,11 +334,12 @@ class Intake:
         timer = loop.call_at(deadline, watchdog)
         backfill: asyncio.Task[None] | None = None
         changed = False
+        reading = True  # not yet in `finally`: a cancel there would be swallowed by its awaits
 
         def readmitted(task: asyncio.Task[bool]) -> None:
             nonlocal changed
-            if not task.cancelled() and task.exception() is None and task.result():
-                changed = True
+            if reading and not task.cancelled() and task.exception() is None and task.result():
+                changed = True  # the next attempt carries the widened topic set either way
                 reader.cancel()
 
         retry: asyncio.Task[bool] | None = None
@@ -400,6 +401,7 @@ class Intake:
                 raise _TopicsChanged from None
             raise
         finally:
+            reading = False
             if timer is not None:
                 timer.cancel()
             if retry is not None and not retry.done():
