@@ -116,8 +116,10 @@ async def serve(
             member.prepare, stop, waits, {}, notifier, member.instance
         ):
             return 0
-        # A work differing from the leader's: exit 2, naming the keys (module doc: the import).
-        await asyncio.gather(prober.start(stop), asyncio.to_thread(_import_surfaces))
+        # The HTTP surface's modules in a thread alongside (module doc), never awaited: the
+        # campaign's first claim must not wait for them either.
+        asyncio.get_running_loop().run_in_executor(None, _import_surfaces)
+        await prober.start(stop)  # a work differing from the leader's: exit 2, naming the keys
         probing = asyncio.create_task(prober.run(stop), name="readiness")
         # One owner notice per database outage longer than the lease, on either side of it.
         outages = recovery.OutageWatch(member, waits, lease_ttl=cluster.lease_ttl)
@@ -174,8 +176,10 @@ async def serve(
 
 
 def _import_surfaces() -> None:
-    """The standby's HTTP surface's modules, imported in a thread (module doc)."""
-    from ntfy_intake.surfaces import console, http_api  # noqa: F401, PLC0415
+    """The standby's HTTP surface's modules, imported in a thread (module doc). A failure is
+    the standby's own import's to report (the same error, on the loop)."""
+    with contextlib.suppress(ImportError):
+        from ntfy_intake.surfaces import console, http_api  # noqa: F401, PLC0415
 
 
 async def _lead(
