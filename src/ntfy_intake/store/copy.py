@@ -30,6 +30,10 @@ TABLES = (
     "outbox_events",
     "quarantine",
     "owner_outbox",
+    # The owner's replies (store/owner_replies.py): what a quote names, what was received, acks.
+    "owner_signal_sent",
+    "owner_replies",
+    "owner_acks",
     "audit_journal",
     "feed_entries",
     "feed_cursors",
