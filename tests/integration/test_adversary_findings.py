@@ -58,11 +58,6 @@ QUOTED_PASSWORDS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a DSN password holding a double quote is printed in part by `check`"
-    " (settings/dsn.py cuts libpq's quoted text with a regex a quote in the password ends)",
-)
 @pytest.mark.parametrize(
     ("form", "template"), QUOTED_PASSWORDS, ids=[f for f, _ in QUOTED_PASSWORDS]
 )

@@ -33,9 +33,16 @@ ENCODE_HINT = (
     "percent-encode a %, @, / or : in the user name or password (%25, %40, %2F, %3A),"
     " or use the key=value form with the password in single quotes"
 )
-# libpq's parse messages quote the text they stumbled on; these quoted parts are its own.
-_LIBPQ_LITERALS = re.compile(r'(missing "=" after|separator "="|\(expected ":" or "/"\)|"\]")')
-_QUOTED = re.compile(r'"[^"]*"')
+# libpq's parse messages quote the text they stumbled on ("%s"), and that text may hold a `"`
+# of the password: so no quote is taken for the end of a quoted part. These message openings
+# hold a quote of libpq's own; after them, everything from the first `"` to the last is the
+# DSN's (libpq's words never follow its last quoted text with a quote).
+_LIBPQ_OPENINGS = (
+    'missing "=" after ',
+    'extra key/value separator "=" in URI query parameter: ',
+    'missing key/value separator "=" in URI query parameter: ',
+    'end of string reached when looking for matching "]" in IPv6 host address in URI: ',
+)
 _KEYWORDS_FORM = re.compile(r"\s*[A-Za-z_]+\s*=")
 
 
@@ -83,14 +90,16 @@ def parse(text: str) -> dict[str, str]:
 
 
 def _libpq_words(message: str, *, uri: bool) -> str:
-    """libpq's parse error with every text it quotes from the DSN cut out."""
+    """libpq's parse error with every text it quotes from the DSN cut out: its opening words
+    kept, then all from the first `"` to the last (or to the end, when only one) replaced."""
     first = message.strip().splitlines()[0] if message.strip() else "cannot be parsed"
-    kept = _LIBPQ_LITERALS.split(first)
-    words = "".join(
-        part if _LIBPQ_LITERALS.fullmatch(part) else _QUOTED.sub("(not shown)", part)
-        for part in kept
-    )
-    words = words.replace(": (not shown)", " (not shown)")
+    opening = next((o for o in _LIBPQ_OPENINGS if first.startswith(o)), "")
+    rest = first[len(opening) :]
+    if '"' in rest:
+        start, end = rest.index('"'), rest.rindex('"')
+        tail = rest[end + 1 :] if end > start else ""
+        rest = f"{rest[:start]}(not shown){tail}"
+    words = (opening + rest).replace(": (not shown)", " (not shown)")
     if uri or "percent" in words:
         return f"libpq: {words}; {ENCODE_HINT}"
     return f"libpq: {words} (a value holding spaces or quotes is written 'in single quotes')"
