@@ -323,3 +323,48 @@ def test_failed_receive_changes_nothing_and_is_retried(world: World) -> None:
         assert replies.stats.last_ok == world.clock.t
 
     world.run(scenario)
+
+
+def notice_rows(world: World) -> list[tuple[str, str | None]]:
+    rows = world.conn.execute(
+        "SELECT key, channel FROM owner_outbox WHERE topic = 'reply_path_dead' ORDER BY key"
+    )
+    return [(str(r[0]), r[1]) for r in rows.fetchall()]
+
+
+def test_reply_path_down_past_its_limit_gives_one_notice_through_the_fallback_topic(
+    world: World,
+) -> None:
+    """Failure mode: receiving fails for days and nobody knows that acks go unread."""
+    world.owner = OwnerSettings(
+        signal_url=world.signal.url,
+        signal_number=SENDER,
+        recipients=(OWNER,),
+        fallback_topic="owner-notices",
+        receive="poll",
+        receive_dead_after=600.0,
+    )
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        world.signal.faults.down()
+        await replies.run_once()
+        world.clock.t += 599
+        await replies.run_once()
+        assert notice_rows(world) == []  # not yet past the limit
+        world.clock.t += 2
+        await replies.run_once()
+        world.clock.t += 3600
+        await replies.run_once()  # the same episode: no second notice
+        assert len(notice_rows(world)) == 1
+        world.signal.faults.down(False)
+        await replies.run_once()  # back: the episode ends
+        world.signal.faults.down()
+        await replies.run_once()
+        world.clock.t += 601
+        await replies.run_once()
+
+    world.run(scenario)
+    rows = notice_rows(world)
+    assert len(rows) == 2 and {channel for _, channel in rows} == {"ntfy"}
+    [first, _] = [r for r in world.records("notice") if r["notice"] == "reply_path_dead"]
+    assert "HTTP 503" in first["text"]

@@ -194,6 +194,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("owner", "receive"): "poll",
         ("owner", "receive_every"): "10s",
         ("owner", "reply_from"): "+4915100000001",
+        ("owner", "receive_dead_after"): "15m",
         ("http", "listen"): "[::1]:9999",
         ("http", "token"): "feed-token-7Hq2Xv9Lp4",
         ("http", "public_url"): "https://intake.home.lan",
@@ -242,6 +243,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             receive="poll",
             receive_every=10.0,
             reply_from=("+4915100000001",),
+            receive_dead_after=900.0,
         ),
         http=settings.HttpSettings(
             "[::1]:9999", "feed-token-7Hq2Xv9Lp4", public_url="https://intake.home.lan"

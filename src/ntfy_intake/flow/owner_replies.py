@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 import structlog
 
+from ntfy_intake.rules import notices, sanitize, silences
 from ntfy_intake.rules import owner_replies as rules
-from ntfy_intake.rules import sanitize, silences
 from ntfy_intake.settings import OwnerSettings
 from ntfy_intake.store import audit, db
 from ntfy_intake.store import owner_replies as store
@@ -88,6 +88,10 @@ class OwnerReplies:
         self.after_receive = after_receive
         self.allowed = (*owner.recipients, *owner.reply_from)
         self.stats = ReplyStats()
+        # The reply path's health: since when receiving has failed (or not yet succeeded), and
+        # whether this episode's notice is queued.
+        self.failing_since: float | None = None
+        self.noticed = False
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and self.may_act():
@@ -100,7 +104,9 @@ class OwnerReplies:
         had an effect (a replay or a skipped kind has none)."""
         items = await self._receive()
         if items is None:
+            await self._maybe_dead()
             return 0
+        self.failing_since, self.noticed = None, False
         if items:
             self.after_receive()
         line = self.status_line() if items else ""
@@ -115,6 +121,28 @@ class OwnerReplies:
         if done:
             self.wake_sender()
         return done
+
+    async def _maybe_dead(self) -> None:
+        now = self.clock()
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.noticed or now - self.failing_since < self.owner.receive_dead_after:
+            return
+        notice = notices.reply_path_dead(
+            self.owner.receive_dead_after,
+            self.stats.last_error,
+            datetime.fromtimestamp(self.failing_since, UTC).strftime("%Y%m%dT%H%M%SZ"),
+        )
+        await self.run_db(self._queue_notice, notice)
+        await self.flush_audit()
+        self.noticed = True
+        self.wake_sender()
+
+    def _queue_notice(self, notice: notices.Notice) -> None:
+        with db.write_txn(self.conn) as txn:
+            self.queue.notice(txn, notice, self.clock())
+            if self.owner.fallback_topic:
+                store.route_to_fallback(self.conn, notice.key)
 
     async def _receive(self) -> list[object] | None:
         url = f"{(self.owner.signal_url or '').rstrip('/')}/v1/receive/{self.owner.signal_number}"

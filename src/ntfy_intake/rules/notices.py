@@ -309,3 +309,15 @@ def unreplayable(topic: str, day: str) -> Notice:
         key=f"unreplayable:{topic}:{day}",
         fields={"topic": topic, "day": day},
     )
+
+
+def reply_path_dead(dead_after: float, last_error: str | None, episode: str) -> Notice:
+    """Receiving the owner's replies over Signal has failed for `dead_after`: once per episode
+    (until a receive succeeds again), sent through the fallback topic when one is set."""
+    return Notice(
+        "reply_path_dead",
+        f"Your replies over Signal cannot be read: receiving has failed for over {dead_after:g}s "
+        f"(last error: {last_error or 'none'}). ack, silence and the rest are not seen until it "
+        "works again; use the console meanwhile. Alerts still reach you.",
+        key=f"reply_path_dead:{episode}",
+    )

@@ -440,6 +440,7 @@ def _owner(r: _Reader, ntfy: NtfySettings) -> OwnerSettings:
         receive=receive,
         receive_every=_duration(r, "owner", "receive_every", 5.0, 1.0),
         reply_from=reply_from,
+        receive_dead_after=_duration(r, "owner", "receive_dead_after", 600.0, 60.0),
     )
 
 

@@ -81,6 +81,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("owner", "receive"): "str",
     ("owner", "receive_every"): "duration",
     ("owner", "reply_from"): "list",
+    ("owner", "receive_dead_after"): "duration",
     ("http", "listen"): "str",
     ("http", "token"): "str",
     ("http", "public_url"): "str",
@@ -277,6 +278,7 @@ class OwnerSettings:
     receive: str = "off"
     receive_every: float = 5.0
     reply_from: tuple[str, ...] = ()  # who else may answer (numbers or UUIDs)
+    receive_dead_after: float = 600.0  # receiving failing this long: one notice
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ __all__ = [
     "last_events",
     "newest_incident_message",
     "queue_confirmation",
+    "route_to_fallback",
     "settle",
 ]
 
@@ -35,6 +36,7 @@ _CLAIM = (
     "INSERT INTO owner_replies(source, envelope_ts, received_at, command, result)"
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (source, envelope_ts) DO NOTHING"
 )
+_TO_FALLBACK = "UPDATE owner_outbox SET channel = 'ntfy' WHERE key = ? AND state = 'pending'"
 _SETTLE = "UPDATE owner_replies SET result = ? WHERE source = ? AND envelope_ts = ?"
 _KEY_FOR_TS = "SELECT key FROM owner_signal_sent WHERE signal_ts = ?"
 _NEWEST = (
@@ -127,3 +129,9 @@ def last_events(conn: Connection, incident: str, limit: int) -> list[tuple[int, 
 def queue_confirmation(conn: Connection, key: str, text: str, now: float) -> None:
     """Queue a confirmation to the owner, outside the cadence (no daily cap, no audit fold)."""
     conn.execute(_CONFIRM, (key, text, now, now))
+
+
+def route_to_fallback(conn: Connection, key: str) -> None:
+    """Send a queued owner message through the fallback topic, not Signal (the reply path's
+    notice: Signal is what fails), in the caller's write transaction."""
+    conn.execute(_TO_FALLBACK, (key,))
