@@ -121,12 +121,6 @@ def test_an_agent_s_successful_polls_do_not_reset_a_guesser_s_count_on_the_same_
 # -- the shipped two-box compose files against the work fingerprint -------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the shipped compose pair names box 1's ntfy and agent by box 1's names"
-    " (http://ntfy:80, host.docker.internal) and box 2's by LAN names: different work"
-    " fingerprints, so box 2 exits 2 at start (ntfy.url, relay.url)",
-)
 def test_the_shipped_two_box_compose_configs_have_one_work_fingerprint(tmp_path: Path) -> None:
     """deploy/compose.config.toml (box 1, `docker compose -f compose.yaml -f deploy/
     compose.cluster.yaml`) reaches ntfy as `http://ntfy:80` (the compose service) and the agent
