@@ -79,12 +79,6 @@ TOKEN = "adversary-surface-token-7Hq2Xv9Lp4"
 ROUNDS = 40
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: Throttle.succeeded forgives every failure of the address: a guesser on the"
-    " address of a polling agent (loopback, one NAT) gets 4 checked tokens per agent request,"
-    " never held, no owner notice",
-)
 def test_an_agent_s_successful_polls_do_not_reset_a_guesser_s_count_on_the_same_address(
     tmp_path: Path,
 ) -> None:

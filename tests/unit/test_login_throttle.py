@@ -78,11 +78,17 @@ def test_an_episode_ends_after_15_quiet_minutes_and_the_next_starts_at_a_minute(
     assert outcome.hold == 60 and outcome.began == ((LAN, 5),)
 
 
-def test_the_right_token_after_a_few_typos_forgives_them() -> None:
+def test_the_right_token_does_not_forgive_failures_on_its_address() -> None:
+    """An agent's success on an address does not reset a guesser's count there: failures
+    leave the count only by age."""
     throttle = Throttle()
     fail_times(throttle, LAN, [0, 1, 2, 3])
     throttle.succeeded(LAN, 5)
-    assert fail_times(throttle, LAN, [6, 7, 8, 9]) == [0, 0, 0, 0]
+    assert fail_times(throttle, LAN, [6]) == [60]  # the 5th within the minute: held
+    throttle2 = Throttle()
+    fail_times(throttle2, LAN, [0, 1, 2, 3])
+    throttle2.succeeded(LAN, 5)
+    assert fail_times(throttle2, LAN, [61, 62, 63, 64]) == [0, 0, 0, 0]  # aged out
 
 
 def test_an_ipv6_host_cannot_reset_its_count_by_moving_inside_its_64() -> None:

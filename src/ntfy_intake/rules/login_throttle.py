@@ -9,6 +9,10 @@ The rule, per bucket (one per client address, one for every address together):
 - Once a hold ends, the bucket is on probation: its next failure starts a hold twice as long as
   the last (60 s, 2, 4, 8 min, then 15 min for ever while failures go on). A guesser gets
   `failures` guesses, then one per hold: under 10 in the first half hour, 4 an hour after it.
+- A success forgives nothing: failures leave the count only by age (`Policy.window`). An address
+  is one client to the throttle, and may be many people (every loopback process, everyone
+  behind one NAT): an agent polling with the right token must not reset the count of a guesser
+  on its address, which would then get `failures - 1` checked guesses per poll, never held.
 - An episode is a run of holds; it ends once the bucket has had no failure for `Policy.max_hold`
   after its last hold ended. The first hold of an episode is reported (`Outcome.began`): the
   owner is told once per episode, naming the address.
@@ -153,12 +157,9 @@ class Throttle:
         return Outcome(self.held(address, now), tuple(began))
 
     def succeeded(self, address: str, now: float) -> None:
-        """The right token from `address`: its count starts again, and the overall hold no
-        longer applies to it for `Policy.trust`."""
+        """The right token from `address`: the overall hold no longer applies to it for
+        `Policy.trust`. Its own count stays (module doc: a success forgives nothing)."""
         key = client_key(address)
-        bucket = self._buckets.get(key)
-        if bucket is not None and bucket.hold == 0:
-            del self._buckets[key]  # a few typos, then the right token: forgiven
         self._trusted[key] = now + self.policy.trust
         self._trusted.move_to_end(key)
         while len(self._trusted) > self.policy.remember:
