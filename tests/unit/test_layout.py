@@ -1,6 +1,6 @@
 """The house rules, read from the source: the product never imports its test bed (the one
-exception is the CLI's dispatch, which imports a test-bed command lazily, inside the function that
-runs it), each room imports only the rooms below it, the pure rules do no I/O, only the store
+exception is the CLI, which imports the test bed's commands lazily, inside the function that
+builds its parser: testbed/commands.py), each room imports only the rooms below it, the pure rules do no I/O, only the store
 speaks SQL, and no module has an import cycle. Imports inside functions count.
 docs/architecture.md draws the rooms."""
 

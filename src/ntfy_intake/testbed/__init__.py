@@ -4,8 +4,9 @@
 - `receiver`: the reference triage receiver (verifies signatures, keeps receipts);
 - `signal_standin`: a stand-in for signal-cli-rest-api;
 - `drill` (with `drill_args`, `drill_report`): kill -9 verification with a verdict;
-- `demo`: the zero-setup end-to-end run.
+- `demo`: the zero-setup end-to-end run;
+- `commands`: their `ntfy-intake` subcommands, which the CLI registers beside its own.
 
 The test bed may import the product; the product never imports the test bed, except the CLI,
-which imports a test-bed command inside the function that runs it (tests/unit/test_layout.py).
+which imports `commands` inside the function that builds its parser (tests/unit/test_layout.py).
 """
