@@ -19,7 +19,7 @@ not each wait behind the last one's audit flush). A row the writer releases whil
 room is leased to it in the release's own transaction and handed over once committed (`room`,
 `take`, outbox.ask_hand_off): its POST waits for no claim.
 
-`classify()` and `retry_delay()` (relay_outcome.py) are pure; `Relay` is the loop around them.
+`classify()` and `retry_delay()` (wire/relay_outcome.py) are pure; `Relay` is the loop around them.
 """
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ import httpx
 import structlog
 
 from ntfy_intake import __version__
-from ntfy_intake.flow import relay_outcome
-from ntfy_intake.flow.relay_outcome import Outcome, RelayStats, classify, retry_delay
 from ntfy_intake.flow.relay_wakeup import Wakeup
 from ntfy_intake.rules import cadence, notices
 from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
-from ntfy_intake.wire import http_post, signing
+from ntfy_intake.wire import http_post, relay_outcome, signing
+from ntfy_intake.wire.relay_outcome import Outcome, RelayStats, classify, retry_delay
 
 log = structlog.get_logger("ntfy_intake.relay")
 

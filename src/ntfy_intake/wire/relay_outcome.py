@@ -1,5 +1,5 @@
-"""What a relay attempt's answer means, when to try again, what was counted: pure (relay.py is
-the loop).
+"""What a relay attempt's answer means, when to try again, what was counted: pure (the loop is
+flow/relay.py), beside `refusals.py`, which reads a refused subscribe the same way.
 
 `classify` reads a status, the headers, the body (or the error when no response came) into an
 `Outcome`; 2xx delivers (its `notify.text`, when the agent sent one, goes to the owner), 401, 408,
