@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 import structlog
+import websockets
+from websockets.asyncio.client import connect
 
 from ntfy_intake.rules import notices, sanitize, silences
 from ntfy_intake.rules import owner_replies as rules
@@ -42,6 +44,12 @@ log = structlog.get_logger("ntfy_intake.owner_replies")
 
 DETAIL_EVENTS = 3
 MAX_ITEMS = 100  # per receive call: more is logged and still handled next round
+# websocket mode: a ping every PING_EVERY seconds, and a connection whose pong does not come
+# within PING_DEADLINE is closed and opened again. json-rpc mode may send nothing for days, so
+# silence itself is no fault, but a peer that stopped answering pings is (a bot without pings
+# went deaf for days on a half-open connection).
+PING_EVERY = 20.0
+PING_DEADLINE = 20.0
 
 
 @dataclass(slots=True)
@@ -71,7 +79,11 @@ class OwnerReplies:
         timeout: float = 10.0,
         may_act: Callable[[], bool] = lambda: True,
         after_receive: Callable[[], None] = lambda: None,
+        ping_every: float = PING_EVERY,
+        ping_deadline: float = PING_DEADLINE,
     ) -> None:
+        self.ping_every = ping_every
+        self.ping_deadline = ping_deadline
         self.conn = conn
         self.client = client
         self.run_db = run_db
@@ -95,24 +107,62 @@ class OwnerReplies:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and self.may_act():
-            await self.run_once()
+            if self.owner.receive == "websocket":
+                await self.listen(stop)
+            else:
+                await self.run_once()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.owner.receive_every)
 
-    async def run_once(self) -> int:
-        """One receive call and the commits of what it returned; the number of envelopes that
-        had an effect (a replay or a skipped kind has none)."""
-        items = await self._receive()
-        if items is None:
+    async def listen(self, stop: asyncio.Event) -> None:
+        """websocket mode (json-rpc): one connection until it fails or `stop`; each frame is
+        committed before the next is read. A failure counts as a failed receive (health)."""
+        base = (self.owner.signal_url or "").rstrip("/")
+        url = "ws" + base.removeprefix("http") + f"/v1/receive/{self.owner.signal_number}"
+        self.stats.receives += 1
+        try:
+            async with connect(
+                url,
+                open_timeout=self.timeout,
+                ping_interval=self.ping_every,
+                ping_timeout=self.ping_deadline,
+                # A peer that stopped answering will not answer a close either.
+                close_timeout=self.ping_deadline,
+                proxy=None,
+            ) as ws:
+                self._receive_ok()
+                while not stop.is_set() and self.may_act():
+                    frame = asyncio.ensure_future(ws.recv())
+                    stopped = asyncio.ensure_future(stop.wait())
+                    try:
+                        await asyncio.wait({frame, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        stopped.cancel()
+                        waiting = not frame.done()
+                        if waiting:  # stopped (or cancelled) before a frame came
+                            frame.cancel()
+                    if waiting:
+                        return
+                    try:
+                        item = json.loads(frame.result())
+                    except ValueError:  # one bad frame is skipped, the connection kept
+                        log.warning("owner_replies.bad_frame")
+                        continue
+                    await self.commit_items([item])
+                    self._receive_ok()
+        except (OSError, TimeoutError, ValueError, websockets.WebSocketException) as exc:
+            self._receive_failed(exc)
             await self._maybe_dead()
-            return 0
-        self.failing_since, self.noticed = None, False
+
+    async def commit_items(self, items: list[object]) -> int:
+        """Handle each item in its own transaction, then flush the audit log and wake the
+        sender; the number that had an effect."""
         if items:
             self.after_receive()
         line = self.status_line() if items else ""
         done = 0
         for item in items:
-            result = await self.run_db(self.handle, item, line)
+            result = await self.run_db(self.handle, _unwrap(item), line)
             if result is not None:
                 done += 1
                 self.stats.by_result[result] = self.stats.by_result.get(result, 0) + 1
@@ -121,6 +171,25 @@ class OwnerReplies:
         if done:
             self.wake_sender()
         return done
+
+    def _receive_ok(self) -> None:
+        self.stats.last_ok = self.clock()
+        self.stats.last_error = None
+        self.failing_since, self.noticed = None, False
+
+    def _receive_failed(self, exc: BaseException) -> None:
+        self.stats.receive_failures += 1
+        self.stats.last_error = sanitize.one_line(f"{type(exc).__name__}: {exc}", 200)
+        log.warning("owner_replies.receive_failed", detail=self.stats.last_error)
+
+    async def run_once(self) -> int:
+        """One receive call and the commits of what it returned; the number of envelopes that
+        had an effect (a replay or a skipped kind has none)."""
+        items = await self._receive()
+        if items is None:
+            await self._maybe_dead()
+            return 0
+        return await self.commit_items(items)
 
     async def _maybe_dead(self) -> None:
         now = self.clock()
@@ -156,12 +225,9 @@ class OwnerReplies:
             if not isinstance(items, list):
                 raise ValueError("not a JSON array")
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:
-            self.stats.receive_failures += 1
-            self.stats.last_error = sanitize.one_line(f"{type(exc).__name__}: {exc}", 200)
-            log.warning("owner_replies.receive_failed", detail=self.stats.last_error)
+            self._receive_failed(exc)
             return None
-        self.stats.last_ok = self.clock()
-        self.stats.last_error = None
+        self._receive_ok()
         if len(items) > MAX_ITEMS:
             log.warning("owner_replies.many", items=len(items))
         return items
@@ -275,6 +341,14 @@ class OwnerReplies:
             _event_line(t, s, raw) for t, s, raw in store.last_events(conn, incident, DETAIL_EVENTS)
         ]
         return "details", rules.confirmation("details", incident, lines=lines), fields
+
+
+def _unwrap(item: object) -> object:
+    """A json-rpc notification (`{"jsonrpc": "2.0", "method": "receive", "params": {...}}`, as
+    some versions relay signal-cli's own) carries the usual item in `params`."""
+    if isinstance(item, dict) and item.get("method") == "receive":
+        return item.get("params")
+    return item
 
 
 def _reply_key(envelope: rules.Envelope) -> str:

@@ -94,7 +94,6 @@ class Daemon:
             daily_cap=settings.cadence.daily_cap,
             timezone=settings.cadence.timezone,
             maintenance=settings.maintenance,
-            profiles=settings.ntfy.profiles == "auto",
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
         self.owner_queue = CountedOwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))
@@ -295,7 +294,7 @@ class Daemon:
             self.journal.wake_owner_sender_with(self.owner.wakeup)
             self.vitals.watch_senders(self.relay, self.owner)
             tasks.start(self.owner.run(senders_stop), "owner")
-            if self.settings.owner.receive == "poll":  # replies from the phone (section 13)
+            if self.settings.owner.receive != "off":  # replies from the phone (section 13)
                 tasks.start(self._owner_replies(client).run(senders_stop), "owner_replies")
             tasks.start(self._housekeeping(), "housekeeping")
             if self.settings.expect:  # `[[expect]]`: runtime/expectations.py

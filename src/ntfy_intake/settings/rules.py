@@ -420,8 +420,6 @@ def _owner(r: _Reader, ntfy: NtfySettings) -> OwnerSettings:
     receive = r.text("owner", "receive") or "off"
     if receive not in ("poll", "websocket", "off"):
         r.fail("owner", "receive", f"expected poll, websocket or off, got {receive!r}")
-    if receive == "websocket":
-        r.fail("owner", "receive", "websocket is not supported yet: use poll (normal/native mode)")
     if receive != "off" and signal_url is None:
         r.fail("owner", "receive", "needs owner.signal_url (replies come over Signal)")
     reply_from = r.strings("owner", "reply_from") or ()
