@@ -18,6 +18,7 @@ import pytest
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import cadence
+from ntfy_intake.rules.owner_replies import CONFIRM_LIMIT, CONFIRM_WINDOW
 from ntfy_intake.settings import OwnerSettings
 from ntfy_intake.store import audit, db, migrations
 from ntfy_intake.store.owner_queue import OwnerQueue
@@ -368,3 +369,26 @@ def test_reply_path_down_past_its_limit_gives_one_notice_through_the_fallback_to
     assert len(rows) == 2 and {channel for _, channel in rows} == {"ntfy"}
     [first, _] = [r for r in world.records("notice") if r["notice"] == "reply_path_dead"]
     assert "HTTP 503" in first["text"]
+
+
+def test_confirmations_have_their_own_limit_so_two_bots_cannot_loop_for_ever(
+    world: World,
+) -> None:
+    """A bot in owner.reply_from that answers every message would answer each confirmation:
+    past the limit replies still act and are audited, but get no answer."""
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        for _ in range(CONFIRM_LIMIT + 5):
+            world.signal.inbox.inject(SENDER, OWNER, "thanks!")
+        assert await replies.run_once() == CONFIRM_LIMIT + 5
+        world.clock.t += CONFIRM_WINDOW + 1  # a new hour: answered again
+        world.signal.inbox.inject(SENDER, OWNER, "status")
+        await replies.run_once()
+
+    world.run(scenario)
+    replies_audited = world.records("owner_reply")
+    assert len(replies_audited) == CONFIRM_LIMIT + 6
+    assert [r["confirmed"] for r in replies_audited].count(False) == 5
+    assert replies_audited[-1]["confirmed"] is True
+    queued = world.conn.execute("SELECT count(*) FROM owner_outbox WHERE topic = 'reply'")
+    assert queued.fetchone()[0] == CONFIRM_LIMIT + 1

@@ -267,6 +267,8 @@ class OwnerReplies:
                 return None
             result, reply, fields = self._effect(txn, envelope, command, status_line, now)
             store.settle(self.conn, envelope.source, envelope.timestamp, result)
+            recent = store.confirmations_since(self.conn, now - rules.CONFIRM_WINDOW)
+            answered = recent < rules.CONFIRM_LIMIT
             audit.stage(
                 self.conn,
                 "owner_reply",
@@ -274,9 +276,11 @@ class OwnerReplies:
                 command=command.verb,
                 result=result,
                 envelope_ts=envelope.timestamp,
+                confirmed=answered,
                 **fields,
             )
-            store.queue_confirmation(self.conn, _reply_key(envelope), reply, now)
+            if answered:
+                store.queue_confirmation(self.conn, _reply_key(envelope), reply, now)
         return result
 
     def _effect(

@@ -25,6 +25,11 @@ NEWEST_WITHIN = 3600.0
 NEEDS_INCIDENT: frozenset[str] = frozenset({"ack", "silence", "unsilence", "details"})
 MAX_SOURCE = 80  # an E.164 number or a UUID; anything longer is cut in the audit line
 CONFIRMATION_LIMIT = 600
+# At most this many confirmations and help texts per CONFIRM_WINDOW: past it a reply still acts
+# and is audited, unanswered. Two automatons answering each other (a bot in owner.reply_from
+# that replies to everything) would otherwise loop for ever.
+CONFIRM_LIMIT = 20
+CONFIRM_WINDOW = 3600.0
 HELP = (
     "Reply to one of my messages (swipe to quote it) with: ack | silence 2h | unsilence | "
     "details | status | help. Without a quote I take the newest message of the last hour."

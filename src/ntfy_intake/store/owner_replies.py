@@ -19,6 +19,7 @@ __all__ = [
     "ack",
     "ack_holds",
     "claim",
+    "confirmations_since",
     "incident_of",
     "incident_state",
     "key_for_signal_ts",
@@ -37,6 +38,7 @@ _CLAIM = (
     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (source, envelope_ts) DO NOTHING"
 )
 _TO_FALLBACK = "UPDATE owner_outbox SET channel = 'ntfy' WHERE key = ? AND state = 'pending'"
+_CONFIRMATIONS_SINCE = "SELECT count(*) FROM owner_outbox WHERE topic = 'reply' AND kind = 'notice' AND created_at >= ?"
 _SETTLE = "UPDATE owner_replies SET result = ? WHERE source = ? AND envelope_ts = ?"
 _KEY_FOR_TS = "SELECT key FROM owner_signal_sent WHERE signal_ts = ?"
 _NEWEST = (
@@ -135,3 +137,8 @@ def route_to_fallback(conn: Connection, key: str) -> None:
     """Send a queued owner message through the fallback topic, not Signal (the reply path's
     notice: Signal is what fails), in the caller's write transaction."""
     conn.execute(_TO_FALLBACK, (key,))
+
+
+def confirmations_since(conn: Connection, since: float) -> int:
+    """Confirmations and help texts queued at or after `since` (their own rate limit)."""
+    return int(conn.execute(_CONFIRMATIONS_SINCE, (since,)).fetchone()[0])
