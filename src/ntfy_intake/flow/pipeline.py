@@ -1,18 +1,5 @@
-"""The parts of the event pipeline that its objects share, and the map of how one event becomes
-exactly one recorded outcome:
-
-  intake.py       reads a frame and puts it on the queue                 (no database there)
-  writer.py       `Writer.record` takes a batch and, top to bottom:
-                    inbox transaction: inbox row (dedup by id), incident merge, cadence decision,
-                      outbox row or "suppressed", the audit journal rows  (inbox.record_batch)
-                    audit line: the journal appended to the JSONL log, flush + fsync  (journal.py)
-                    cursor: the resume point learns which events are durable; `settle_cursor`
-                      persists it once the reorder window has passed      (cursor.ResumePoint)
-                  a backfill poll takes the same path, never moves the cursor, and clears what
-                  was owed in the same transaction
-  database.py     every database call runs in one worker thread under one lock; a transient
-                  storage fault is waited out there, never a crash
-The relay and the agent feed read the outbox on their own; a webhook outage never stalls intake.
+"""The parts of the event pipeline that its objects share. How one event becomes exactly one
+recorded outcome is told once, in docs/architecture.md ("The flow of one event").
 
 Here: the counters the pipeline adds up, the heartbeat that proves the loop turns, the owner
 queue that counts what it queued, the feed appenders, and the drill's crash points.
