@@ -2,10 +2,12 @@
 `cluster.probe_every` whether it could do the work, and stores the verdict in its row.
 
 One probe:
-1. a `poll=1&since=latest` GET to its OWN `ntfy.url` for its topics, with its credentials
-   (the token as the intake sends it; userinfo in the URL as httpx sends it): 2xx is reachable,
-   anything else is named by its status or its error, never by a credential (a 429 of the
-   request bucket is no failure, and a leader whose stream is live sends none: `probe`);
+1. a `poll=1` GET to its OWN `ntfy.url` for its topics, with its credentials (the token as
+   the intake sends it; userinfo in the URL as httpx sends it): 2xx is reachable, anything else
+   is named by its status or its error, never by a credential (a 429 of the request bucket is
+   no failure, and a leader whose stream is live sends none: `probe`); it must hold the
+   leader's last recorded message (the store's cursor), and a refused token backs it off; and
+   a HEAD to the relay's origin (runtime/work_probe says how and why);
 2. the migration ledger: every step it names is one this code knows (a newer version migrated
    the schema: this node could not run the leader's daemon, migrations.apply would refuse);
 3. its work fingerprint equals the live leader's (the lease holder's node row, same instance:
@@ -60,9 +62,10 @@ from ntfy_intake.rules.lease import Seen
 from ntfy_intake.rules.notices import Notice
 from ntfy_intake.rules.readiness import NodeSeen, Verdict, WorkState
 from ntfy_intake.runtime.cluster import Member
+from ntfy_intake.runtime.work_probe import WorkProbe
 from ntfy_intake.settings import Settings
+from ntfy_intake.store import cursor as stored_cursor
 from ntfy_intake.store import db, leadership, migrations, nodes, postgres
-from ntfy_intake.wire import diagnose
 
 log = structlog.get_logger("ntfy_intake.readiness")
 
@@ -161,6 +164,10 @@ class Prober:
         self.tell_owner: Callable[[Notice], Awaitable[None]] | None = None
         self.probe_every = settings.cluster.probe_every
         self.budget = max(0.5, self.probe_every * readiness.PROBE_BUDGET)
+        # Its ntfy (is it the leader's; a refused token backs off) and its relay: work_probe.
+        self.work = WorkProbe(
+            settings, member.node, self.budget, transport=transport, monotonic=monotonic
+        )
         self.parts = parts_of(settings)
         self.fingerprint = readiness.fingerprint(self.parts)
         self.probes = 0
@@ -295,7 +302,7 @@ class Prober:
         # A leader whose stream is live has its answer already, and ntfy counts every request
         # against the address's bucket (60, one back per 5 s): two nodes behind one address
         # probing every 10 s would spend the whole refill, and the leader's reconnects none.
-        ntfy = None if work.intake == "live" else await self._ntfy()
+        ntfy = await self.work.check(ntfy=work.intake != "live")
         loop = asyncio.get_running_loop()
         try:
             found = await loop.run_in_executor(self._pool, self._store_step, ntfy, work, first)
@@ -343,41 +350,12 @@ class Prober:
                 log.warning("readiness.not_ready", node=self.member.node, reason=reason)
         self._reason, self._hard = reason, hard
 
-    async def _ntfy(self) -> str | None:
-        """The poll to this node's own ntfy (module doc): None when it answered 2xx."""
-        n = self.settings.ntfy
-        url = f"{n.url.rstrip('/')}/{','.join(n.topics)}/json"
-        shown = readiness.work_address(n.url)
-        headers = {"Authorization": f"Bearer {n.token}"} if n.token else {}
-        try:
-            async with (
-                asyncio.timeout(self.budget),
-                httpx.AsyncClient(transport=self._transport, timeout=self.budget) as client,
-            ):
-                response = await client.get(
-                    url, params={"poll": "1", "since": "latest"}, headers=headers
-                )
-        except (httpx.HTTPError, TimeoutError, OSError) as exc:
-            detail = type(exc).__name__
-            if isinstance(exc, TimeoutError | httpx.TimeoutException):
-                detail = f"no answer within {self.budget:g} s"
-            return f"ntfy unreachable from this node ({shown}: {detail})"
-        if 200 <= response.status_code < 300:
-            return None
-        said = diagnose.ntfy_error(response.text)
-        if response.status_code == 429 and not (said or "").startswith("42909"):
-            # Rate limited (this address's request bucket, or its subscriptions): the route,
-            # the server and the credentials work; a stream asked for after a takeover gets a
-            # token within one replenish period (5 s by default). Ready, and said in the log.
-            log.info("readiness.ntfy_rate_limited", node=self.member.node)
-            return None
-        # 42909 is too many failed logins from here: the credentials, not the bucket.
-        return f"ntfy answered HTTP {response.status_code}" + (f" ({said})" if said else "")
-
     def _store_step(self, ntfy: str | None, work: WorkState, first: bool) -> _Found:
         """In the probe thread: the ledger, the lease, the rows, this node's report."""
         conn = self._connection()
         known = {name for name, _ in migrations.for_engine(conn)}
+        # The leader's last recorded message: the next probe asks this node's ntfy for it.
+        self.work.leader_last = stored_cursor.load(conn)
         unknown = sorted(set(migrations.ledger(conn)) - known)
         lease = leadership.read(conn)
         rows = nodes.read_all(conn)
