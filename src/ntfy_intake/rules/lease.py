@@ -155,8 +155,9 @@ def decide(
     (None when its LocalLease is not valid); `first_own` is the first read that showed another
     instance under this node's name, kept by the caller while it waits (None otherwise).
 
-    `predecessor` is the prefix of instances known dead: those of this node's state directory,
-    whose lock the caller holds (a process of it that still ran would hold the lock). A fresh
+    `predecessor` is the prefix of instances known dead: those of this node's state directory
+    in this boot, whose lock the caller holds (a process of it that still ran would hold the
+    lock; runtime/cluster.directory_prefix: a copy of the directory is not it). A fresh
     lease of one is a crashed predecessor's for certain: taken at once, not waited out."""
     if seen is None:
         return Decision(Action.TAKE, 0, 0.0, "no leader yet")

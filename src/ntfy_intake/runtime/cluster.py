@@ -18,15 +18,21 @@ Invariants owned here:
 - `hold` ends (sets `Holding.lost`) at the first of: a renewal refused (the row is not ours any
   more), a renewal that came back after the local deadline, the deadline passing with no
   renewal (the database is unreachable, the process was paused), a fence that saw another term;
-- the instance token starts with this state directory's prefix (`directory_prefix`): this
-  process holds the directory's lock, so a fresh lease carrying the prefix is a crashed
-  predecessor's, reclaimed at once instead of waited out (rules/lease.decide, `predecessor`).
+- the instance token starts with this state directory's prefix and where it lives in this
+  boot (`directory_prefix`): this process holds the directory's lock, so a fresh lease carrying
+  both is a crashed predecessor's, reclaimed at once instead of waited out (rules/lease.decide,
+  `predecessor`). The directory's prefix alone proves nothing: a box cloned from this one's SD
+  card (or a copied directory) has it too, and its lock is another directory's. The place is
+  the kernel's boot id (new at every boot, never copied with a disk) with the directory's
+  device and inode: a row under this node's name from another boot or directory (a clone, a
+  copy, this box before a reboot) is waited out, and a collision once it is seen renewed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 import threading
@@ -50,6 +56,7 @@ from ntfy_intake.store import db, leadership, migrations, storage
 log = structlog.get_logger("ntfy_intake.cluster")
 
 PREFIX_FILE = "cluster-instance-prefix"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LISTEN_SLICE_S = 0.5  # a standby's wait on the release NOTIFY, in slices a stop can cut
 RETRY_FRACTION = 0.25  # of renew_every: how soon a failed renewal is tried again
 
@@ -57,8 +64,9 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def directory_prefix(state_dir: Path) -> str:
-    """This state directory's instance prefix: random, made once, kept in the directory."""
+def directory_prefix(state_dir: Path, boot_id: Path = BOOT_ID) -> str:
+    """This state directory's instance prefix, then its place in this boot (module doc): the
+    directory's is random, made once and kept in the directory."""
     path = state_dir / PREFIX_FILE
     try:
         text = path.read_text(encoding="ascii").strip()
@@ -69,7 +77,23 @@ def directory_prefix(state_dir: Path) -> str:
         spare = path.with_suffix(".tmp")
         spare.write_text(text + "\n", encoding="ascii")
         os.replace(spare, path)
-    return f"{text}."
+    return f"{text}.{place(state_dir, boot_id)}."
+
+
+def place(state_dir: Path, boot_id: Path = BOOT_ID) -> str:
+    """Where this state directory is in this boot, 12 hex digits: the kernel's boot id (Linux;
+    a container reads its host's) with the directory's device and inode. Where there is no boot
+    id, one of this process's own: no row is then ever taken for a crashed predecessor's, each
+    is waited out (slower after a crash, never wrong)."""
+    try:
+        boot = boot_id.read_text(encoding="ascii").strip()
+        where = state_dir.stat()
+    except (OSError, UnicodeDecodeError):
+        boot = ""
+    if len(boot) < 16:
+        return "p" + secrets.token_hex(6)
+    seen = f"{boot}:{where.st_dev}:{where.st_ino}".encode()
+    return hashlib.sha256(seen).hexdigest()[:12]
 
 
 @dataclass(slots=True)
@@ -380,6 +404,26 @@ class Member:
     def _lapse(self) -> None:
         with self._local_lock:
             self.local.lapse()
+
+    async def name_taken(self) -> str | None:
+        """After a term of this process ended: the collision line when the lease is now another
+        instance's under this node's name, fresh (None otherwise, or when the row cannot be
+        read). This process was alive and held it, so that instance is no crashed predecessor
+        of it but a second live process (a clone that waited a paused lease out, a copy of
+        the state directory): exit 2, as a collision seen at start, never exit 1 from the
+        fenced write that told this one its term was over."""
+        try:
+            row = await self._in_thread(lambda: leadership.read(self._connection()))
+        except db.ERRORS as exc:
+            self._failed(exc)
+            return None
+        self._saw(row)
+        if row is None or row.expired or row.node != self.node or row.instance == self.instance:
+            return None
+        return (
+            f"node name {self.node!r} is in use: another process (instance {row.instance}) took"
+            f" this one's lease under it; give each its own [cluster] node"
+        )
 
     async def release(self) -> None:
         """Graceful stop: give the lease up now and wake the standbys (bounded; a failure only

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from ntfy_intake.errors import StartupError
 from ntfy_intake.flow.database import StorageWaits
 from ntfy_intake.rules.yielding import Verdict
 from ntfy_intake.runtime import readiness, recovery, yielding
@@ -146,6 +147,9 @@ async def serve(
             failed, yielded = await _lead(leader, member, holding, stop, watch)
             work.leading(None)
             prober.stand_by()
+            taken = None if stop.is_set() else await member.name_taken()
+            if taken is not None:  # fenced by a second process under this name: exit 2
+                raise StartupError(taken)
             if failed or stop.is_set():
                 break
             if yielded is not None:

@@ -42,12 +42,6 @@ def holder(cluster: Cluster) -> tuple[str, str, int] | None:
     return (str(found[0][0]), str(found[0][1]), int(found[0][2])) if found else None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a second box cloned from the first's SD card (same node name, the state"
-    " directory's instance prefix copied with it) is taken for the live leader's crashed"
-    " predecessor: it takes the live leader's lease at once instead of exiting 2",
-)
 def test_a_cloned_box_under_the_leader_s_name_exits_2_and_never_takes_its_lease(
     cluster: Cluster,
 ) -> None:
