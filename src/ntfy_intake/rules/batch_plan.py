@@ -278,11 +278,12 @@ class Planner:
         """The signal of each message, by id (a repeated id: its first). `ahead`: before the
         duplicates are known, so a value that breaks `signal_of` is left for `message` to meet
         (a duplicate never does: it must not fail the batch)."""
+        profiles = self.policy.profiles
         for message in messages:
             if message.id in self.signals:
                 continue
             try:
-                self.signals[message.id] = incidents.signal_of(message)
+                self.signals[message.id] = incidents.signal_of(message, profiles=profiles)
             except Exception:
                 if not ahead:
                     raise
@@ -305,7 +306,9 @@ class Planner:
             return
         self.known[event_id] = message.raw_sha256
         now, plan = self.now, self.plan
-        signal = self.signals.get(event_id) or incidents.signal_of(message)
+        signal = self.signals.get(event_id) or incidents.signal_of(
+            message, profiles=self.policy.profiles
+        )
         key = signal.key
         sequence = (message.topic, message.sequence_id or event_id)
         joined = self.sequences.get(sequence)
@@ -360,6 +363,7 @@ class Planner:
             expires=message.expires,
             sequence_id=message.sequence_id,
             sha256=message.raw_sha256,
+            profile=signal.profile,
         )
         plan.state.apply(record)
         plan.records.append(record)

@@ -59,6 +59,9 @@ class Policy:
     # `[[maintenance]]` windows (rules/maintenance.py): triage owner messages they hold are
     # suppressed with reason `maintenance:<name>`.
     maintenance: tuple[_maintenance.Window, ...] = ()
+    # `ntfy.profiles` ("auto" is True): whether the batch asks the publisher profiles for a
+    # message's key (rules/batch_plan.py). A replay keys by the audit line's recorded key.
+    profiles: bool = True
 
     @property
     def retention(self) -> float:

@@ -24,6 +24,7 @@ _EVENT_FIELDS = frozenset(
         "outcome",
         "reason",
         "delivery_key",
+        "profile",
     }
 )
 _OWNER_FIELDS = frozenset({"ts", "kind", "key", "message_kind", "notice", "result", "reason"})
@@ -36,10 +37,13 @@ def event_record(
     now: float,
     *,
     ts: str | None = None,
+    profile: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The `event` audit record of a decision: `ts` and `kind` first, None values dropped.
     `ts`: `rfc3339(now)` when the caller has it already (every record of a batch shares it).
+    `profile`: the publisher profile that keyed the message (`Signal.profile`); absent when
+    none did, so a line of a message no profile knows is what it always was.
 
     Stage it with `audit.encode`, and `apply` the same dict to the state.
     """
@@ -55,6 +59,8 @@ def event_record(
     }
     if decision.delivery_key is not None:
         record["delivery_key"] = decision.delivery_key
+    if profile is not None:
+        record["profile"] = profile
     return _with_extra(record, extra, _EVENT_FIELDS)
 
 

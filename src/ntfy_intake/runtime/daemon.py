@@ -94,6 +94,7 @@ class Daemon:
             daily_cap=settings.cadence.daily_cap,
             timezone=settings.cadence.timezone,
             maintenance=settings.maintenance,
+            profiles=settings.ntfy.profiles == "auto",
         )
         # Rebuilt from the audit log in recover(); the audit log is the only cadence store.
         self.owner_queue = CountedOwnerQueue(self.policy, cadence.CadenceState.empty(self.policy))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ntfy_intake.rules import sanitize
+from ntfy_intake.rules import event_profile, sanitize
 from ntfy_intake.store import audit, db, dialect
 from ntfy_intake.store.transaction import Connection, Cursor
 from ntfy_intake.wire import frames
@@ -114,7 +114,7 @@ _HEAD = (
 )
 _DUE_ORDER = " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key"
 _EVENTS = (
-    "SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    "SELECT n.raw, n.incident_key FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " WHERE e.delivery_key = {} ORDER BY n.time, n.seq"
 )
 # The kinds as SQL literals, from the one list of them: a kind ntfy adds is named there alone.
@@ -134,7 +134,7 @@ _ACTIONS = f"{_ACTION_ROWS} ORDER BY a.time, a.seq"
 # on their indexes, whatever the planner knows of the tables' sizes), their rows in JSON arrays.
 _DUE_PG = (
     "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version,"
-    " (SELECT json_agg(n.raw ORDER BY n.time, n.seq)"
+    " (SELECT json_agg(json_build_array(n.raw, n.incident_key) ORDER BY n.time, n.seq)"
     "   FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     "   WHERE e.delivery_key = o.delivery_key),"
     " (SELECT json_agg(json_build_array(d.event_id, d.event, d.sequence_id, d.topic, d.time)"
@@ -161,13 +161,14 @@ def build_payload(conn: Connection, key: str) -> Built:
     head = conn.execute(f"{_HEAD} WHERE o.delivery_key = ?", (key,))
     events = conn.execute(_EVENTS.format("?"), (key,))
     actions = conn.execute(_ACTIONS.format("?"), (key,))
-    return _payload_from(head.fetchone(), [raw for (raw,) in events], actions.fetchall())
+    return _payload_from(head.fetchone(), events.fetchall(), actions.fetchall())
 
 
-def event_view(frame: dict[str, Any]) -> dict[str, Any]:
+def event_view(frame: dict[str, Any], incident_key: str | None = None) -> dict[str, Any]:
     """One event as the agent sees it: ntfy's fields as sent, the body decoded when ntfy base64-
     encoded it, and no key for what the publisher did not send (a titleless alert has no
-    `title`, never a null one)."""
+    `title`, never a null one). `profile`: the publisher profile that keyed it, when one did
+    (rules/event_profile.py, given the event's recorded `incident_key`)."""
     message = frame.get("message", "")
     if frame.get("encoding") == "base64" and isinstance(message, str):
         message = frames.decode_base64_body(message)
@@ -178,15 +179,32 @@ def event_view(frame: dict[str, Any]) -> dict[str, Any]:
     view["priority"] = frame.get("priority", 3)
     view["tags"] = frame.get("tags", [])
     view.update({name: frame[name] for name in PUBLISHER_FIELDS if frame.get(name) is not None})
+    profile = None
+    if incident_key is not None:
+        title = view.get("title")
+        profile = event_profile.recorded(
+            event_id=view["id"],
+            time=view["time"],
+            topic=view["topic"],
+            title=title if isinstance(title, str) else None,
+            message=message if isinstance(message, str) else "",
+            priority=view["priority"] if type(view["priority"]) is int else None,
+            tags=[tag for tag in view["tags"] if isinstance(tag, str)],
+            incident_key=incident_key,
+        )
+    if profile is not None:
+        view["profile"] = profile
     return view
 
 
-def _payload_from(head: Any, raws: list[str], actions: list[Any]) -> Built:
+def _payload_from(head: Any, raws: Sequence[Sequence[str]], actions: list[Any]) -> Built:
     key, reason, incident_key, severity, status, version = head
     if incident_key is None:  # written in one transaction with its request: never, unless edited
         raise LookupError(f"triage request {key} names no recorded incident")
     # The raw frame is kept as received; what reaches an agent obeys the decode rule.
-    events = [event_view(sanitize.valid_utf8(json.loads(raw))) for raw in raws]
+    events = [
+        event_view(sanitize.valid_utf8(json.loads(raw)), event_key) for raw, event_key in raws
+    ]
     device_actions = [
         {"id": row[0], "event": row[1], "sequence_id": row[2], "topic": row[3], "time": row[4]}
         for row in actions
