@@ -6,8 +6,10 @@ cannot reach the relay is not ready. Each test is named after the adversary find
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,47 @@ def test_a_node_that_cannot_reach_the_relay_is_not_ready_and_shows_no_credential
         assert probe(fine) is None
     finally:
         closed(cut, fine)
+
+
+@pytest.fixture
+def answering() -> Iterator[dict[int, str]]:
+    """Two origins on real sockets: one a proxy with nothing behind it (502 to everything),
+    one a receiver that does not implement HEAD (501); status -> URL."""
+    servers = []
+    urls = {}
+    for status in (502, 501):
+
+        class Handler(BaseHTTPRequestHandler):
+            answer = status
+
+            def do_HEAD(self) -> None:
+                self.send_response(self.answer)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        urls[status] = f"http://127.0.0.1:{server.server_address[1]}/triage"
+    try:
+        yield urls
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_proxy_with_nothing_behind_it_is_no_relay_but_a_501_is(
+    tmp_path: Path, emu: NtfyEmulator, answering: dict[int, str]
+) -> None:
+    proxied = prober_for(tmp_path, emu.url, "beta", ntfy_token=GOOD, relay_url=answering[502])
+    bare = prober_for(tmp_path, emu.url, "gamma", ntfy_token=GOOD, relay_url=answering[501])
+    try:
+        reason = probe(proxied)
+        assert reason is not None and reason.endswith(": HTTP 502)"), reason
+        assert probe(bare) is None
+    finally:
+        closed(proxied, bare)

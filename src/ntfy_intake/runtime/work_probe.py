@@ -14,8 +14,10 @@ ntfy (one `poll=1` GET for its topics, with its credentials):
   ntfy's failed-login budget is per address and shared with the leader behind one NAT. While it
   waits no request goes out and the reason stays, naming when the next try is;
 - any other 429 is the request bucket: ready (the route, server and credentials work).
-relay (when `relay.url` is set): a HEAD to the relay URL's origin (`/`), no credential sent: any HTTP answer 2xx-4xx is reachable (a 405 from a POST-only receiver, a 401 from one
-that wants its token); no answer, a timeout or a 5xx (a proxy with nothing behind it) is not.
+relay (when `relay.url` is set): a HEAD to the relay URL's origin (`/`), no credential sent:
+any HTTP answer is reachable (a 405 from a POST-only receiver, a 401 from one that wants its
+token, a 501 from one without HEAD); no answer, a timeout, or a 502/503/504 (a proxy with
+nothing behind it) is not.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from ntfy_intake.wire import diagnose
 log = structlog.get_logger("ntfy_intake.readiness")
 
 SINCE_MARGIN = 5  # seconds before the leader's message time: two clocks, one server's seconds
+# What a proxy says when nothing answers behind it; any other status is the relay's own answer
+# (a 501 from a receiver that does not implement HEAD, a 405 from one that wants POST only).
+PROXY_FAILURES = frozenset({502, 503, 504})
 EXPIRY_MARGIN = 300.0  # ntfy prunes on its own schedule; a message this close to expiry may be gone
 
 
@@ -184,6 +189,6 @@ class WorkProbe:
             if isinstance(exc, TimeoutError | httpx.TimeoutException):
                 detail = f"no answer within {self.budget:g} s"
             return f"relay unreachable from this node ({shown}: {detail})"
-        if response.status_code >= 500:
+        if response.status_code in PROXY_FAILURES:
             return f"relay unreachable from this node ({shown}: HTTP {response.status_code})"
         return None
