@@ -128,6 +128,7 @@ def test_triage_payload_under_profiles_off_names_no_profile(store: db.Connection
     assert all("profile" not in event for event in events.values())
 
 
+@pytest.mark.engines
 def test_rebuild_keeps_the_recorded_key_when_the_setting_changed_between_runs(
     tmp_path: Path,
 ) -> None:
