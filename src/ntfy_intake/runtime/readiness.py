@@ -61,6 +61,7 @@ from ntfy_intake.rules import notices, readiness
 from ntfy_intake.rules.lease import Seen
 from ntfy_intake.rules.notices import Notice
 from ntfy_intake.rules.readiness import NodeSeen, Verdict, WorkState
+from ntfy_intake.runtime import owed
 from ntfy_intake.runtime.cluster import Member
 from ntfy_intake.runtime.work_probe import WorkProbe
 from ntfy_intake.settings import Settings
@@ -319,6 +320,7 @@ class Prober:
         self._set(found.reason, hard=found.hard)
         if self.tell_owner is not None and self.member.may_act():
             await self._tell_differing(found.rows)
+            await self._record_owed()
 
     async def leaving(self, reason: str) -> None:
         """Before this node releases the lease (a graceful stop, a yield): its row says not
@@ -472,6 +474,20 @@ class Prober:
                 log.warning("readiness.notice_failed", node=row.node, error=type(exc).__name__)
                 continue
             self._told.add(key)  # the outbox's key makes a repeat by the next leader a no-op
+
+    async def _record_owed(self) -> None:
+        """The notices other nodes owe the owner (runtime/owed.py), recorded by this leader."""
+        if self.tell_owner is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        async def run(call: Callable[[], Any]) -> Any:
+            return await loop.run_in_executor(self._pool, call)
+
+        try:
+            await owed.record(self._connection, run, self.tell_owner)
+        except Exception as exc:  # noqa: BLE001 - still owed: the next probe records it
+            log.warning("readiness.owed_failed", node=self.member.node, error=type(exc).__name__)
 
     def lead(self, leader: object) -> None:
         """A term begins: this node reports its daemon's intake, and tells the owner of nodes

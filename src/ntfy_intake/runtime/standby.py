@@ -25,6 +25,7 @@ import structlog
 
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.rules import cadence
+from ntfy_intake.runtime import owed
 from ntfy_intake.runtime.cluster import Holding, Member
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
@@ -190,8 +191,9 @@ class Standby:
                     self.settings, self.health, lambda: (policy, idle), leader=self.leader_console
                 )
             ),
-            # No login_notice: a standby cannot write. Its failed logins are held and logged
-            # (http.logins_held); the leader's own surface notices what is tried against it.
+            # A standby cannot write the outbox: the notice of its failed logins is owed on its
+            # node row, and the leader's prober records it (runtime/owed.py).
+            login_notice=owed.sink(self.member),
             hosts=http_api.trusted_hosts(self.settings),
         )
         try:

@@ -230,6 +230,8 @@ SQLITE: tuple[Migration, ...] = (
                 acked_at REAL NOT NULL)""",
         ],
     ),
+    # The notices a standby owes the owner, on its node row (PostgreSQL only, as the rows are).
+    ("0011_nodes_owed", []),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

@@ -231,4 +231,12 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
                 acked_at DOUBLE PRECISION NOT NULL)""",
         ],
     ),
+    # Owner notices a node owes and cannot write (a standby's failed-login holds): a JSON object
+    # by notice key on its own row, which the leader records and clears (store/nodes.py).
+    (
+        "0011_nodes_owed",
+        [
+            "ALTER TABLE nodes ADD COLUMN owed TEXT NOT NULL DEFAULT '{}' CHECK (owed::json IS NOT NULL)"
+        ],
+    ),
 )

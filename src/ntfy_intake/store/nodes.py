@@ -12,6 +12,9 @@ Invariants owned here:
   holds the directory's lock, so no live process carries it), or stale (not seen for `stale_s`
   seconds). Otherwise it writes nothing and answers the other instance's row: a second live
   process under an existing name never overwrites the first's row (runtime/readiness decides);
+- `owe` adds a notice to this instance's row only (`owed`, a JSON object by notice key: the
+  same notice owed twice is one), and `settle` removes only the keys the leader recorded, so a
+  notice owed between the leader's read and its settle stays owed;
 - nothing here takes a lock another statement waits for beyond its own row: a node's report
   never queues behind the leader's writes (it runs on a connection of its own, never the
   lease's).
@@ -119,6 +122,40 @@ def leaving(conn: Connection, *, node: str, instance: str, reason: str) -> bool:
     graceful stop, a yield) is no ready peer for anyone from here on (runtime/readiness,
     `Prober.leaving`). False when the row is not this instance's (nothing written)."""
     return int(_pg(conn).execute(_LEAVING, (reason, node, instance)).rowcount) > 0
+
+
+_OWE = """UPDATE nodes SET owed = (owed::jsonb || jsonb_build_object(?::text, ?::jsonb))::text
+    WHERE node = ? AND instance = ?"""
+_READ_OWED = "SELECT node, owed FROM nodes WHERE owed <> '{}' ORDER BY node"
+_SETTLE = "UPDATE nodes SET owed = (owed::jsonb - ?::text[])::text WHERE node = ?"
+
+
+def owe(conn: Connection, *, node: str, instance: str, key: str, notice: Mapping[str, Any]) -> bool:
+    """This instance owes the owner `notice` (a JSON object), by `key`: written on its own row
+    for the leader to record (a standby cannot write the outbox). False when the row is not
+    this instance's (nothing written)."""
+    args = (key, json.dumps(dict(notice), sort_keys=True), node, instance)
+    return int(_pg(conn).execute(_OWE, args).rowcount) > 0
+
+
+def owed(conn: Connection) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """Every node's owed notices: (node, {key: notice}), the nodes owing something only."""
+    found = []
+    for row in _pg(conn).execute(_READ_OWED).fetchall():
+        try:
+            notices = json.loads(row["owed"])
+        except (TypeError, ValueError):
+            continue
+        if isinstance(notices, dict):
+            found.append(
+                (str(row["node"]), {str(k): v for k, v in notices.items() if isinstance(v, dict)})
+            )
+    return found
+
+
+def settle(conn: Connection, node: str, keys: list[str]) -> None:
+    """The leader recorded `keys` of `node`'s owed notices: they are owed no more."""
+    _pg(conn).execute(_SETTLE, (keys, node))
 
 
 def _seen(row: Any) -> NodeSeen:

@@ -107,12 +107,6 @@ def test_a_standby_that_cannot_reach_the_relay_is_not_ready(cluster: Cluster) ->
     assert check.returncode == 1, check.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a burst of wrong tokens against the STANDBY's surface (same http.token as"
-    " the leader's) is held and logged there, but the owner is never told: no login_notice on a"
-    " standby",
-)
 def test_a_brute_force_against_the_standby_tells_the_owner_once(cluster: Cluster) -> None:
     """Both boxes serve the console and the bearer endpoints with ONE `http.token` (docs/
     standby.md: the same configuration on both). The leader's guard records one owner notice
