@@ -21,6 +21,7 @@ from pathlib import Path
 
 import bench_console
 import bench_feed
+import bench_footprint
 import bench_latency
 import bench_read
 import bench_replay
@@ -180,6 +181,8 @@ def main() -> int:
         rows += bench_console.rows(work / "console", quick=args.quick)
         step("idle RSS")
         rows += rss_rows(replays, idle_rss(work))
+        step("footprint: idle wake-ups and CPU, bytes and CPU per live event, the floor")
+        rows += bench_footprint.rows(bench_footprint.measure(work, 10.0 if args.quick else 60.0))
         step("startup")
         startup, startup_text = startup_rows(args.quick)
         rows += startup
