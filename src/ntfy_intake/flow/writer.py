@@ -120,6 +120,9 @@ class Writer:
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
         self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
+        # Set after each committed batch: the ticker sleeping until the next due time looks
+        # again (a new reorder window to wait out, a debounce window that closes sooner).
+        self.due_changed = asyncio.Event()
         # Told each committed batch's records, in the event loop (the expectations' watch):
         # in-memory state changes only after COMMIT, so a rolled-back batch is never seen.
         self.on_committed: Callable[[list[dict[str, Any]]], None] | None = None
@@ -194,6 +197,7 @@ class Writer:
         if result.recorded:
             self._counters.last_event_wall = self._clock()
             self.next_release = write.next_release
+            self.due_changed.set()
             if self.on_committed is not None:
                 self.on_committed(result.records)
         self._journal.wake_owner()
@@ -359,6 +363,21 @@ class Writer:
             return
         await self._database.run(save_last_frame_time, self._database.conn, seen)
         self._saved_frame_time, self._frame_time_saved_at = seen, now
+
+    def next_due(self, seen: int | None, now: float, wall: float) -> list[float | None]:
+        """The monotonic times the ticker's writer work next falls due: the reorder window's end
+        for the oldest unsettled event, a settled cursor's save, the last frame time's save
+        (`seen`: the server time last read), the next debounce window's close (wall clock
+        `wall` read at monotonic `now`)."""
+        oldest = self.resume.oldest_read_at
+        return [
+            None if oldest is None else oldest + self.resume.reorder_window,
+            None if self._settled is None else self._cursor_saved_at + CURSOR_SAVE_EVERY,
+            None
+            if seen is None or seen == self._saved_frame_time
+            else self._frame_time_saved_at + 1,
+            None if self.next_release is None else now + (self.next_release - wall),
+        ]
 
     async def release_due(self) -> None:
         """Debounce windows that closed with no new event: freeze and release their requests."""

@@ -29,7 +29,7 @@ from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
 from ntfy_intake.flow.writer import Writer
-from ntfy_intake.rules import cadence
+from ntfy_intake.rules import cadence, ticks
 from ntfy_intake.rules import health as health_model
 from ntfy_intake.runtime import expectations, heap, recovery, supervisor, switches
 from ntfy_intake.runtime.clock import TrustedClock
@@ -37,7 +37,7 @@ from ntfy_intake.runtime.cluster import Holding
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.runtime.supervisor import Supervisor
-from ntfy_intake.runtime.vitals import TICK_SECONDS, Vitals
+from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import audit, db, retention, storage
 from ntfy_intake.store.cursor import ResumePoint
@@ -436,8 +436,9 @@ class Daemon:
         """The loop's pulse: owed notices, the cursor, the last frame's time, liveness, closed
         debounce windows, an owed audit mark, the stored health snapshot every SNAPSHOT_EVERY."""
         last_health = 0.0
+        wait = TICK_SECONDS
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            await self._nap(wait)
             if self._wedged:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
             self.heartbeat.beat()
@@ -454,6 +455,27 @@ class Daemon:
             if now - last_health >= health_model.SNAPSHOT_EVERY:
                 last_health = now
                 await self.database.run(self.vitals.write_health)
+            wait = self._tick_wait(last_health + health_model.SNAPSHOT_EVERY)
+
+    def _tick_wait(self, health_due: float) -> float:
+        """Until the ticker's next due work (issue 36: no fixed 50 ms tick while idle)."""
+        now = time.monotonic()
+        due = self.writer.next_due(self.health.last_server_time, now, self.clock())
+        if self.storage.notices_owed:
+            due.append(now)
+        return ticks.wait(now, [*due, health_due], floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+
+    async def _nap(self, wait: float) -> None:
+        """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
+        deadline = time.monotonic() + wait
+        changed = self.writer.due_changed
+        while (left := deadline - time.monotonic()) > 0:
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                return
+            deadline = min(deadline, time.monotonic() + self._tick_wait(float("inf")))
 
     def wedge_for_test(self, wedged: bool = True) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would (False: no longer,

@@ -33,7 +33,10 @@ from ntfy_intake.store import vitals_state
 
 log = structlog.get_logger("ntfy_intake.daemon")
 
-TICK_SECONDS = 0.05  # the ticker's period (daemon.py); the dead-man's switch judges wedging by it
+TICK_SECONDS = 0.05  # the ticker's shortest sleep (daemon.py, rules/ticks.py)
+# The ticker's longest sleep when nothing falls due sooner: its heartbeat, by which the dead-man's
+# switch and the systemd watchdog judge wedging (issue 36: no 50 ms tick while idle).
+IDLE_TICK_S = 1.0
 
 
 class Vitals:
@@ -152,7 +155,7 @@ class Vitals:
                 time.monotonic(),
                 keepalive_timeout=self.settings.ntfy.keepalive_timeout,
                 slack=max(1.0, period),
-                heartbeat_timeout=max(2 * period, 1.0),
+                heartbeat_timeout=max(2 * period, 2 * IDLE_TICK_S),
             )
             if interval is not None and decision.ping and self.notifier.watchdog():
                 self.watchdog_pings += 1
@@ -321,7 +324,7 @@ class Vitals:
         interval = self.settings.health.ping_interval
         while True:
             healthy, details = self.http_health()
-            wedged = time.monotonic() - self.heartbeat.at > max(2.0, 4 * TICK_SECONDS)
+            wedged = time.monotonic() - self.heartbeat.at > max(2.0, 4 * IDLE_TICK_S)
             if healthy and not wedged:
                 try:
                     response = await client.get(url, timeout=min(10.0, interval))

@@ -1,0 +1,57 @@
+"""Issue 36: an idle daemon wakes only for what falls due, not on a fixed 50 ms tick.
+
+The ticker's pass (cursor settle, frame time, debounce windows, liveness, the health snapshot) is
+counted by its first step, `Writer.settle_cursor`; a live event still gets its cursor saved once
+its reorder window passed, the ticker woken by the committed batch, not by polling.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.flow import writer as writer_module
+from ntfy_intake.testbed.emulator import NtfyEmulator
+
+from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
+
+IDLE_S = 3.0
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_idle_ticker_does_not_wake_every_50_ms(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes: list[float] = []
+    settle = writer_module.Writer.settle_cursor
+
+    async def counted(self: writer_module.Writer, **kwargs: bool) -> None:
+        passes.append(time.monotonic())
+        await settle(self, **kwargs)
+
+    monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1, timeout=30)
+        time.sleep(1.5)  # start-up: the overlap poll and its writes
+        before = len(passes)
+        time.sleep(IDLE_S)
+        idle_passes = len(passes) - before
+        # A fixed 50 ms tick makes 60 passes; due times and a 1 s heartbeat make about 3.
+        assert idle_passes <= 2 * IDLE_S + 2, idle_passes
+        assert idle_passes >= 1  # the heartbeat still beats: a wedged loop stays detectable
+
+        # An event arriving while the ticker sleeps its longest: the cursor still follows it
+        # once the reorder window (300 ms) passed, well within one heartbeat of sleep more.
+        published = emu.publish("alerts", "after idle")["id"]
+        wait_until(lambda: published in event_ids(tmp_path), 10, "the event recorded")
+        began = time.monotonic()
+        wait_until(lambda: cursor_value(tmp_path) == published, 10, "the cursor moved")
+        assert time.monotonic() - began < 2.0
+
+
+def cursor_value(state_dir: Path) -> str | None:
+    rows = query(state_dir, "SELECT value FROM cursor")
+    return None if not rows else str(rows[0][0])
