@@ -45,7 +45,6 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
-    Generator,
     Mapping,
     Sequence,
 )
@@ -77,6 +76,7 @@ from ntfy_intake.surfaces.http_requests import (
     json_object,
     json_response,
 )
+from ntfy_intake.surfaces.http_server import QuietServer
 
 # The feed's bounds (defined in http_feed) stay part of the surface's documented names.
 __all__ = [
@@ -348,12 +348,8 @@ class _HostCheck:
 # -- serving inside the daemon's event loop -------------------------------------------------------
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the daemon owns SIGINT/SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
+# uvicorn without its signal handlers (the daemon owns SIGINT/SIGTERM), and no 100 ms tick.
+_Server = QuietServer
 
 
 async def serve(
