@@ -86,6 +86,7 @@ def test_the_same_work_written_differently_has_one_fingerprint() -> None:
         ({"ntfy_url": "https://other.example.lan"}, "ntfy.url"),
         ({"ntfy_url": "https://ntfy.example.lan:8443"}, "ntfy.url"),
         ({"topics": ["alerts"]}, "ntfy.topics"),
+        ({"profiles": "off"}, "ntfy.profiles"),
         ({"relay_url": None}, "relay.url"),
         ({"recipients": ["+31600000002"]}, "owner.recipients"),
         ({"fallback_topic": None}, "owner.fallback_topic"),

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 WORK_KEYS = (
     "ntfy.url",
     "ntfy.topics",
+    "ntfy.profiles",
     "relay.url",
     "owner.recipients",
     "owner.fallback_topic",
@@ -68,11 +69,15 @@ def fingerprint_inputs(
     recipients: Sequence[str],
     fallback_topic: str | None,
     policy: Mapping[str, str],
+    profiles: str = "auto",
 ) -> dict[str, str]:
     """The canonical text each work key's digest is taken of (module doc: never a secret)."""
     return {
         "ntfy.url": work_address(ntfy_url),
         "ntfy.topics": ",".join(sorted(set(topics))),
+        # The publisher profiles key a message: a standby with them off behind a leader with
+        # them on would open a second incident for the same alert after a failover.
+        "ntfy.profiles": profiles,
         "relay.url": work_address(relay_url),
         "owner.recipients": ",".join(sorted(set(recipients))),
         "owner.fallback_topic": fallback_topic or "",
@@ -88,6 +93,7 @@ def fingerprint_parts(
     recipients: Sequence[str],
     fallback_topic: str | None,
     policy: Mapping[str, str],
+    profiles: str = "auto",
 ) -> dict[str, str]:
     """One short digest per work key (WORK_KEYS), of `fingerprint_inputs`."""
     inputs = fingerprint_inputs(
@@ -97,6 +103,7 @@ def fingerprint_parts(
         recipients=recipients,
         fallback_topic=fallback_topic,
         policy=policy,
+        profiles=profiles,
     )
     return {key: _digest(f"{key}\n{text}") for key, text in inputs.items()}
 

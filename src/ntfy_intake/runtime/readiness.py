@@ -98,6 +98,7 @@ def parts_of(settings: Settings, environ: Mapping[str, str] = os.environ) -> dic
             "daily_cap": str(c.daily_cap),
             "timezone": c.timezone,
         },
+        profiles=settings.ntfy.profiles,
     )
 
 
