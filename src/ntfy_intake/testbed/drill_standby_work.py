@@ -32,7 +32,7 @@ from pathlib import Path
 from ntfy_intake.runtime.readiness import WORK_NTFY_URL_ENV
 from ntfy_intake.settings import schema
 from ntfy_intake.store import audit
-from ntfy_intake.testbed import drill_storage
+from ntfy_intake.testbed import full_disk
 from ntfy_intake.testbed.drill_store import StoreView
 from ntfy_intake.testbed.ntfy_route import NtfyRoute, RouteError
 
@@ -75,7 +75,7 @@ class WorkFaults:
             for name in names:
                 directory = workdir / name / "audit"
                 problem = self._stack.enter_context(
-                    drill_storage.small_filesystem(directory, AUDIT_TMPFS_SIZE)
+                    full_disk.small_filesystem(directory, AUDIT_TMPFS_SIZE)
                 )
                 if problem is not None:
                     self.no_tmpfs = problem
@@ -110,7 +110,7 @@ class WorkFaults:
         assert kind == "audit_full", kind
         directory = self.workdir / name / "audit"
         if directory in self.mounted:
-            written = drill_storage.fill(directory / FILLER)
+            written = full_disk.fill(directory / FILLER)
             return f"tmpfs filled ({written // 1024} KiB)"
         files = audit.log_files(directory)
         if pid is None or not files:
