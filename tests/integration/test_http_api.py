@@ -506,10 +506,14 @@ def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -
             "owner_pending": 0,
             "owner_sent_total": 1,
             "owner_suppressed_total": 0,
+            "owner_receive_last_ok_age_s": 4.5,
+            "owner_receive_failures_total": 2,
             "feed_head": {"triage": 3},
             "leader": 1,
             "term": 1,
             "failovers_total": 0,
+            "ready": True,
+            "cluster_intake_live": True,
         }
     )
     response = api.get("/metrics", headers={})
@@ -523,6 +527,8 @@ def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -
     assert set(metrics.METRIC_NAMES) <= set(samples)
     assert samples["ntfy_intake_events_recorded_total"] == 9
     assert samples["ntfy_intake_feed_head"] == 3
+    assert samples["ntfy_intake_owner_receive_last_ok_age_seconds"] == 4.5
+    assert samples["ntfy_intake_owner_receive_failures_total"] == 2
     api.snapshot["events_recorded_total"] = 10  # read at scrape time
     assert "ntfy_intake_events_recorded_total 10.0" in api.get("/metrics", headers={}).text
 

@@ -296,7 +296,9 @@ class Daemon:
             self.vitals.watch_senders(self.relay, self.owner)
             tasks.start(self.owner.run(senders_stop), "owner")
             if self.settings.owner.receive != "off":  # replies from the phone (section 13)
-                tasks.start(self._owner_replies(client).run(senders_stop), "owner_replies")
+                replies = self._owner_replies(client)
+                self.vitals.watch_replies(replies)
+                tasks.start(replies.run(senders_stop), "owner_replies")
             tasks.start(self._housekeeping(), "housekeeping")
             if self.settings.expect:  # `[[expect]]`: runtime/expectations.py
                 watch = self._expectations()

@@ -21,6 +21,7 @@ from ntfy_intake.flow import intake
 from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.owner import OwnerSender
+from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.flow.pipeline import Counters, Heartbeat
 from ntfy_intake.flow.relay import Relay
 from ntfy_intake.flow.writer import Writer
@@ -89,6 +90,7 @@ class Vitals:
         )
         self.relay: Relay | None = None
         self.owner: OwnerSender | None = None
+        self.replies: OwnerReplies | None = None
         self.http_port: int | None = None
         self.http_error: str | None = None
         self.watchdog_pings = 0
@@ -101,6 +103,26 @@ class Vitals:
     def watch_senders(self, relay: Relay | None, owner: OwnerSender | None) -> None:
         """The relay and the owner sender run now: report their counters too."""
         self.relay, self.owner = relay, owner
+
+    def watch_replies(self, replies: OwnerReplies) -> None:
+        """Replies from the phone are received now (`owner.receive`): report that path too."""
+        self.replies = replies
+
+    def owner_receive(self) -> dict[str, Any] | None:
+        """The reply path's health for the snapshot `status` reads: its mode, the clock time of
+        the last successful receive, failures this run and the last one's line (an exception's
+        type and text: never a message's text). None while `owner.receive` is off."""
+        mode = self.settings.owner.receive
+        if mode == "off":
+            return None
+        stats = self.replies.stats if self.replies is not None else None
+        return {
+            "mode": mode,
+            "last_ok": None if stats is None else stats.last_ok,
+            "failures": 0 if stats is None else stats.receive_failures,
+            "last_error": None if stats is None else stats.last_error,
+            "failing_since": None if self.replies is None else self.replies.failing_since,
+        }
 
     def http_listening(self, port: int) -> None:
         self.http_port = port
@@ -260,6 +282,7 @@ class Vitals:
             "recorded": self.counters.recorded,
             "duplicates": self.counters.duplicates,
             "cluster": None if self.cluster_view is None else self.cluster_view(),
+            "owner_receive": self.owner_receive(),
         }
 
     def write_health(self, *, final: bool = False) -> None:
@@ -297,8 +320,22 @@ class Vitals:
             "owner_sent_total": (owner_stats.sent_signal + owner_stats.sent_ntfy)
             if owner_stats
             else 0,
+            **self._receive_metrics(),
             **self._cached_counts,
             **self._cluster_metrics(),
+        }
+
+    def _receive_metrics(self) -> dict[str, Any]:
+        """The reply path (absent while `owner.receive` is off): the age of the last successful
+        receive (None before the first) and the failed receives this run."""
+        if self.settings.owner.receive == "off" or self.replies is None:
+            return {}
+        stats = self.replies.stats
+        return {
+            "owner_receive_last_ok_age_s": None
+            if stats.last_ok is None
+            else max(0.0, self.clock() - stats.last_ok),
+            "owner_receive_failures_total": stats.receive_failures,
         }
 
     def _cluster_metrics(self) -> dict[str, Any]:

@@ -28,6 +28,8 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
         "owner_pending": 0,
         "owner_sent_total": 3,
         "owner_suppressed_total": 1,
+        "owner_receive_last_ok_age_s": 4.2,  # with owner.receive on; None before the first
+        "owner_receive_failures_total": 0,
         "feed_head": {"triage": 12},       # channel -> highest seq
         "leader": 1, "term": 4, "failovers_total": 1,  # with a standby (PostgreSQL)
         "ready": True, "cluster_intake_live": True,     # readiness (PostgreSQL)
@@ -128,6 +130,19 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "owner_suppressed_total",
         "counter",
         "Owner messages suppressed by cooldown or the daily cap.",
+    ),
+    # Replies from the owner's phone (absent while `owner.receive` is off).
+    (
+        "owner_receive_last_ok_age_s",
+        "owner_receive_last_ok_age_seconds",
+        "gauge",
+        "Seconds since the last successful receive of the owner's replies (none before the first).",
+    ),
+    (
+        "owner_receive_failures_total",
+        "owner_receive_failures_total",
+        "counter",
+        "Receives of the owner's replies that failed (this run).",
     ),
     # The standby (PostgreSQL only; absent on one box).
     ("leader", "leader", "gauge", "1 while this node holds the lease and acts, 0 on a standby."),

@@ -90,9 +90,30 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "suppressed": owner.suppressed,
             "dead": owner.dead,
         },
+        "owner_receive": _owner_receive(settings, snapshot if running else {}, now),
         "cluster": _cluster(conn, settings),
         "maintenance": _maintenance(settings, now),
         "expectations": _expectations(conn, settings, now, snapshot.get("started_at")),
+    }
+
+
+def _owner_receive(settings: Settings, snapshot: dict[str, Any], now: float) -> dict[str, Any]:
+    """The reply path from the phone (`owner.receive`) as the running daemon last stored it:
+    its mode, how long since a receive succeeded, failures this run and the last one's line
+    (an exception's type and text, never a message's). Nothing but the mode when off or when
+    no daemon runs."""
+    mode = settings.owner.receive
+    seen = snapshot.get("owner_receive") if mode != "off" else None
+    if not isinstance(seen, dict):
+        return {"mode": mode, "running": False}
+    last_ok, since = seen.get("last_ok"), seen.get("failing_since")
+    return {
+        "mode": mode,
+        "running": True,
+        "last_ok_age_s": None if last_ok is None else round(max(0.0, now - float(last_ok)), 1),
+        "failures": int(seen.get("failures") or 0),
+        "last_error": seen.get("last_error"),
+        "failing_for_s": None if since is None else round(max(0.0, now - float(since)), 1),
     }
 
 
@@ -268,6 +289,7 @@ def render(report: dict[str, Any]) -> str:
             f"suppressed {report['owner']['suppressed']}, dead {report['owner']['dead']}",
         ),
     ]
+    rows.append(("owner replies", _receive_line(report.get("owner_receive"))))
     if intake["last_error"]:
         when = health.ago(intake["last_error_age_s"])
         if intake["last_error_age_s"] is None:
@@ -317,6 +339,24 @@ def _expectation_rows(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
         state = f"MISSED since {e['since']}" if e["missed"] else f"due by {e['due']}"
         rows.append(("  expect", f"{e['name']!r} every {e['every']} ({what}): {heard}; {state}"))
     return rows
+
+
+def _receive_line(receive: dict[str, Any] | None) -> str:
+    """`poll: last receive 3.0 s ago, 2 failures (last: ConnectError: ...)`."""
+    if receive is None or receive["mode"] == "off":
+        return "off"
+    if not receive["running"]:
+        return f"{receive['mode']}: daemon not running"
+    age = receive["last_ok_age_s"]
+    text = f"{receive['mode']}: " + (
+        "no receive has succeeded yet" if age is None else f"last receive {health.ago(age)}"
+    )
+    if receive["failing_for_s"] is not None:
+        text += f", FAILING since {health.ago(receive['failing_for_s'])}"
+    text += f", {receive['failures']} failures this run"
+    if receive["last_error"] and receive["failing_for_s"] is not None:
+        text += f" (last: {receive['last_error']})"
+    return text
 
 
 def _daemon(daemon: dict[str, Any]) -> str:
