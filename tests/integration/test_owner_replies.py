@@ -8,6 +8,7 @@ Each test is named after the failure it kills.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules.owner_replies import CONFIRM_LIMIT, CONFIRM_WINDOW
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations
+from ntfy_intake.store import audit, db, migrations, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.signal_standin import SignalHandle
@@ -392,3 +393,35 @@ def test_confirmations_have_their_own_limit_so_two_bots_cannot_loop_for_ever(
     assert replies_audited[-1]["confirmed"] is True
     queued = world.conn.execute("SELECT count(*) FROM owner_outbox WHERE topic = 'reply'")
     assert queued.fetchone()[0] == CONFIRM_LIMIT + 1
+
+
+def released_payload(conn: db.Connection, delivery_key: str, incident_key: str) -> dict[str, Any]:
+    """A later triage request of `incident_key`, released as the writer releases it."""
+    with db.write_txn(conn):
+        outbox.create(conn, delivery_key, incident_key, "update", T0, T0)
+        outbox.release_due(conn, T0 + 1, relay_enabled=True, feed_append=None)
+    row = conn.execute("SELECT payload FROM outbox WHERE delivery_key = ?", (delivery_key,))
+    payload: dict[str, Any] = json.loads(row.fetchone()[0])
+    return payload
+
+
+def test_agent_is_told_the_owner_acknowledged_so_it_does_not_escalate_again(
+    world: World,
+) -> None:
+    assert world.message("d1", "alerts:disk") == "queued"
+    assert world.message("c1", "alerts:cpu") == "queued"
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        await sender.run_once()
+        disk = next(m for m in world.signal.messages() if "alerts:disk" in m.message)
+        world.signal.inbox.inject(SENDER, OWNER, "ack", quote=disk.timestamp)
+        assert await replies.run_once() == 1
+
+    world.run(scenario)
+    assert released_payload(world.conn, "d2", "alerts:disk")["acknowledged"] is True
+    assert "acknowledged" not in released_payload(world.conn, "c2", "alerts:cpu")
+    # Resolved: the ack still holds (version + 1); fired again: it ended, the field is gone.
+    incident(world.conn, "alerts:disk", status="resolved", version=2)
+    assert released_payload(world.conn, "d3", "alerts:disk")["acknowledged"] is True
+    incident(world.conn, "alerts:disk", status="firing", version=3)
+    assert "acknowledged" not in released_payload(world.conn, "d4", "alerts:disk")

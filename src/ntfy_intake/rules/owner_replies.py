@@ -159,3 +159,10 @@ def confirmation(verb: Verb, incident: str | None, **fields: Any) -> str:
         return sanitize.one_line(str(fields.get("line", "")), CONFIRMATION_LIMIT)
     problem = fields.get("problem")
     return f"{problem}. {HELP}" if problem else HELP
+
+
+def ack_current(acked_version: int, status: str, version: int) -> bool:
+    """Whether an ack given at incident version `acked_version` still holds at (`status`,
+    `version`): the version changes exactly when the severity rises or the status flips
+    (rules/incidents.merge), so it holds while unchanged or changed once by a resolve."""
+    return version == acked_version or (version == acked_version + 1 and status == "resolved")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ntfy_intake.rules import event_profile, sanitize
+from ntfy_intake.rules.owner_replies import ack_current
 from ntfy_intake.store import audit, db, dialect
 from ntfy_intake.store.transaction import Connection, Cursor
 from ntfy_intake.wire import frames
@@ -108,8 +109,10 @@ _READ_AHEAD = 64
 
 Built = tuple[dict[str, Any], str, int]  # a payload, its one-line summary, the incident version
 
+# The owner's ack (store/owner_replies.py), as the version it was given at, or NULL.
+_ACKED = "(SELECT a.version FROM owner_acks a WHERE a.incident_key = o.incident_key)"
 _HEAD = (
-    "SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version"
+    f"SELECT o.delivery_key, o.reason, i.key, i.severity, i.status, i.version, {_ACKED}"
     " FROM outbox o LEFT JOIN incidents i ON i.key = o.incident_key"
 )
 _DUE_ORDER = " WHERE o.state = 'collecting' AND o.due_at <= ? ORDER BY o.due_at, o.delivery_key"
@@ -138,7 +141,8 @@ _DUE_PG = (
     "   FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     "   WHERE e.delivery_key = o.delivery_key),"
     " (SELECT json_agg(json_build_array(d.event_id, d.event, d.sequence_id, d.topic, d.time)"
-    f"   ORDER BY d.time, d.seq) FROM ({_ACTION_ROWS.format('o.delivery_key')}) d)"
+    f"   ORDER BY d.time, d.seq) FROM ({_ACTION_ROWS.format('o.delivery_key')}) d),"
+    f" {_ACKED}"
     " FROM outbox o LEFT JOIN incidents i ON i.key = o.incident_key"
     f"{_DUE_ORDER} LIMIT ?"
 )
@@ -149,7 +153,9 @@ def _ask_due(conn: Connection, now: float) -> list[tuple[str, Built]]:
     PostgreSQL from one statement (`_DUE_PG`), on SQLite (no round trips) as `build_payload`."""
     if dialect.is_postgres(conn):
         rows = conn.execute(_DUE_PG, (now, _READ_AHEAD)).fetchall()
-        return [(row[0], _payload_from(row[:6], row[6] or [], row[7] or [])) for row in rows]
+        return [
+            (row[0], _payload_from((*row[:6], row[8]), row[6] or [], row[7] or [])) for row in rows
+        ]
     keys = conn.execute(
         f"SELECT o.delivery_key FROM outbox o{_DUE_ORDER} LIMIT ?", (now, _READ_AHEAD)
     )
@@ -198,7 +204,7 @@ def event_view(frame: dict[str, Any], incident_key: str | None = None) -> dict[s
 
 
 def _payload_from(head: Any, raws: Sequence[Sequence[str]], actions: list[Any]) -> Built:
-    key, reason, incident_key, severity, status, version = head
+    key, reason, incident_key, severity, status, version, acked = head
     if incident_key is None:  # written in one transaction with its request: never, unless edited
         raise LookupError(f"triage request {key} names no recorded incident")
     # The raw frame is kept as received; what reaches an agent obeys the decode rule.
@@ -224,6 +230,10 @@ def _payload_from(head: Any, raws: Sequence[Sequence[str]], actions: list[Any]) 
     }
     if device_actions:
         payload["device_actions"] = device_actions
+    # The owner acknowledged this incident from his phone and the ack still holds: the agent
+    # need not tell him again. Absent otherwise (never false).
+    if acked is not None and ack_current(int(acked), str(status), int(version)):
+        payload["acknowledged"] = True
     summary = f"{incident_key} sev {severity} {status} ({len(events)} event(s))"
     return payload, summary, int(version)
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from ntfy_intake.rules import owner_replies as rules
 from ntfy_intake.store.transaction import Connection
 
 __all__ = [
@@ -115,8 +116,7 @@ def ack_holds(conn: Connection, incident: str) -> bool:
     if state is None:
         return True
     _severity, status, version = state
-    acked = int(row[0])
-    if version == acked or (version == acked + 1 and status == "resolved"):
+    if rules.ack_current(int(row[0]), status, version):
         return True
     conn.execute(_ACK_DROP, (incident,))
     return False
