@@ -372,6 +372,51 @@ def test_reply_path_down_past_its_limit_gives_one_notice_through_the_fallback_to
     assert "HTTP 503" in first["text"]
 
 
+def test_owner_is_told_once_per_episode_that_his_replies_are_read_again(world: World) -> None:
+    """Failure mode: after a reply_path_dead notice the owner never learns that acks count
+    again, and keeps using the console (or stops replying) long after Signal came back."""
+    world.owner = OwnerSettings(
+        signal_url=world.signal.url,
+        signal_number=SENDER,
+        recipients=(OWNER,),
+        fallback_topic="owner-notices",
+        receive="poll",
+        receive_dead_after=600.0,
+    )
+
+    def recovered() -> list[tuple[str, str | None]]:
+        rows = world.conn.execute(
+            "SELECT key, channel FROM owner_outbox WHERE topic = 'reply_path_recovered'"
+            " ORDER BY key"
+        )
+        return [(str(r[0]), r[1]) for r in rows.fetchall()]
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        world.signal.faults.down()
+        await replies.run_once()
+        world.clock.t += 300
+        world.signal.faults.down(False)
+        await replies.run_once()  # a short failure, no dead notice: nothing to say it ended
+        assert recovered() == []
+        world.signal.faults.down()
+        await replies.run_once()
+        world.clock.t += 601
+        await replies.run_once()  # dead notice for this episode
+        world.signal.faults.down(False)
+        await replies.run_once()
+        await replies.run_once()  # still fine: no second one
+        assert len(recovered()) == 1
+
+    world.run(scenario)
+    [(dead_key, _)] = notice_rows(world)
+    [(key, channel)] = recovered()
+    # Keyed by the dead notice's episode, and sent over Signal (which works again).
+    assert key.removeprefix("reply_path_recovered:") == dead_key.removeprefix("reply_path_dead:")
+    assert channel != "ntfy"
+    [record] = [r for r in world.records("notice") if r["notice"] == "reply_path_recovered"]
+    assert "read again" in record["text"]
+
+
 def test_confirmations_have_their_own_limit_so_two_bots_cannot_loop_for_ever(
     world: World,
 ) -> None:

@@ -104,6 +104,10 @@ class OwnerReplies:
         # whether this episode's notice is queued.
         self.failing_since: float | None = None
         self.noticed = False
+        # The episode whose dead notice went out and whose end the owner is owed (one
+        # reply_path_recovered notice, keyed by the same episode).
+        self.dead_episode: str | None = None
+        self.recovered_owed: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and self.may_act():
@@ -131,6 +135,7 @@ class OwnerReplies:
                 proxy=None,
             ) as ws:
                 self._receive_ok()
+                await self._maybe_recovered()
                 while not stop.is_set() and self.may_act():
                     frame = asyncio.ensure_future(ws.recv())
                     stopped = asyncio.ensure_future(stop.wait())
@@ -175,6 +180,8 @@ class OwnerReplies:
     def _receive_ok(self) -> None:
         self.stats.last_ok = self.clock()
         self.stats.last_error = None
+        if self.noticed and self.dead_episode is not None:
+            self.recovered_owed = self.dead_episode
         self.failing_since, self.noticed = None, False
 
     def _receive_failed(self, exc: BaseException) -> None:
@@ -189,7 +196,18 @@ class OwnerReplies:
         if items is None:
             await self._maybe_dead()
             return 0
+        await self._maybe_recovered()
         return await self.commit_items(items)
+
+    async def _maybe_recovered(self) -> None:
+        """A receive succeeded after this episode's dead notice: one notice that replies count
+        again, over Signal (it works again; the fallback topic was for while it did not)."""
+        episode, self.recovered_owed = self.recovered_owed, None
+        if episode is None:
+            return
+        await self.run_db(self._queue_notice, notices.reply_path_recovered(episode), False)
+        await self.flush_audit()
+        self.wake_sender()
 
     async def _maybe_dead(self) -> None:
         now = self.clock()
@@ -197,20 +215,20 @@ class OwnerReplies:
             self.failing_since = now
         if self.noticed or now - self.failing_since < self.owner.receive_dead_after:
             return
+        episode = datetime.fromtimestamp(self.failing_since, UTC).strftime("%Y%m%dT%H%M%SZ")
         notice = notices.reply_path_dead(
-            self.owner.receive_dead_after,
-            self.stats.last_error,
-            datetime.fromtimestamp(self.failing_since, UTC).strftime("%Y%m%dT%H%M%SZ"),
+            self.owner.receive_dead_after, self.stats.last_error, episode
         )
         await self.run_db(self._queue_notice, notice)
+        self.dead_episode = episode
         await self.flush_audit()
         self.noticed = True
         self.wake_sender()
 
-    def _queue_notice(self, notice: notices.Notice) -> None:
+    def _queue_notice(self, notice: notices.Notice, fallback: bool = True) -> None:
         with db.write_txn(self.conn) as txn:
             self.queue.notice(txn, notice, self.clock())
-            if self.owner.fallback_topic:
+            if fallback and self.owner.fallback_topic:
                 store.route_to_fallback(self.conn, notice.key)
 
     async def _receive(self) -> list[object] | None:

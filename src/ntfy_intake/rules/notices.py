@@ -321,3 +321,14 @@ def reply_path_dead(dead_after: float, last_error: str | None, episode: str) -> 
         "works again; use the console meanwhile. Alerts still reach you.",
         key=f"reply_path_dead:{episode}",
     )
+
+
+def reply_path_recovered(episode: str) -> Notice:
+    """Receiving the owner's replies works again after a `reply_path_dead` episode: once per
+    episode (the same `episode` as its dead notice), so the owner knows replies count again."""
+    return Notice(
+        "reply_path_recovered",
+        "Your replies over Signal are read again: ack, silence and the rest work. A reply you "
+        "sent while receiving failed may not have been seen: send it again if it got no answer.",
+        key=f"reply_path_recovered:{episode}",
+    )
