@@ -156,3 +156,34 @@ def test_peer_that_stops_answering_pings_is_left_not_listened_to_forever(
                 assert replies.failing_since is not None  # counts towards receive_dead_after
 
     asyncio.run(main())
+
+
+def test_quiet_websocket_whose_pings_are_answered_is_not_reported_as_stale(
+    conn: db.Connection, tmp_path: Path
+) -> None:
+    """json-rpc mode may carry no frame for days: `status` and /metrics showed the path's last
+    receive as the connect, ageing for ever on a connection that works."""
+    with signal_standin.running() as sig:
+
+        async def main() -> None:
+            with audit.AuditLog(tmp_path / "audit", time.time) as log:
+                async with httpx.AsyncClient() as client:
+                    replies = replies_for(
+                        conn, client, sig.url, log, ping_every=0.2, ping_deadline=2.0
+                    )
+                    stop = asyncio.Event()
+                    task = asyncio.create_task(replies.listen(stop))
+                    for _ in range(250):
+                        if replies.stats.last_ok is not None:
+                            break
+                        await asyncio.sleep(0.02)
+                    connected = replies.stats.last_ok
+                    assert connected is not None
+                    await asyncio.sleep(1.5)  # no frame; several pings answered
+                    stop.set()
+                    await asyncio.wait_for(task, 5)
+                    assert replies.stats.last_ok is not None
+                    assert replies.stats.last_ok - connected >= 0.5
+                    assert replies.stats.receive_failures == 0
+
+        asyncio.run(main())

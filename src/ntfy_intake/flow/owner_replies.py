@@ -136,20 +136,37 @@ class OwnerReplies:
             ) as ws:
                 self._receive_ok()
                 await self._maybe_recovered()
+                # A quiet connection is a working one while its pings are answered: the
+                # keepalive's latency changes with each pong, and then the path counts as
+                # received (status and /metrics would otherwise age a healthy idle path).
+                latency = ws.latency
+                frame: asyncio.Future[Any] | None = None
                 while not stop.is_set() and self.may_act():
-                    frame = asyncio.ensure_future(ws.recv())
+                    if frame is None:
+                        frame = asyncio.ensure_future(ws.recv())
                     stopped = asyncio.ensure_future(stop.wait())
                     try:
-                        await asyncio.wait({frame, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                        await asyncio.wait(
+                            {frame, stopped},
+                            timeout=self.ping_every,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    except BaseException:  # cancelled while waiting
+                        frame.cancel()
+                        raise
                     finally:
                         stopped.cancel()
-                        waiting = not frame.done()
-                        if waiting:  # stopped (or cancelled) before a frame came
+                    if not frame.done():
+                        if stop.is_set() or not self.may_act():  # stopped before a frame came
                             frame.cancel()
-                    if waiting:
-                        return
+                            return
+                        if ws.latency != latency:
+                            latency = ws.latency
+                            self._receive_ok()
+                        continue
+                    done, frame = frame, None
                     try:
-                        item = json.loads(frame.result())
+                        item = json.loads(done.result())
                     except ValueError:  # one bad frame is skipped, the connection kept
                         log.warning("owner_replies.bad_frame")
                         continue
