@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ntfy_intake.flow import writer as writer_module
+from ntfy_intake.store import vitals_state
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
@@ -55,3 +57,32 @@ def test_idle_ticker_does_not_wake_every_50_ms(
 def cursor_value(state_dir: Path) -> str | None:
     rows = query(state_dir, "SELECT value FROM cursor")
     return None if not rows else str(rows[0][0])
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_unchanged_health_snapshot_is_not_stored_every_2_s(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored: list[dict[str, Any]] = []
+    save = vitals_state.save_health
+
+    def counted(conn: Any, snapshot: dict[str, Any]) -> None:
+        stored.append(snapshot)
+        save(conn, snapshot)
+
+    monkeypatch.setattr(vitals_state, "save_health", counted)
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1, timeout=30)
+        time.sleep(1.5)
+        before = len(stored)
+        time.sleep(8.0)
+        idle = stored[before:]
+        # Every 2 s stored 4 here; an unchanged one every 5 s stores at most 2.
+        assert len(idle) <= 2, [s["updated_at"] for s in idle]
+        assert idle  # still refreshed: `status` reads a snapshot older than 15 s as stopped
+
+        # A change (an event recorded) is stored within the ticker's SNAPSHOT_EVERY.
+        emu.publish("alerts", "a change")
+        wait_until(lambda: any(s["recorded"] == 1 for s in stored), 10, "the change stored")
+    assert stored[-1]["state"] == "stopped"

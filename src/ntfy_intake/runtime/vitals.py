@@ -38,6 +38,12 @@ TICK_SECONDS = 0.05  # the ticker's shortest sleep (daemon.py, rules/ticks.py)
 # The ticker's longest sleep when nothing falls due sooner: its heartbeat, by which the dead-man's
 # switch and the systemd watchdog judge wedging (issue 36: no 50 ms tick while idle).
 IDLE_TICK_S = 1.0
+# An unchanged health snapshot is stored again only this often (issue 36: a write and an fsync
+# every 2 s while nothing changes): `status` and `silence` read one older than 15 s as a daemon
+# that is not running. A changed one is stored at the ticker's next SNAPSHOT_EVERY as before.
+SNAPSHOT_REFRESH_S = 5.0
+# What changes on every read: not a change of the daemon's health.
+_SNAPSHOT_VOLATILE = frozenset({"updated_at", "last_frame_age_s"})
 
 
 class Vitals:
@@ -98,6 +104,8 @@ class Vitals:
         self.last_error_wall: float | None = None
         self._seen_frame_at: float | None = None
         self._error_seen: tuple[int, str | None] = (0, None)
+        self._stored: dict[str, Any] | None = None  # the last stored snapshot, less the volatile
+        self._stored_at = float("-inf")  # monotonic
         self._cached_counts: dict[str, Any] = {}
 
     def watch_senders(self, relay: Relay | None, owner: OwnerSender | None) -> None:
@@ -292,7 +300,12 @@ class Vitals:
         snapshot = self.health_snapshot()
         if final:
             snapshot["state"] = "stopped"
+        now = time.monotonic()
+        lasting = {k: v for k, v in snapshot.items() if k not in _SNAPSHOT_VOLATILE}
+        if lasting == self._stored and now - self._stored_at < SNAPSHOT_REFRESH_S:
+            return
         vitals_state.save_health(conn, snapshot)
+        self._stored, self._stored_at = lasting, now
 
     def metrics_snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
