@@ -294,7 +294,12 @@ STORE_DECISIONS = frozenset(
 )
 # The owner queue still decides owner messages in store (not the batch's; next to move).
 STORE_DECISIONS_LEFT = {
-    "ntfy_intake.store.owner_queue": {"decide_notice", "decide_owner_message", "owner_record"}
+    "ntfy_intake.store.owner_queue": {
+        "decide_escalation",
+        "decide_notice",
+        "decide_owner_message",
+        "owner_record",
+    }
 }
 
 

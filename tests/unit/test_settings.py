@@ -181,6 +181,9 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("relay", "timeout"): "3s",
         ("relay", "max_attempts"): "3",
         ("relay", "concurrency"): "2",
+        ("relay", "escalate_after"): "5m",
+        ("relay", "escalate_min_severity"): "5",
+        ("relay", "escalate_daily_cap"): "3",
         ("relay", "secret"): WEBHOOK_SECRET,
         ("relay", "token"): "rx-token",
         ("cadence", "debounce"): "30s",
@@ -232,7 +235,15 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             configured=True,
         ),
         relay=settings.RelaySettings(
-            "http://127.0.0.1:9000/triage", 3, 3, WEBHOOK_SECRET, "rx-token", concurrency=2
+            "http://127.0.0.1:9000/triage",
+            3,
+            3,
+            WEBHOOK_SECRET,
+            "rx-token",
+            concurrency=2,
+            escalate_after=300,
+            escalate_min_severity=5,
+            escalate_daily_cap=3,
         ),
         cadence=settings.CadenceSettings(30, 7200, 0, "Europe/Berlin"),
         owner=settings.OwnerSettings(
@@ -891,6 +902,9 @@ def test_the_webhook_secret_and_relay_token_are_redacted() -> None:
         "secret": "***",
         "token": "***",
         "concurrency": 4,
+        "escalate_after": "10m",
+        "escalate_min_severity": 4,
+        "escalate_daily_cap": 5,
     }
     assert WEBHOOK_SECRET not in repr(s) and "rx-token" not in repr(s)
 

@@ -34,7 +34,7 @@ from ntfy_intake.rules.timestamps import local_day, parse_ts, quantize, rfc3339,
 
 Outcome = Literal["triage_requested", "joined", "suppressed"]
 Status = Literal["firing", "resolved"]
-MessageKind = Literal["triage", "notice"]
+MessageKind = Literal["triage", "notice", "escalation"]
 
 # The longest local calendar day in the current tz database rules (Antarctica/Troll falls back
 # two hours: a 26 h day). The daily cap needs every queued message of the current local day.
@@ -55,6 +55,9 @@ class Policy:
     daily_cap: int = 10  # owner messages of kind "triage" per calendar day in `timezone`
     timezone: str = "UTC"
     notice_limit: int = 6  # operational notices per kind per `notice_window`
+    # The daemon's own messages when the agent is silent (rules/escalation.py), per calendar
+    # day in `timezone`: a cap of their own, apart from `daily_cap`.
+    escalate_daily_cap: int = 5
     notice_window: float = 3600.0
     # `[[maintenance]]` windows (rules/maintenance.py): triage owner messages they hold are
     # suppressed with reason `maintenance:<name>`.
@@ -325,6 +328,7 @@ class CadenceState:
         incident: str | None = None,
         topics: tuple[str, ...] = (),
         acknowledged: bool = False,
+        capped: bool = True,
     ) -> OwnerDecision:
         """A triage reply to the owner: allowed, suppressed while a silence holds its incident
         or one of its topics, while the owner's ack holds its incident (`acknowledged`: the
@@ -342,9 +346,40 @@ class CadenceState:
             )
             if window is not None:
                 return OwnerDecision(False, window.reason)
-        if self.triage_messages_today(policy, now) >= policy.daily_cap:
+        if capped and self.triage_messages_today(policy, now) >= policy.daily_cap:
             return OwnerDecision(False, "daily_cap")
         return OwnerDecision(True)
+
+    def decide_escalation(
+        self,
+        policy: Policy,
+        now: float,
+        *,
+        incident: str | None = None,
+        topics: tuple[str, ...] = (),
+        acknowledged: bool = False,
+    ) -> OwnerDecision:
+        """The daemon's own message for a silent agent: silences, the owner's ack and
+        maintenance windows hold it as they hold a triage reply; its own daily cap, not the
+        triage one, limits it."""
+        held = self.decide_owner_message(
+            policy,
+            now,
+            incident=incident,
+            topics=topics,
+            acknowledged=acknowledged,
+            capped=False,
+        )
+        if not held.allowed:
+            return held
+        if self.escalations_today(policy, now) >= policy.escalate_daily_cap:
+            return OwnerDecision(False, "escalate_daily_cap")
+        return OwnerDecision(True)
+
+    def escalations_today(self, policy: Policy, now: float) -> int:
+        """Queued escalation owner messages on `now`'s calendar day in `policy.timezone`."""
+        today = local_day(quantize(now), policy.timezone)
+        return self._owner.escalations_on_day(today, policy.timezone)
 
     def decide_notice(self, policy: Policy, notice: str, now: float) -> OwnerDecision:
         """An operational notice: a per-kind rate limit, never the daily cap."""

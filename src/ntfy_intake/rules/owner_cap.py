@@ -21,27 +21,36 @@ Alive = Callable[[float], bool]  # whether an entry of this `ts` is inside the r
 class OwnerCap:
     """Queued owner messages, oldest first: triage replies by key, notices by kind then key."""
 
-    __slots__ = ("_notices", "_triage")
+    __slots__ = ("_escalations", "_notices", "_triage")
 
     def __init__(
         self,
         triage: OrderedDict[str, float] | None = None,
         notices: dict[str, OrderedDict[str, float]] | None = None,
+        escalations: OrderedDict[str, float] | None = None,
     ) -> None:
         self._triage = OrderedDict() if triage is None else triage  # key -> ts
         self._notices = {} if notices is None else notices  # kind -> (key -> ts)
+        # The daemon's own messages for a silent agent (rules/escalation.py): their own daily
+        # cap, so they never eat the triage cap nor it theirs.
+        self._escalations = OrderedDict() if escalations is None else escalations  # key -> ts
 
     def fork(self) -> OwnerCap:
         """An independent copy (entries are immutable, so this copies only the indexes)."""
         return OwnerCap(
             OrderedDict(self._triage),
             {kind: OrderedDict(keys) for kind, keys in self._notices.items()},
+            OrderedDict(self._escalations),
         )
 
     @property
     def size(self) -> int:
         """Entries held (counted owner messages, counted notices)."""
-        return len(self._triage) + sum(len(keys) for keys in self._notices.values())
+        return (
+            len(self._triage)
+            + len(self._escalations)
+            + sum(len(keys) for keys in self._notices.values())
+        )
 
     def apply(self, record: Mapping[str, Any], ts: float) -> bool:
         """Fold an `owner_message` record whose `ts` parsed to `ts`; False when it is malformed."""
@@ -54,13 +63,15 @@ class OwnerCap:
         if (
             not isinstance(key, str)
             or not isinstance(result, str)
-            or message_kind not in ("triage", "notice")
+            or message_kind not in ("triage", "notice", "escalation")
             or (message_kind == "notice" and not isinstance(notice, str))
         ):
             return False
         if result == "queued":
             if message_kind == "triage":
                 self._triage.setdefault(key, ts)
+            elif message_kind == "escalation":
+                self._escalations.setdefault(key, ts)
             elif isinstance(notice, str):
                 self._notices.setdefault(notice, OrderedDict()).setdefault(key, ts)
         return True
@@ -70,11 +81,15 @@ class OwnerCap:
         order), or, `everything`, the few a clock step left behind too."""
         if everything:
             self._triage = OrderedDict((k, v) for k, v in self._triage.items() if alive(v))
+            self._escalations = OrderedDict(
+                (k, v) for k, v in self._escalations.items() if alive(v)
+            )
             for kind in list(self._notices):
                 kept = OrderedDict((k, v) for k, v in self._notices[kind].items() if alive(v))
                 self._notices[kind] = kept
         else:
             _sweep_front(self._triage, alive)
+            _sweep_front(self._escalations, alive)
             for keys in self._notices.values():
                 _sweep_front(keys, alive)
         for kind in [kind for kind, keys in self._notices.items() if not keys]:
@@ -83,6 +98,10 @@ class OwnerCap:
     def triage_on_day(self, day: date, timezone: str) -> int:
         """Queued triage owner messages on calendar day `day` in `timezone`."""
         return sum(1 for ts in self._triage.values() if local_day(ts, timezone) == day)
+
+    def escalations_on_day(self, day: date, timezone: str) -> int:
+        """Queued escalation owner messages on calendar day `day` in `timezone`."""
+        return sum(1 for ts in self._escalations.values() if local_day(ts, timezone) == day)
 
     def notices_within(self, notice: str, moment: float, window: float) -> int:
         """Queued notices of kind `notice` whose `window` has not closed at `moment`."""

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import structlog
 
-from ntfy_intake.flow import intake, owner, owner_replies, relay
+from ntfy_intake.flow import escalator, intake, owner, owner_replies, relay
 from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
@@ -92,6 +92,7 @@ class Daemon:
             debounce=settings.cadence.debounce,
             cooldown=settings.cadence.cooldown,
             daily_cap=settings.cadence.daily_cap,
+            escalate_daily_cap=settings.relay.escalate_daily_cap,
             timezone=settings.cadence.timezone,
             maintenance=settings.maintenance,
             profiles=settings.ntfy.profiles == "auto",
@@ -300,6 +301,8 @@ class Daemon:
                 self.vitals.watch_replies(replies)
                 tasks.start(replies.run(senders_stop), "owner_replies")
             tasks.start(self._housekeeping(), "housekeeping")
+            if self.relay is not None and self.settings.relay.escalate_after > 0:
+                tasks.start(self._escalator().run(senders_stop), "escalator")  # section 13
             if self.settings.expect:  # `[[expect]]`: runtime/expectations.py
                 watch = self._expectations()
                 tasks.start(watch.run(self.writer.subscribed, self.queue), "expectations")
@@ -417,6 +420,25 @@ class Daemon:
             after_send=lambda: self.crash.hit("after_owner_send"),
             may_act=self.may_act,
         )
+
+    def _escalator(self) -> escalator.Escalator:
+        sender = self.owner
+        watch = escalator.Escalator(
+            self.conn,
+            run_db=self.database.run,
+            queue=self.owner_queue,
+            policy=escalator.Policy(
+                self.settings.relay.escalate_after, self.settings.relay.escalate_min_severity
+            ),
+            debounce=self.settings.cadence.debounce,
+            clock=self.clock,
+            flush_audit=self.journal.flush,
+            wake_sender=lambda: sender.wakeup.set() if sender is not None else None,
+            may_act=self.may_act,
+            after_record=lambda: self.crash.hit("after_escalation_record"),
+        )
+        escalator.listen_to(self.writer, watch)
+        return watch
 
     def _owner_replies(self, client: httpx.AsyncClient) -> owner_replies.OwnerReplies:
         sender = self.owner

@@ -334,6 +334,12 @@ def _relay(r: _Reader) -> RelaySettings:
             "concurrency",
             f"must be from 1 to {MAX_RELAY_CONCURRENCY}, got {concurrency}",
         )
+    min_severity = r.integer("relay", "escalate_min_severity")
+    if min_severity is not None and not 1 <= min_severity <= 5:
+        r.fail("relay", "escalate_min_severity", f"must be from 1 to 5, got {min_severity}")
+    escalate_cap = r.integer("relay", "escalate_daily_cap")
+    if escalate_cap is not None and escalate_cap < 0:
+        r.fail("relay", "escalate_daily_cap", f"must be at least 0, got {escalate_cap}")
     secret = r.text("relay", "secret")
     if secret is not None:
         try:
@@ -345,6 +351,9 @@ def _relay(r: _Reader) -> RelaySettings:
         timeout=_duration(r, "relay", "timeout", 10.0, 0.0, strict=True),
         max_attempts=8 if attempts is None else attempts,
         concurrency=4 if concurrency is None else concurrency,
+        escalate_after=_duration(r, "relay", "escalate_after", 600.0, 0.0),
+        escalate_min_severity=4 if min_severity is None else min_severity,
+        escalate_daily_cap=5 if escalate_cap is None else escalate_cap,
         secret=secret,
         token=_token(r, "relay"),
     )

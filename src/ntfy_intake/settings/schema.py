@@ -70,6 +70,9 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("relay", "secret"): "str",
     ("relay", "token"): "str",
     ("relay", "concurrency"): "int",
+    ("relay", "escalate_after"): "duration",
+    ("relay", "escalate_min_severity"): "int",
+    ("relay", "escalate_daily_cap"): "int",
     ("cadence", "debounce"): "duration",
     ("cadence", "cooldown"): "duration",
     ("cadence", "daily_cap"): "int",
@@ -250,6 +253,12 @@ class RelaySettings:
     )  # `whsec_...`: Standard Webhooks signing
     token: str | None = dataclasses.field(default=None, repr=False)  # optional receiver bearer
     concurrency: int = 4  # deliveries in flight at once, never two of one incident
+    # Escalation when the agent is silent (flow/escalator.py): seconds after a request's release
+    # without a 2xx before the daemon tells the owner itself (0 = off), the least severity that
+    # does, and those messages' own daily cap.
+    escalate_after: float = 600.0
+    escalate_min_severity: int = 4
+    escalate_daily_cap: int = 5
 
     @property
     def signing_key(self) -> bytes | None:

@@ -174,6 +174,41 @@ class OwnerQueue:
         self._decided(txn, [record], state)
         return decision.result, [record]
 
+    def escalation(
+        self,
+        txn: db.Transaction,
+        key: str,
+        text: str,
+        now: float,
+        *,
+        incident: str,
+        topics: tuple[str, ...],
+    ) -> tuple[str, list[Record]]:
+        """Queue the daemon's own message for a request the agent left unanswered
+        (flow/escalator.py) under its own daily cap: ('queued' | 'suppressed' | 'duplicate',
+        records). Its row is a triage row (the owner path sends it as one) keyed `key`; its
+        record's `message_kind` "escalation" counts it against the escalation cap alone."""
+        conn = txn.conn
+        if _exists(conn, key):
+            return "duplicate", []
+        acked = owner_replies.ack_holds(conn, incident)
+        decision = self.state.decide_escalation(
+            self.policy, now, incident=incident, topics=topics, acknowledged=acked
+        )
+        _insert(conn, key, "triage", "escalation", text, decision, now)
+        record = cadence_records.owner_record(
+            key,
+            now,
+            message_kind="escalation",
+            result=decision.result,
+            reason=decision.reason,
+            incident=incident,
+            text=sanitize.valid_utf8(text),  # the audit log can rebuild the message (rebuild.py)
+        )
+        _stage(conn, record, now)
+        self._decided(txn, [record], None)
+        return decision.result, [record]
+
     def silence(self, txn: db.Transaction, kind: str, now: float, **fields: Any) -> Record:
         """Stage a `silence` or `silence_end` audit record; the live state folds it after COMMIT
         (a silence is an audit record and nothing else: rules/silences.py)."""

@@ -167,9 +167,13 @@ class _Fold:
         message = self.owner.get(key)
         if message is None:
             text = record.get("text")
-            if record.get("message_kind", "triage") != "triage" or not isinstance(text, str):
+            kind = record.get("message_kind", "triage")
+            if kind not in ("triage", "escalation") or not isinstance(text, str):
                 return
-            message = self.owner[key] = _OwnerMessage("triage", "triage", text, ts)
+            # An escalation (flow/escalator.py) is sent as a triage row; its key is what keeps
+            # it once per request after a rebuild.
+            topic = "escalation" if kind == "escalation" else "triage"
+            message = self.owner[key] = _OwnerMessage("triage", topic, text, ts)
         if result == "suppressed":
             message.state = "suppressed"
         elif result == "sent":

@@ -1,0 +1,114 @@
+"""Escalation when the triage agent is silent: which released requests are due, when the next
+one falls due, and the owner message the daemon builds for one itself (DESIGN.md section 13).
+
+Pure: plain values and a `now` argument, no I/O, no clock reads. A request is due once
+`escalate_after` has passed since its release without a 2xx from the agent, its incident's
+severity is at least `min_severity`, and no escalation was recorded for it yet (the caller folds
+that from the audit log / the owner outbox's unique key `escalate:<delivery_key>`).
+
+The message carries only what the daemon knows about the incident: its topic, its title
+(sanitized: it came from whoever published the alert), severity, first and last seen and the
+event count, flattened and cut to `MESSAGE_LIMIT` characters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ntfy_intake.rules import sanitize
+from ntfy_intake.rules.timestamps import quantize, window_end
+
+MESSAGE_LIMIT = 300
+KEY_PREFIX = "escalate:"
+_TITLE_LIMIT = 120  # leaves room for the fixed parts whatever the topic's length
+_TOPIC_LIMIT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    after: float = 600.0  # seconds after release without a 2xx; 0 = escalation off
+    min_severity: int = 4
+
+    @property
+    def enabled(self) -> bool:
+        return self.after > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A released triage request as the store sees it."""
+
+    delivery_key: str
+    released_at: float
+    incident_key: str
+    topic: str
+    title: str
+    severity: int
+    first_seen: float
+    last_seen: float
+    events: int
+    delivered: bool  # the agent answered 2xx (no escalation, ever)
+    escalated: bool  # an `escalate:<delivery_key>` owner message is already recorded
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    due: tuple[Pending, ...]  # escalate these now, oldest release first
+    next_due: float | None  # the earliest instant a not-yet-due candidate falls due
+
+
+def key_for(delivery_key: str) -> str:
+    """The owner outbox key of a request's escalation: one per request, forever."""
+    return KEY_PREFIX + delivery_key
+
+
+def due_at(policy: Policy, request: Pending) -> float:
+    """When `request` falls due, on the audit log's millisecond grid."""
+    return window_end(request.released_at, policy.after)
+
+
+def eligible(policy: Policy, request: Pending) -> bool:
+    """Whether `request` can ever escalate (whatever the time)."""
+    return (
+        policy.enabled
+        and not request.delivered
+        and not request.escalated
+        and request.severity >= policy.min_severity
+    )
+
+
+def plan(policy: Policy, requests: Iterable[Pending], now: float) -> Plan:
+    """Which of `requests` are due at `now`, and when the next of the rest falls due (None:
+    nothing to wait for; the caller sleeps until a request is released or delivered)."""
+    moment = quantize(now)
+    due: list[Pending] = []
+    next_due: float | None = None
+    for request in requests:
+        if not eligible(policy, request):
+            continue
+        at = due_at(policy, request)
+        if at <= moment:
+            due.append(request)
+        elif next_due is None or at < next_due:
+            next_due = at
+    due.sort(key=lambda r: (r.released_at, r.delivery_key))
+    return Plan(tuple(due), next_due)
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def message(request: Pending, now: float) -> str:
+    """The owner message for `request`: one line, sanitized, at most `MESSAGE_LIMIT` characters."""
+    waited = max(0, int(quantize(now) - request.released_at)) // 60
+    text = (
+        f"[{sanitize.one_line(request.topic or '-', _TOPIC_LIMIT)}]"
+        f" {sanitize.one_line(request.title or request.incident_key or '-', _TITLE_LIMIT)}"
+        f" (severity {int(request.severity)}) - triage agent silent for {waited} min."
+        f" First seen {_clock(request.first_seen)}, last {_clock(request.last_seen)},"
+        f" {int(request.events)} event{'s' if request.events != 1 else ''}."
+    )
+    return sanitize.one_line(text, MESSAGE_LIMIT)
