@@ -24,7 +24,15 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
-from ..harness import DaemonThread, audit_records, daemon_process, env_for, query, wait_until
+from ..harness import (
+    DaemonThread,
+    audit_records,
+    daemon_process,
+    env_for,
+    query,
+    wait_until,
+    wipe_store,
+)
 
 pytestmark = pytest.mark.engines
 
@@ -50,7 +58,9 @@ def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
         yield handle
 
 
-def env(emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle, **more: str):  # type: ignore[no-untyped-def]
+def env(
+    emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle, **more: str
+) -> dict[str, str]:
     return env_for(
         emu.url,
         state,
@@ -195,3 +205,59 @@ def test_kill9_after_the_escalation_is_recorded_still_sends_it_exactly_once(
         rows = escalation_rows(state)
     assert len(sent) == 1 and "Disk full on nas" in sent[0]
     assert [(r[1], r[2]) for r in rows] == [("sent", None)]
+
+
+def stop_failing(triage: ReceiverHandle) -> None:
+    while triage.faults.take_injected() is not None:
+        pass
+
+
+def test_agent_answering_after_the_escalation_still_reaches_the_owner(
+    emu: NtfyEmulator, tmp_path: Path, triage: ReceiverHandle, sig: SignalHandle
+) -> None:
+    state = tmp_path / "state"
+    triage.faults.fail_next(100_000, status=503)
+    with DaemonThread(settings.load(None, env(emu, state, triage, sig))):
+        emu.wait_for_subscribers(1, timeout=30)
+        emu.publish("alerts", "nas disk at 99%", title="Disk full on nas", priority=5)
+        wait_until(lambda: escalations(sig), timeout=30, what="the escalation at Signal")
+        stop_failing(triage)  # the agent is back
+        wait_until(
+            lambda: [m for m in sig.messages() if m.message.startswith("[sev 5]")],
+            timeout=30,
+            what="the agent's own reply at Signal",
+        )
+        outbox = query(state, "SELECT state FROM outbox")
+        sent = escalations(sig)
+    assert outbox == [("delivered",)]
+    assert len(sent) == 1
+
+
+def rebuilt(state: Path) -> bool:
+    try:
+        return query(state, "SELECT count(*) FROM outbox") == [(1,)]
+    except Exception:  # the store is being created by the daemon
+        return False
+
+
+def test_rebuild_from_the_audit_log_does_not_escalate_the_same_request_again(
+    emu: NtfyEmulator, tmp_path: Path, triage: ReceiverHandle, sig: SignalHandle
+) -> None:
+    state = tmp_path / "state"
+    triage.faults.fail_next(100_000, status=503)
+    config = settings.load(None, env(emu, state, triage, sig))
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1, timeout=30)
+        emu.publish("alerts", "nas disk at 99%", title="Disk full on nas", priority=5)
+        wait_until(lambda: escalations(sig), timeout=30, what="the escalation at Signal")
+        wait_until(lambda: [r[1] for r in escalation_rows(state)] == ["sent"], timeout=30)
+        [(key, _, _)] = escalation_rows(state)
+    wipe_store(state)
+    with DaemonThread(config):
+        wait_until(lambda: rebuilt(state), timeout=30, what="the request rebuilt")
+        settle(AFTER + 2.0)
+        rows = escalation_rows(state)
+        requests = query(state, "SELECT state FROM outbox")
+    assert requests[0][0] in ("pending", "leased")  # still unanswered, still retried
+    assert [(r[0], r[1]) for r in rows] == [(key, "sent")]
+    assert len(escalations(sig)) == 1

@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import pytest
 
+from ntfy_intake import settings
+from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules import cadence, cadence_records, escalation
 from ntfy_intake.rules.timestamps import rfc3339
 
@@ -93,7 +95,7 @@ def test_escalation_key_is_one_per_request() -> None:
 def test_message_names_topic_title_severity_times_and_count() -> None:
     text = escalation.message(request(), T0 + 720)
     assert text == (
-        "[alerts] Disk full on nas (severity 5) - triage agent silent for 12 min."
+        "[alerts] Disk full on nas (severity 5) - triage agent silent for 12m."
         " First seen 2025-11-30 02:28 UTC, last 2025-11-30 02:33 UTC, 3 events."
     )
 
@@ -176,3 +178,41 @@ def test_acknowledged_incident_gets_no_escalation() -> None:
         policy, T0, incident="nas:disk", acknowledged=True
     )
     assert (decision.allowed, decision.reason) == (False, "acknowledged")
+
+
+# -- the settings ----------------------------------------------------------------------------------
+
+BASE_ENV = {"NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:2586", "NTFY_INTAKE_NTFY_TOPICS": "alerts"}
+
+
+def load_with(**overrides: str) -> settings.Settings:
+    env = BASE_ENV | {f"NTFY_INTAKE_RELAY_{k.upper()}": v for k, v in overrides.items()}
+    return settings.load(None, env)
+
+
+def test_escalation_settings_default_to_the_contract() -> None:
+    relay = load_with().relay
+    assert (relay.escalate_after, relay.escalate_min_severity, relay.escalate_daily_cap) == (
+        600.0,
+        4,
+        5,
+    )
+    assert load_with(escalate_after="0s").relay.escalate_after == 0.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("escalate_min_severity", "0", "from 1 to 5"),
+        ("escalate_min_severity", "6", "from 1 to 5"),
+        ("escalate_daily_cap", "-1", "at least 0"),
+        ("escalate_after", "-5s", ""),
+    ],
+)
+def test_escalation_settings_out_of_range_stop_start_up_naming_the_key(
+    key: str, value: str, why: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_with(**{key: value})
+    assert str(info.value).startswith(f"config error: relay.{key}")
+    assert why in str(info.value)

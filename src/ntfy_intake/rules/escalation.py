@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ntfy_intake.rules import sanitize
+from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.rules.timestamps import quantize, window_end
 
 MESSAGE_LIMIT = 300
@@ -103,11 +104,13 @@ def _clock(ts: float) -> str:
 
 def message(request: Pending, now: float) -> str:
     """The owner message for `request`: one line, sanitized, at most `MESSAGE_LIMIT` characters."""
-    waited = max(0, int(quantize(now) - request.released_at)) // 60
+    # Whole minutes past the first (10m, 1h12m), whole seconds below it (a short escalate_after).
+    seconds = max(0, int(quantize(now) - request.released_at))
+    waited = format_duration(seconds if seconds < 60 else seconds // 60 * 60)
     text = (
         f"[{sanitize.one_line(request.topic or '-', _TOPIC_LIMIT)}]"
         f" {sanitize.one_line(request.title or request.incident_key or '-', _TITLE_LIMIT)}"
-        f" (severity {int(request.severity)}) - triage agent silent for {waited} min."
+        f" (severity {int(request.severity)}) - triage agent silent for {waited}."
         f" First seen {_clock(request.first_seen)}, last {_clock(request.last_seen)},"
         f" {int(request.events)} event{'s' if request.events != 1 else ''}."
     )
