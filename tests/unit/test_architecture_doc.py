@@ -24,11 +24,14 @@ def product_modules(package: Path = PACKAGE) -> set[str]:
     }
 
 
+def named_section(doc: str) -> str:
+    start = doc.index("## The rooms\n")
+    return doc[start : doc.index("\n## ", start + 1)]
+
+
 def named_in_rooms(doc: str) -> set[str]:
     """The modules the rooms tables name: one row per module, its path first."""
-    start = doc.index("## The rooms\n")
-    end = doc.index("\n## ", start + 1)
-    return set(ROW.findall(doc[start:end]))
+    return set(ROW.findall(named_section(doc)))
 
 
 def test_every_product_module_is_named_in_the_architecture_map() -> None:
@@ -39,6 +42,12 @@ def test_every_product_module_is_named_in_the_architecture_map() -> None:
 def test_the_architecture_map_names_no_module_that_is_gone() -> None:
     gone = sorted(named_in_rooms(DOC.read_text()) - product_modules())
     assert gone == [], f"docs/architecture.md names modules that do not exist: {gone}"
+
+
+def test_the_architecture_map_names_each_module_once() -> None:
+    rows = ROW.findall(named_section(DOC.read_text()))
+    twice = sorted({row for row in rows if rows.count(row) > 1})
+    assert twice == [], f"docs/architecture.md has more than one row for: {twice}"
 
 
 def test_the_map_check_sees_a_missing_row(tmp_path: Path) -> None:
