@@ -9,6 +9,7 @@ import os
 import random
 import re
 import socket
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def test_cli_arguments_map_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         "token": "tk_secret",
         "keep": True,
         "database": None,
+        "out": sys.stdout,
+        "progress": sys.stderr,
     }
     assert drill.main(parser.parse_args(["--ntfy-url", "https://ntfy.example"])) == 2
     assert drill.main(parser.parse_args(["--kills", "-1"])) == 2

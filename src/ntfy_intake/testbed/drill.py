@@ -609,6 +609,8 @@ def main(args: argparse.Namespace) -> int:
         token=token,
         keep=args.keep,
         database=args.database,
+        out=sys.stdout,
+        progress=sys.stderr,
     )
 
 

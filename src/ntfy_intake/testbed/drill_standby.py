@@ -148,6 +148,10 @@ def main(args: argparse.Namespace) -> int:
         yield_after=args.yield_after,
         probe_every=args.probe_every,
         yield_cooloff=args.yield_cooloff,
+        # The streams as they are now: the defaults were bound at import, and a capture that
+        # has ended since (a test's, a caller's redirect) would be a closed file.
+        out=sys.stdout,
+        progress=sys.stderr,
     )
 
 

@@ -448,4 +448,6 @@ def main(args: argparse.Namespace) -> int:
         keep=args.keep,
         database=args.database,
         pg_data=args.pg_data,
+        out=sys.stdout,
+        progress=sys.stderr,
     )
