@@ -116,10 +116,10 @@ def test_event_whose_processing_fails_is_quarantined_and_intake_goes_on(
     """Finding 1's backstop: a value that still breaks processing costs one event, not intake."""
     real = incidents.signal_of
 
-    def explode(message: Message) -> incidents.Signal:
+    def explode(message: Message, **options: Any) -> incidents.Signal:
         if message.id == "poisoned0001":
             raise UnicodeEncodeError("utf-8", "\ud83d", 0, 1, "surrogates not allowed")
-        return real(message)
+        return real(message, **options)
 
     monkeypatch.setattr(incidents, "signal_of", explode)
     queue = owner_queue()

@@ -38,6 +38,8 @@ FULL: dict[str, Any] = {
     "failovers_total": 2,
     "ready": True,
     "cluster_intake_live": False,
+    "owner_receive_last_ok_age_s": 4.2,
+    "owner_receive_failures_total": 1,
 }
 
 
