@@ -6,7 +6,9 @@ to it; where the leader's `[cluster] url` is unknown the page says which node le
 from __future__ import annotations
 
 import contextlib
+import http.server
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,16 +27,45 @@ pytestmark = [
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
 
-# A relay nobody answers, tried once: the alert's triage request is dead at once, so the
-# deliveries page has a Redrive to offer.
-DEAD_RELAY = {"relay_url": "http://127.0.0.1:9/triage", "relay_max_attempts": "1"}
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    """A relay that answers (so a standby's readiness probe finds it reachable) and fails every
+    triage request with a 500."""
+
+    def _fail(self) -> None:
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_HEAD = do_POST = _fail
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def failing_relay() -> Iterator[str]:
+    """A relay that fails every request, tried once: the alert's triage request is dead at
+    once, so the deliveries page has a Redrive to offer."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/triage"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 FORM = re.compile(r'<form method="post" action="([^"]*)"')
 
 
 @pytest.fixture
-def bare_cluster(tmp_path: Path, emu: NtfyEmulator) -> Iterator[Cluster]:
+def bare_cluster(tmp_path: Path, emu: NtfyEmulator, failing_relay: str) -> Iterator[Cluster]:
     assert harness.DATABASE is not None
-    nodes = Cluster(tmp_path, harness.DATABASE, emu, **DEAD_RELAY)
+    nodes = Cluster(
+        tmp_path, harness.DATABASE, emu, relay_url=failing_relay, relay_max_attempts="1"
+    )
     try:
         yield nodes
     finally:
