@@ -13,18 +13,17 @@ twin), every problem of every entry reported at once, each named `expect[N].key`
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
 
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules.durations import parse_duration
 from ntfy_intake.rules.expectations import Expectation, normalize_title
+from ntfy_intake.settings import tables
 from ntfy_intake.settings.sources import _type_name as _type
 
 SECTION = "expect"
 KEYS = ("name", "topic", "title", "every", "grace")
-MAX_NAME = 64
 MAX_TITLE = 200
 MAX_ENTRIES = 64
 # Shorter would be a poll, not a publisher's schedule (and a notice storm when it is wrong).
@@ -41,52 +40,21 @@ def parse(
     """The expectations of the `expect` value of a TOML document, and every problem found.
     `topics`: `ntfy.topics` when known; a topic outside them would never be heard from, and the
     owner would be told every window that it was missed."""
-    if raw is None:
-        return (), []
-    if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
-        return (), [_error(None, None, "expected [[expect]] entries (an array of tables)")]
-    problems: list[ConfigError] = []
-    if len(raw) > MAX_ENTRIES:
-        problems.append(_error(None, None, f"at most {MAX_ENTRIES} entries, got {len(raw)}"))
-    found: list[Expectation] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(raw):
-        expectation = _entry(index, entry, topics, problems)
-        name = entry.get("name")
-        if isinstance(name, str) and name in seen:
-            problems.append(
-                _error(index, "name", f"{name!r} is already the name of expect[{seen[name]}]")
-            )
-        elif isinstance(name, str):
-            seen[name] = index
-        if expectation is not None:
-            found.append(expectation)
-    return (tuple(found) if not problems else ()), problems
-
-
-def _error(index: int | None, key: str | None, problem: str) -> ConfigError:
-    where = SECTION if index is None else f"{SECTION}[{index}]"
-    return ConfigError(where if key is None else f"{where}.{key}", problem)
+    return tables.read(
+        SECTION,
+        raw,
+        keys=KEYS,
+        most=MAX_ENTRIES,
+        noun="entries",
+        name_says="it names the expectation in notices and on the console",
+        entry=lambda table, at, name: _entry(table, at, name, topics),
+    )
 
 
 def _entry(
-    index: int,
-    entry: Mapping[str, object],
-    known_topics: Sequence[str],
-    problems: list[ConfigError],
+    entry: Mapping[str, object], at: tables.At, name: str | None, known_topics: Sequence[str]
 ) -> Expectation | None:
-    before = len(problems)
-
-    def fail(key: str, problem: str) -> None:
-        problems.append(_error(index, key, problem))
-
-    for key in entry:
-        if key not in KEYS:
-            match = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.75)
-            hint = f" (did you mean {match[0]}?)" if match else ""
-            shown = key if re.fullmatch(r"[-A-Za-z0-9_]{1,40}", key) else repr(key[:40])
-            problems.append(_error(index, shown, f"unknown key{hint}"))
-    name = _name(entry.get("name"), fail)
+    fail = at.fail
     topic = _topic(entry.get("topic"), known_topics, fail)
     title = _title(entry.get("title"), fail)
     every = _duration(entry.get("every"), "every", fail, required=True)
@@ -94,29 +62,12 @@ def _entry(
         fail("every", f"at least {MIN_EVERY:g}s, got {entry.get('every')!r}")
         every = None
     grace = _duration(entry.get("grace"), "grace", fail, required=False)
-    if len(problems) > before:
+    if at.count:
         return None
     assert name is not None and topic is not None and every is not None
     if grace is None:
         grace = round(every * DEFAULT_GRACE_SHARE, 3)
     return Expectation(name, topic, every, grace, title)
-
-
-def _name(raw: object, fail: _Fail) -> str | None:
-    if raw is None:
-        fail("name", "required: it names the expectation in notices and on the console")
-        return None
-    if not isinstance(raw, str):
-        fail("name", f"expected a string, got {_type(raw)}")
-        return None
-    if not raw or raw != raw.strip() or len(raw) > MAX_NAME or not raw.isprintable():
-        fail(
-            "name",
-            f"1-{MAX_NAME} printable characters without leading or trailing spaces,"
-            f" got {_show(raw)}",
-        )
-        return None
-    return raw
 
 
 def _topic(raw: object, known: Sequence[str], fail: _Fail) -> str | None:
@@ -128,7 +79,7 @@ def _topic(raw: object, known: Sequence[str], fail: _Fail) -> str | None:
         fail("topic", f"expected a string{hint}, got {_type(raw)}")
         return None
     if not _TOPIC.fullmatch(raw):
-        fail("topic", f"{_show(raw)} is not a topic name (1-64 of A-Z a-z 0-9 - _)")
+        fail("topic", f"{tables.show(raw)} is not a topic name (1-64 of A-Z a-z 0-9 - _)")
         return None
     if known and raw not in known:
         fail("topic", f"{raw!r} is not one of ntfy.topics: it would never be heard from")
@@ -144,7 +95,7 @@ def _title(raw: object, fail: _Fail) -> str | None:
         return None
     title = normalize_title(raw)
     if not title or len(title) > MAX_TITLE or not title.isprintable():
-        fail("title", f"1-{MAX_TITLE} printable characters, got {_show(raw)}")
+        fail("title", f"1-{MAX_TITLE} printable characters, got {tables.show(raw)}")
         return None
     return title
 
@@ -162,7 +113,3 @@ def _duration(raw: object, key: str, fail: _Fail, *, required: bool) -> float | 
     except ValueError as exc:
         fail(key, str(exc))
         return None
-
-
-def _show(text: str) -> str:
-    return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."

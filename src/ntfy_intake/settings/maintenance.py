@@ -15,7 +15,6 @@ from 0 in file order).
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +23,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ntfy_intake.errors import ConfigError
 from ntfy_intake.rules.maintenance import DAY_NAMES, END_OF_DAY, Window
+from ntfy_intake.settings import tables
 from ntfy_intake.settings.sources import _type_name as _type
 
 SECTION = "maintenance"
 KEYS = ("name", "topics", "incidents", "days", "from", "to", "timezone")
-MAX_NAME = 64
 MAX_PATTERN = 400
 MAX_WINDOWS = 64
 # A topic pattern: topic characters (settings.schema.TOPIC_RE) and fnmatch's own.
@@ -44,56 +43,26 @@ def parse(
     """The windows of the `maintenance` value of a TOML document, and every problem found.
     `topics`: `ntfy.topics` when known; a topic pattern matching none of them is refused (a
     typo there would page the owner every week the window was meant to cover)."""
-    if raw is None:
-        return (), []
-    if isinstance(raw, dict):
-        return (), [_error(None, None, "expected [[maintenance]] entries (an array of tables)")]
-    if not isinstance(raw, list) or not all(isinstance(entry, dict) for entry in raw):
-        return (), [_error(None, None, "expected [[maintenance]] entries (an array of tables)")]
-    problems: list[ConfigError] = []
-    if len(raw) > MAX_WINDOWS:
-        problems.append(_error(None, None, f"at most {MAX_WINDOWS} windows, got {len(raw)}"))
-    windows: list[Window] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(raw):
-        window = _entry(index, entry, default_timezone, topics, problems)
-        name = entry.get("name")
-        if isinstance(name, str) and name in seen:
-            problems.append(
-                _error(index, "name", f"{name!r} is already the name of maintenance[{seen[name]}]")
-            )
-        elif isinstance(name, str):
-            seen[name] = index
-        if window is not None:
-            windows.append(window)
-    return (tuple(windows) if not problems else ()), problems
-
-
-def _error(index: int | None, key: str | None, problem: str) -> ConfigError:
-    where = SECTION if index is None else f"{SECTION}[{index}]"
-    return ConfigError(where if key is None else f"{where}.{key}", problem)
+    return tables.read(
+        SECTION,
+        raw,
+        keys=KEYS,
+        most=MAX_WINDOWS,
+        noun="windows",
+        name_says="it names the window on the console and in the reason",
+        entry=lambda table, at, name: _entry(table, at, name, default_timezone, topics),
+    )
 
 
 def _entry(
-    index: int,
     entry: Mapping[str, object],
+    at: tables.At,
+    name: str | None,
     default_timezone: str,
     known_topics: Sequence[str],
-    problems: list[ConfigError],
 ) -> Window | None:
-    before = len(problems)
-
-    def fail(key: str, problem: str) -> None:
-        problems.append(_error(index, key, problem))
-
-    for key in entry:
-        if key not in KEYS:
-            match = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.75)
-            hint = f" (did you mean {match[0]}?)" if match else ""
-            shown = key if re.fullmatch(r"[-A-Za-z0-9_]{1,40}", key) else repr(key[:40])
-            problems.append(_error(index, shown, f"unknown key{hint}"))
-    name = _name(entry.get("name"), fail)
-    read = len(problems)
+    fail = at.fail
+    read = at.count
     topics = _patterns(entry, "topics", fail)
     incidents = _patterns(entry, "incidents", fail)
     for pattern in topics:
@@ -101,7 +70,7 @@ def _entry(
             fail("topics", f"{pattern!r} is not a topic pattern (A-Z a-z 0-9 - _ and * ? [ ] !)")
         elif known_topics and not any(fnmatch.fnmatchcase(t, pattern) for t in known_topics):
             fail("topics", f"{pattern!r} matches none of ntfy.topics")
-    if not topics and not incidents and len(problems) == read:
+    if not topics and not incidents and at.count == read:
         fail("topics", "give topic or incident patterns (or both): what the window holds")
     days = _days(entry.get("days"), fail)
     start = _clock(entry.get("from"), "from", fail)
@@ -112,28 +81,11 @@ def _entry(
     if start is not None and end is not None and start == end:
         fail("to", 'must differ from `from` (a whole day is from = "00:00", to = "24:00")')
     timezone = _timezone(entry.get("timezone", default_timezone), fail)
-    if len(problems) > before:
+    if at.count:
         return None
     assert name is not None and days is not None and start is not None and end is not None
     assert timezone is not None
     return Window(name, topics, incidents, days, start, end, timezone)
-
-
-def _name(raw: object, fail: _Fail) -> str | None:
-    if raw is None:
-        fail("name", "required: it names the window on the console and in the reason")
-        return None
-    if not isinstance(raw, str):
-        fail("name", f"expected a string, got {_type(raw)}")
-        return None
-    if not raw or raw != raw.strip() or len(raw) > MAX_NAME or not raw.isprintable():
-        fail(
-            "name",
-            f"1-{MAX_NAME} printable characters without leading or trailing spaces,"
-            f" got {_show(raw)}",
-        )
-        return None
-    return raw
 
 
 def _patterns(entry: Mapping[str, object], key: str, fail: _Fail) -> tuple[str, ...]:
@@ -149,7 +101,10 @@ def _patterns(entry: Mapping[str, object], key: str, fail: _Fail) -> tuple[str, 
         if not isinstance(item, str):
             fail(key, f"item {position}: expected a string, got {_type(item)}")
         elif not item or len(item) > MAX_PATTERN or not item.isprintable():
-            fail(key, f"item {position}: 1-{MAX_PATTERN} printable characters, got {_show(item)}")
+            fail(
+                key,
+                f"item {position}: 1-{MAX_PATTERN} printable characters, got {tables.show(item)}",
+            )
         elif item in found:
             fail(key, f"{item!r} is listed twice")
         else:
@@ -165,7 +120,7 @@ def _days(raw: object, fail: _Fail) -> frozenset[int] | None:
     if isinstance(raw, str):
         if raw.strip().lower() == "daily":
             return frozenset(range(7))
-        fail("days", f'expected {expected}, like ["{raw}"] for one day; got {_show(raw)}')
+        fail("days", f'expected {expected}, like ["{raw}"] for one day; got {tables.show(raw)}')
         return None
     if not isinstance(raw, list) or not raw:
         fail("days", f"expected {expected}, got {_type(raw) if raw != [] else 'an empty list'}")
@@ -178,7 +133,7 @@ def _days(raw: object, fail: _Fail) -> frozenset[int] | None:
         elif name is not None and name in _DAY_SPELLINGS:
             days.add(DAY_NAMES.index(name[:3]))
         else:
-            shown = _show(item) if isinstance(item, str) else _type(item)
+            shown = tables.show(item) if isinstance(item, str) else _type(item)
             fail("days", f"item {position}: expected one of {', '.join(DAY_NAMES)}, got {shown}")
             return None
     return frozenset(days)
@@ -203,7 +158,7 @@ def _clock(raw: object, key: str, fail: _Fail) -> int | None:
         return raw.hour * 60 + raw.minute
     found = _CLOCK.fullmatch(raw.strip()) if isinstance(raw, str) else None
     if found is None:
-        shown = _show(raw) if isinstance(raw, str) else _type(raw)
+        shown = tables.show(raw) if isinstance(raw, str) else _type(raw)
         fail(key, f'expected a time of day HH:MM like "01:30", got {shown}')
         return None
     hours, minutes = int(found.group(1)), int(found.group(2))
@@ -222,10 +177,9 @@ def _timezone(raw: object, fail: _Fail) -> str | None:
     try:
         ZoneInfo(raw)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        fail("timezone", f"unknown time zone {_show(raw)}, expected a name like Europe/Amsterdam")
+        fail(
+            "timezone",
+            f"unknown time zone {tables.show(raw)}, expected a name like Europe/Amsterdam",
+        )
         return None
     return raw
-
-
-def _show(text: str) -> str:
-    return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
