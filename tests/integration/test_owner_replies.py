@@ -470,3 +470,41 @@ def test_agent_is_told_the_owner_acknowledged_so_it_does_not_escalate_again(
     assert released_payload(world.conn, "d3", "alerts:disk")["acknowledged"] is True
     incident(world.conn, "alerts:disk", status="firing", version=3)
     assert "acknowledged" not in released_payload(world.conn, "d4", "alerts:disk")
+
+
+def test_hostile_envelopes_cost_nothing_but_themselves(world: World) -> None:
+    """Failure mode: a reply's text or sender holding NUL, a lone surrogate escape or ANSI, or
+    fields of the wrong type, failing the receive loop (PostgreSQL refuses NUL in text; a lone
+    surrogate cannot be encoded), so the owner's real reply after it is never read."""
+    assert world.message("d1", "alerts:disk") == "queued"
+
+    def item(source: object, text: object, timestamp: object) -> dict[str, Any]:
+        return {
+            "envelope": {
+                "source": source,
+                "sourceNumber": source,
+                "timestamp": timestamp,
+                "dataMessage": {"message": text, "timestamp": timestamp},
+            },
+            "account": SENDER,
+        }
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        await sender.run_once()
+        for hostile in (
+            item("+316\x00\ud83d\x1b[31m", "ack\x00", 1_764_470_001_000),
+            item(OWNER, "silence \ud83d\x00 2h\x1b[2J", 1_764_470_002_000),
+            item(OWNER, 5, "soon"),
+            item(["+31"], {"deep": [[[]]]}, None),
+            item(OWNER, "x" * (1 << 20), 1_764_470_003_000),
+        ):
+            world.signal.inbox.put(SENDER, hostile)
+        world.signal.inbox.inject(SENDER, OWNER, "silence 2h")
+        await replies.run_once()
+        await sender.run_once()
+
+    world.run(scenario)
+    assert len(world.records("silence")) == 1, world.records("owner_reply")
+    assert world.message("d2", "alerts:disk") == "suppressed"
+    lines = json.dumps(world.records("owner_reply"), ensure_ascii=False)
+    assert "\x00" not in lines and "\x1b" not in lines

@@ -39,6 +39,7 @@ from ntfy_intake.settings import OwnerSettings
 from ntfy_intake.store import audit, db
 from ntfy_intake.store import owner_replies as store
 from ntfy_intake.store.owner_queue import OwnerQueue
+from ntfy_intake.wire import jsonsafe
 
 log = structlog.get_logger("ntfy_intake.owner_replies")
 
@@ -166,7 +167,11 @@ class OwnerReplies:
                         continue
                     done, frame = frame, None
                     try:
-                        item = json.loads(done.result())
+                        text = done.result()
+                        raw = (
+                            text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+                        )
+                        item = jsonsafe.loads(raw)
                     except ValueError:  # one bad frame is skipped, the connection kept
                         log.warning("owner_replies.bad_frame")
                         continue
@@ -256,7 +261,9 @@ class OwnerReplies:
                 response = await self.client.get(url, timeout=self.timeout)
             if response.status_code != 200:
                 raise ValueError(f"HTTP {response.status_code}")
-            items = response.json()
+            # Strings made valid UTF-8 and nesting bounded at this decode boundary: a lone
+            # surrogate escape or a deep document must cost one reply, never the loop.
+            items = jsonsafe.loads(response.content)
             if not isinstance(items, list):
                 raise ValueError("not a JSON array")
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:

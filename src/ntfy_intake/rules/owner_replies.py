@@ -55,6 +55,11 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _sender(value: object) -> str | None:
+    text = _str(value)
+    return None if text is None else _str(sanitize.strip_control(sanitize.valid_utf8(text)))
+
+
 def parse_item(item: object) -> Envelope | None:
     """The reply an item carries, or None (not a text data message, or malformed)."""
     if not isinstance(item, Mapping):
@@ -67,8 +72,10 @@ def parse_item(item: object) -> Envelope | None:
         return None
     text = data.get("message")
     timestamp = _int(envelope.get("timestamp"))
-    number = _str(envelope.get("sourceNumber")) or _str(envelope.get("source"))
-    uuid = _str(envelope.get("sourceUuid"))
+    # The sender is stored and audited: no control character (PostgreSQL refuses NUL in text)
+    # and valid UTF-8 whatever the decoder let through.
+    number = _sender(envelope.get("sourceNumber")) or _sender(envelope.get("source"))
+    uuid = _sender(envelope.get("sourceUuid"))
     if not isinstance(text, str) or timestamp is None or (number is None and uuid is None):
         return None
     quote = data.get("quote")
@@ -77,7 +84,7 @@ def parse_item(item: object) -> Envelope | None:
         source=(number or uuid or "")[:MAX_SOURCE],
         source_uuid=uuid,
         timestamp=timestamp,
-        text=text,
+        text=sanitize.valid_utf8(text),
         quote_id=quote_id,
     )
 

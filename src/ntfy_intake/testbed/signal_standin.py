@@ -328,7 +328,11 @@ def create_app(
         return JSONResponse({"timestamp": str(ts), **body}, 201)
 
     async def receive(request: Request) -> Response:
-        return JSONResponse(inbox.take(request.path_params["number"]))
+        # ASCII with escapes, as a JSON server may send them: a lone surrogate escape in an
+        # injected reply reaches the daemon as the hostile input it is (JSONResponse's UTF-8
+        # cannot encode one and would answer 500).
+        body = json.dumps(inbox.take(request.path_params["number"]), ensure_ascii=True)
+        return Response(body, media_type="application/json")
 
     async def receive_ws(websocket: WebSocket) -> None:
         # json-rpc mode: one object per text frame, pushed as it arrives.
