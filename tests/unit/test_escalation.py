@@ -216,3 +216,29 @@ def test_escalation_settings_out_of_range_stop_start_up_naming_the_key(
         load_with(**{key: value})
     assert str(info.value).startswith(f"config error: relay.{key}")
     assert why in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("records", "wakes"),
+    [
+        ([{"kind": "event", "delivery_key": "tri_new", "severity": 5}], True),
+        ([{"kind": "event", "delivery_key": "tri_known", "severity": 5}], False),
+        ([{"kind": "event", "delivery_key": "tri_new", "severity": 3}], False),
+        ([{"kind": "event", "outcome": "duplicate", "severity": 5}], False),
+        ([{"kind": "event", "delivery_key": "tri_new", "severity": "5"}], False),
+        (
+            [
+                {"kind": "event", "delivery_key": "tri_known", "severity": 5},
+                {"kind": "event", "delivery_key": "tri_rose", "severity": 4},
+            ],
+            True,
+        ),
+        ([], False),
+    ],
+)
+def test_an_event_joining_a_known_request_does_not_wake_the_escalator(
+    records: list[dict[str, object]], wakes: bool
+) -> None:
+    """Failure mode: every committed batch woke the escalator for a candidates query on the
+    database thread the writer shares, a read per live event on the hot path."""
+    assert escalation.brings_news(records, frozenset({"tri_known"}), min_severity=4) is wakes

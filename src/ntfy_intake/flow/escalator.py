@@ -68,11 +68,15 @@ class Escalator:
         self.after_record = after_record
         self.wakeup = asyncio.Event()
         self.recorded = 0  # escalations queued or suppressed by this process
+        # The requests the last step saw (replaced whole by the database thread, read on the
+        # loop): events joining them do not wake the loop.
+        self.known: frozenset[str] = frozenset()
 
-    def committed(self, _records: list[dict[str, Any]]) -> None:
+    def committed(self, records: list[dict[str, Any]]) -> None:
         """A batch committed (writer.on_committed): a new request or a higher severity may
         bring the next due instant forward."""
-        self.wakeup.set()
+        if escalation.brings_news(records, self.known, self.policy.min_severity):
+            self.wakeup.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and self.may_act():
@@ -110,6 +114,7 @@ class Escalator:
         plan = escalation.plan(self.policy, pending, now)
         for request in plan.due:
             self._record(request, now)
+        self.known = frozenset(request.delivery_key for request in pending)
         return len(plan.due), plan.next_due
 
     def _record(self, request: escalation.Pending, now: float) -> None:

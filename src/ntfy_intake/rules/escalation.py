@@ -13,9 +13,10 @@ event count, flattened and cut to `MESSAGE_LIMIT` characters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from ntfy_intake.rules import sanitize
 from ntfy_intake.rules.durations import format_duration
@@ -58,6 +59,26 @@ class Pending:
 class Plan:
     due: tuple[Pending, ...]  # escalate these now, oldest release first
     next_due: float | None  # the earliest instant a not-yet-due candidate falls due
+
+
+def brings_news(
+    records: Iterable[Mapping[str, Any]], known: Container[str], min_severity: int
+) -> bool:
+    """Whether a committed batch can bring an escalation forward: an event of a request the
+    loop has not seen among its candidates, at or above the minimum severity (a new request,
+    or one whose severity just rose past it). An event joining a known request moves no due
+    instant, so the loop is not woken for it: a live event then costs the escalator nothing."""
+    for record in records:
+        key = record.get("delivery_key")
+        severity = record.get("severity")
+        if (
+            isinstance(key, str)
+            and key not in known
+            and isinstance(severity, int)
+            and severity >= min_severity
+        ):
+            return True
+    return False
 
 
 def key_for(delivery_key: str) -> str:
