@@ -1,4 +1,6 @@
-"""Every test here runs twice: against the bundled emulator and against the real ntfy server."""
+"""Every test here runs twice: against the bundled emulator and against the real ntfy server;
+except the section-11 checklist (test_both_servers.py), whose emulator run is
+tests/emulator/test_conformance.py."""
 
 from __future__ import annotations
 

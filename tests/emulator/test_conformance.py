@@ -1,5 +1,10 @@
 """Conformance over real loopback sockets: one test (or more) per ntfy-spec.md section 11 checklist
-item, named in each docstring."""
+item, named in each docstring.
+
+This is the emulator's one run of the checklist; tests/conformance/test_both_servers.py holds the
+same items for the real ntfy server (run when NTFY_BIN is set). Every expectation asserted there
+is asserted here too, on the emulator, so the two stay one contract without starting the
+emulator twice per item."""
 
 from __future__ import annotations
 
@@ -178,6 +183,7 @@ def test_since_duration(emu: NtfyEmulator, client: httpx.Client, polled: Poll, c
     assert ids(polled(client, "/t/json", since="1m")) == [recent["id"]]
     assert ids(polled(client, "/t/json", since="1h0m10s")) == [old["id"], recent["id"]]
     assert ids(polled(client, "/t/json", since="100ms")) == []
+    assert ids(polled(client, "/t/json", since="1h30m")) == [old["id"], recent["id"]]
     bad = client.get("/t/json", params={"poll": "1", "since": "1d"})
     assert (bad.status_code, bad.content) == (400, SINCE_400)
 
@@ -219,6 +225,16 @@ def test_invalid_since_exact_error(emu: NtfyEmulator, client: httpx.Client) -> N
         assert response.status_code == 400
         assert response.headers["content-type"] == "application/json"
         assert response.content == SINCE_400
+    for value in ("yesterday", "abcdefghij", "1d", "1.5"):
+        response = client.get("/t/json", params={"poll": "1", "since": value})
+        assert (response.status_code, response.content) == (400, SINCE_400), value
+
+
+@pytest.mark.parametrize("path", ["/t/json", "/t/sse", "/t/raw"])
+def test_error_bodies_are_compact_json_with_a_newline(client: httpx.Client, path: str) -> None:
+    """Item 16 on every stream format: the error body is ntfy's compact JSON and a newline."""
+    response = client.get(path, params={"since": "bogus"})
+    assert response.content == SINCE_400
 
 
 def test_id_validity(emu: NtfyEmulator, client: httpx.Client, polled: Poll) -> None:
@@ -356,6 +372,18 @@ def test_subscription_limit(make_emulator: Callable[..., NtfyEmulator], open_str
     assert open_stream(emu, "/d/json").event()["event"] == "open"
 
 
+def test_item26_request_limiter_answers_42901(make_emulator: Callable[..., NtfyEmulator]) -> None:
+    """Item 26 with ntfy's defaults: a burst of 60 requests, then 429 42901 without Retry-After
+    (the clock stands still, so nothing is replenished)."""
+    emu = make_emulator(request_limit=True)
+    with httpx.Client(base_url=emu.url) as client:
+        codes = [client.get("/t/json", params={"poll": "1"}).status_code for _ in range(75)]
+        assert codes[:55] == [200] * 55
+        limited = client.get("/t/json", params={"poll": "1"})
+        assert (limited.status_code, limited.json()["code"]) == (429, 42901)
+        assert "retry-after" not in limited.headers
+
+
 def test_request_limit(make_emulator: Callable[..., NtfyEmulator], clock: Any) -> None:
     """Item 26: each subscribe (and publish) takes a token; burst, then one per replenish."""
     emu = make_emulator(request_limit=True, request_limit_burst=3, request_limit_replenish=5.0)
@@ -475,6 +503,10 @@ def test_disallowed_topics(emu: NtfyEmulator, client: httpx.Client) -> None:
     for path in ("/app/json", "/a,v1/json", "/metrics/sse", "/file/json"):
         response = client.get(path)
         assert (response.status_code, response.json()["code"]) == (400, 40009), path
+    for topic in ("app", "settings", "account", "v1", "file", "a,app"):
+        response = client.get(f"/{topic}/json", params={"poll": "1"})
+        assert (response.status_code, response.json()["code"]) == (400, 40009), topic
+        assert response.json()["error"] == "invalid request: topic invalid"
     assert client.put("/app", content=b"x").json()["code"] == 40010
 
 
@@ -521,9 +553,45 @@ def test_json_publish(emu: NtfyEmulator, client: httpx.Client) -> None:
     assert ok.json()["priority"] == 4 and ok.json()["tags"] == ["x"]
     assert emu.messages("t")[-1]["message"] == "m"
     assert client.post("/", json={"message": "m"}).json()["code"] == 40009
+    titled = client.post("/", json={"topic": "t", "message": "hi", "title": "T"})
+    assert (titled.status_code, titled.json()["title"]) == (200, "T")
+    reserved = client.post("/", json={"topic": "docs", "message": "hi"})
+    assert (reserved.status_code, reserved.json()["code"]) == (400, 40010)
     assert client.put("/", content=b"{").json()["code"] == 40024
     big = client.put("/", content=b'{"topic":"t","message":"' + b"x" * 8192 + b'"}')
     assert (big.status_code, big.json()["code"]) == (413, 41303)
+
+
+def test_message_event_field_names_and_types(
+    emu: NtfyEmulator, client: httpx.Client, polled: Poll
+) -> None:
+    """Section 2: a message's fields in ntfy's order and JSON types; a poll returns it as sent."""
+    headers = {"Title": "T", "Priority": "4", "Tags": "a,b"}
+    sent = client.put("/t", content=b"body", headers=headers).json()
+    assert list(sent) == [
+        "id",
+        "time",
+        "expires",
+        "event",
+        "topic",
+        "title",
+        "message",
+        "priority",
+        "tags",
+    ]
+    assert [type(sent[key]).__name__ for key in sent] == [
+        "str",
+        "int",
+        "int",
+        "str",
+        "str",
+        "str",
+        "str",
+        "int",
+        "list",
+    ]
+    (event,) = polled(client, "/t/json")
+    assert event == sent
 
 
 def test_publish_params(emu: NtfyEmulator, client: httpx.Client) -> None:
