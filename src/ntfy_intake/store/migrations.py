@@ -232,6 +232,23 @@ SQLITE: tuple[Migration, ...] = (
     ),
     # The notices a standby owes the owner, on its node row (PostgreSQL only, as the rows are).
     ("0011_nodes_owed", []),
+    # The fallback topic's action buttons (store/action_tokens.py): the one signing key, in the
+    # database so that both nodes of a standby pair verify each other's tokens; and each token
+    # used, recorded with its effect, so that a button acts once.
+    (
+        "0012_owner_action_tokens",
+        [
+            """CREATE TABLE owner_action_key(
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                secret TEXT NOT NULL,
+                created_at REAL NOT NULL)""",
+            """CREATE TABLE owner_action_uses(
+                token_id TEXT PRIMARY KEY,
+                used_at REAL NOT NULL,
+                result TEXT NOT NULL)""",
+            "CREATE INDEX owner_action_uses_at ON owner_action_uses(used_at)",
+        ],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

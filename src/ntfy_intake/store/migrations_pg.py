@@ -239,4 +239,19 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
             "ALTER TABLE nodes ADD COLUMN owed TEXT NOT NULL DEFAULT '{}' CHECK (owed::json IS NOT NULL)"
         ],
     ),
+    # The action buttons' signing key and used tokens (migrations.py says why).
+    (
+        "0012_owner_action_tokens",
+        [
+            """CREATE TABLE owner_action_key(
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                secret TEXT NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL)""",
+            """CREATE TABLE owner_action_uses(
+                token_id TEXT PRIMARY KEY,
+                used_at DOUBLE PRECISION NOT NULL,
+                result TEXT NOT NULL)""",
+            "CREATE INDEX owner_action_uses_at ON owner_action_uses(used_at)",
+        ],
+    ),
 )
