@@ -129,18 +129,22 @@ class LoginGuard:
         """Compare in constant time and count the outcome; only call when `held` is None."""
         self.checked += 1
         ok = hmac.compare_digest(presented.encode("utf-8", "replace"), token.encode())
-        address = self.address(request)
         if ok:
-            self.throttle.succeeded(address, self._clock())
+            self.throttle.succeeded(self.address(request), self._clock())
             return True
-        outcome = self.throttle.failed(address, self._clock())
+        self.failed(request)
+        return False
+
+    def failed(self, request: Request) -> None:
+        """Count a wrong credential checked elsewhere (an action button's token:
+        surfaces/owner_actions.py) as a wrong token here: guesses count the same everywhere."""
+        outcome = self.throttle.failed(self.address(request), self._clock())
         for who, failures in outcome.began:
             hold = outcome.hold if who != login_throttle.OVERALL else self._overall_hold()
             log.warning("http.logins_held", address=who, failures=failures, hold_s=hold)
             if self._notice is not None:
                 episode = f"{int(self._wall())}"
                 self._record(login_throttled(who, failures, hold, episode))
-        return False
 
     def _overall_hold(self) -> float:
         return self.throttle.policy.first_hold
