@@ -126,8 +126,12 @@ class OwnerSender:
         max_attempts: int = 12,
         after_send: Callable[[], None] = lambda: None,
         may_act: Callable[[], bool] = lambda: True,
+        buttons: Callable[[str], Awaitable[dict[str, str]]] | None = None,
     ) -> None:
         self.conn = conn
+        # The fallback topic's action buttons (flow/owner_buttons.py): extra publish headers
+        # for a message key; None without `http.public_url`.
+        self.buttons = buttons
         self.client = client
         self.run_db = run_db
         self.owner = owner
@@ -289,6 +293,8 @@ class OwnerSender:
     async def _ntfy_leg(self, claim: Claim, text: str, legs: list[Leg]) -> Settlement:
         assert self.owner.fallback_topic is not None
         headers = ntfy_headers(claim.kind, claim.topic, self.ntfy_token)
+        if self.buttons is not None:
+            headers.update(await self.buttons(claim.key))
         status, answer_headers, content, error = await self._post(
             f"{self.ntfy_url}/{self.owner.fallback_topic}", text.encode("utf-8"), headers
         )
