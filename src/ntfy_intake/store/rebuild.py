@@ -14,7 +14,11 @@ The audit log is the system of record. From it, before subscribing, come back:
 - feed entries of released requests, in release order (feed cursors cannot be known: they
   restart at each channel's head),
 - owner messages with their text: audited `sent` or `suppressed` stay so, anything else is
-  pending again under the same key.
+  pending again under the same key,
+- the owner's acks (`owner_reply` lines with result `acknowledged`): the newest per incident,
+  at the incident's version as the lines before it fold it (the same count as the rebuilt
+  incident's, so an ack that ended before the loss is ended after it too). Silences need
+  nothing here: they are audit records only, folded into the cadence state at every start.
 One `rebuilt_from_audit` record is staged; the caller adds the one owner notice.
 
 Known limit: a request still collecting when the database was lost is rebuilt from its event
@@ -106,6 +110,7 @@ class _Fold:
     incidents: dict[str, list[Record]] = field(default_factory=dict)
     requests: dict[str, _Request] = field(default_factory=dict)
     owner: dict[str, _OwnerMessage] = field(default_factory=dict)
+    acks: dict[str, tuple[int, float]] = field(default_factory=dict)  # incident: (version, at)
     cursor_record: Record | None = None
     last_event: Record | None = None
 
@@ -127,6 +132,10 @@ class _Fold:
             self._notice(record, ts)
         elif kind == "owner_message":
             self._owner_message(record, ts)
+        elif kind == "owner_reply" and record.get("result") == "acknowledged":
+            incident = record.get("incident")
+            if isinstance(incident, str) and incident in self.incidents:
+                self.acks[incident] = (_version(self.incidents[incident]), ts)
 
     def _event(self, record: Record, ts: float) -> None:
         event_id = record.get("event_id")
@@ -207,6 +216,7 @@ def from_audit(
             conn, fold.requests, now, debounce, relay_enabled, feed_append
         )
         _owner(conn, fold.owner, now)
+        _acks(conn, fold.acks)
         _seq(conn, fold.top_seq)
     save_cursor(conn, cursor, now)
     summary = Summary(
@@ -283,12 +293,7 @@ def _incidents(conn: Connection, incidents: Mapping[str, list[Record]]) -> None:
     for key, records in incidents.items():
         last = records[-1]
         times = [r["time"] for r in records if isinstance(r.get("time"), int)] or [0]
-        versions = 1 + sum(
-            1
-            for before, after in itertools.pairwise(records)
-            if (before.get("severity"), before.get("status"))
-            != (after.get("severity"), after.get("status"))
-        )
+        versions = _version(records)
         status = last.get("status") if last.get("status") in ("firing", "resolved") else "firing"
         severity = last.get("severity") if isinstance(last.get("severity"), int) else 3
         conn.execute(
@@ -311,6 +316,27 @@ def _incidents(conn: Connection, incidents: Mapping[str, list[Record]]) -> None:
                 versions,
             ),
         )
+
+
+def _version(records: list[Record]) -> int:
+    """An incident's version after `records` (its event lines in order): one more at each change
+    of severity or status, as rules/incidents.merge counts it."""
+    return 1 + sum(
+        1
+        for before, after in itertools.pairwise(records)
+        if (before.get("severity"), before.get("status"))
+        != (after.get("severity"), after.get("status"))
+    )
+
+
+def _acks(conn: Connection, acks: Mapping[str, tuple[int, float]]) -> None:
+    """An ack that ended since (the incident fired again, its severity rose) is restored too:
+    store/owner_replies.ack_holds drops it at its first read, as it would have live."""
+    conn.executemany(
+        "INSERT INTO owner_acks(incident_key, version, acked_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (incident_key) DO NOTHING",
+        [(incident, version, at) for incident, (version, at) in acks.items()],
+    )
 
 
 def _requests(
