@@ -356,37 +356,57 @@ class OwnerReplies:
             )
             return "unmatched", rules.confirmation("help", None, problem=problem), {}
         fields: dict[str, Any] = {"key": target.key, "matched": target.how}
-        incident = store.incident_of(conn, target.key)
-        state = None if incident is None else store.incident_state(conn, incident)
-        if incident is None or state is None:
-            problem = "That message is not about an incident"
-            return "unmatched", rules.confirmation("help", None, problem=problem), fields
-        fields["incident"] = incident
-        if verb == "ack":
-            store.ack(conn, incident, state[2], now)
-            return "acknowledged", rules.confirmation("ack", incident), fields
-        if verb == "silence":
-            assert command.span is not None  # parse_command gives silence a span or a problem
-            silence_id = "sil_" + secrets.token_hex(6)
-            until = now + command.span
-            record = silences.silence_fields(
-                silence_id, "incident", incident, until, "Signal reply"
-            )
-            self.queue.silence(txn, "silence", now, **record)
-            fields["silence_id"] = silence_id
-            return "silenced", rules.confirmation("silence", incident, until=_hhmm(until)), fields
-        if verb == "unsilence":
-            ended = 0
-            for held in self.queue.state.silences.active(now):
-                if held.scope == "incident" and held.target == incident:
-                    self.queue.silence(txn, "silence_end", now, silence_id=held.silence_id)
-                    ended += 1
-            result = "unsilenced" if ended else "not_silenced"
-            return result, rules.confirmation("unsilence", incident, ended=ended), fields
-        lines = [
-            _event_line(t, s, raw) for t, s, raw in store.last_events(conn, incident, DETAIL_EVENTS)
-        ]
-        return "details", rules.confirmation("details", incident, lines=lines), fields
+        result, reply = act(conn, self.queue, txn, command, now, fields, via="signal")
+        return result, reply, fields
+
+
+def act(
+    conn: db.Connection,
+    queue: OwnerQueue,
+    txn: db.Transaction,
+    command: rules.Command,
+    now: float,
+    fields: dict[str, Any],
+    *,
+    via: str,
+) -> tuple[str, str]:
+    """The effect of `command` (ack, silence, unsilence, details) on the incident the owner
+    message `fields["key"]` is about, in the caller's write transaction: (result, the words
+    that confirm it). `fields` (the `owner_reply` audit line's) gains the incident and a
+    silence's id. One effect for a Signal reply (`via` "signal") and a fallback-topic button
+    ("button", flow/owner_buttons.py) alike."""
+    verb = command.verb
+    key = str(fields["key"])
+    incident = store.incident_of(conn, key)
+    state = None if incident is None else store.incident_state(conn, incident)
+    if incident is None or state is None:
+        problem = "That message is not about an incident"
+        return "unmatched", rules.confirmation("help", None, problem=problem)
+    fields["incident"] = incident
+    if verb == "ack":
+        store.ack(conn, incident, state[2], now, about=key, via=via)
+        return "acknowledged", rules.confirmation("ack", incident)
+    if verb == "silence":
+        assert command.span is not None  # parse_command gives silence a span or a problem
+        silence_id = "sil_" + secrets.token_hex(6)
+        until = now + command.span
+        why = "Signal reply" if via == "signal" else "ntfy button"
+        record = silences.silence_fields(silence_id, "incident", incident, until, why)
+        queue.silence(txn, "silence", now, **record)
+        fields["silence_id"] = silence_id
+        return "silenced", rules.confirmation("silence", incident, until=_hhmm(until))
+    if verb == "unsilence":
+        ended = 0
+        for held in queue.state.silences.active(now):
+            if held.scope == "incident" and held.target == incident:
+                queue.silence(txn, "silence_end", now, silence_id=held.silence_id)
+                ended += 1
+        result = "unsilenced" if ended else "not_silenced"
+        return result, rules.confirmation("unsilence", incident, ended=ended)
+    lines = [
+        _event_line(t, s, raw) for t, s, raw in store.last_events(conn, incident, DETAIL_EVENTS)
+    ]
+    return "details", rules.confirmation("details", incident, lines=lines)
 
 
 def _unwrap(item: object) -> object:

@@ -37,10 +37,13 @@ from ntfy_intake.store.transaction import Connection
 
 __all__ = [
     "DEFAULT_CHANNEL",
+    "INFO_CHANNEL",
     "MAX_PAGE",
+    "OWNER_ACK_SCHEMA",
     "Entry",
     "FeedStore",
     "append",
+    "append_owner_ack",
     "append_unread",
     "check_name",
     "cursors_of",
@@ -49,6 +52,11 @@ __all__ = [
 ]
 
 DEFAULT_CHANNEL = "triage"
+# What an agent may want to know about an incident after its request went out (device actions,
+# the owner's ack): information, never a request to act.
+INFO_CHANNEL = "incident_info"
+OWNER_ACK_SCHEMA = "ntfy-intake.owner-ack/1"
+FEED_SENDER = "ntfy-intake"
 MAX_PAGE = 1000
 JoinAt = Literal["head", "start"]
 
@@ -227,6 +235,37 @@ def append_unread(
     same statement, whose answer nobody waits for (on PostgreSQL it comes with COMMIT)."""
     encoded = _encode(payload)
     _insert(conn, channel, encoded, delivery_key, sender, summary, idempotency_key, now)
+
+
+def append_owner_ack(
+    conn: Connection, incident: str, version: int, now: float, *, about: str | None, via: str
+) -> None:
+    """The owner's ack of `incident` on the `incident_info` channel, inside the ack's write
+    transaction (an ack and its entry commit together). `about`: the owner message the ack
+    answered (`notify:<delivery key>` or `escalate:<delivery key>`), whose delivery key the entry
+    carries, as the request's own entry does. One entry per ack episode: the same incident acked
+    again at the same version (a second reply, a button after a reply) appends nothing."""
+    delivery_key = (about or "").partition(":")[2] or incident
+    payload: dict[str, object] = {
+        "schema": OWNER_ACK_SCHEMA,
+        "incident": incident,
+        "acknowledged": True,
+        "version": version,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "via": via,
+        "message": about,
+        "delivery_key": delivery_key,
+    }
+    append_unread(
+        conn,
+        INFO_CHANNEL,
+        payload,
+        delivery_key=delivery_key,
+        sender=FEED_SENDER,
+        summary=f"{incident}: acknowledged by the owner",
+        idempotency_key=f"ack:{incident}:{version}",
+        now=now,
+    )
 
 
 def _insert(

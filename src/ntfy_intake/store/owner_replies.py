@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from ntfy_intake.rules import owner_replies as rules
+from ntfy_intake.store import feed
 from ntfy_intake.store.transaction import Connection
 
 __all__ = [
@@ -102,8 +103,19 @@ def incident_state(conn: Connection, incident: str) -> tuple[int, str, int] | No
     return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
 
 
-def ack(conn: Connection, incident: str, version: int, now: float) -> None:
+def ack(
+    conn: Connection,
+    incident: str,
+    version: int,
+    now: float,
+    *,
+    about: str | None = None,
+    via: str = "signal",
+) -> None:
+    """Record the owner's ack and its `incident_info` feed entry (the agent hears of it), in the
+    caller's write transaction; `about` is the owner message the ack answered."""
     conn.execute(_ACK, (incident, version, now))
+    feed.append_owner_ack(conn, incident, version, now, about=about, via=via)
 
 
 def ack_holds(conn: Connection, incident: str) -> bool:
