@@ -266,3 +266,32 @@ def retry_delay(
     attempt: int, retry_after: float | None, rng: Callable[[], float], *, base: float
 ) -> float:
     return backoff.delay(attempt - 1, base=base, cap=RETRY_CAP, rng=rng, retry_after=retry_after)
+
+
+# -- the fallback topic's action buttons (DESIGN.md section 13) -----------------------------------
+
+BUTTONS_PATH = "/v1/owner/buttons/"
+# What a quoted value in ntfy's simple Actions form cannot hold: ntfy's parser ends it at the
+# quote character, a backslash escapes the quote after it (a value ending in one would swallow
+# its closing quote), and a header carries no control characters. Commas and semicolons are
+# safe inside the quotes.
+_UNSAFE_IN_ACTIONS = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def button_url(public_url: str, action: str) -> str:
+    """Where a button POSTs: `http.public_url` (a proxy's path prefix kept) and the action."""
+    return f"{public_url.rstrip('/')}{BUTTONS_PATH}{action}"
+
+
+def actions_header(buttons: Sequence[tuple[str, str, str]]) -> str | None:
+    """ntfy's `Actions` header (simple form) for (label, url, token) buttons: each an `http`
+    action that POSTs the token as its body and clears the notification once it succeeded.
+    None when a value cannot be written so that ntfy reads it back unchanged (a URL with a
+    quote or a control character, non-ASCII): then the message goes without buttons."""
+    parts = []
+    for label, url, token in buttons:
+        values = (label, url, token)
+        if any(not v.isascii() or _UNSAFE_IN_ACTIONS.search(v) for v in values):
+            return None
+        parts.append(f'http, "{label}", "{url}", method=POST, body="{token}", clear=true')
+    return "; ".join(parts) if parts else None
