@@ -55,6 +55,10 @@ from ntfy_intake.wire.owner_channels import (
 
 log = structlog.get_logger("ntfy_intake.owner")
 
+# The longest idle sleep with no row due: what bounds a row queued without a wake (another
+# process, a path that forgot `wakeup`). Every in-process queue sets `wakeup` after COMMIT.
+IDLE_CAP_S = 60.0
+
 # An attempt the lease stopped before anything was sent (never settled: its write is fenced).
 NOT_LEADING = "not sent: this node's lease is over (a standby leads now)"
 
@@ -154,6 +158,7 @@ class OwnerSender:
         self.lease = 2 * (timeout + 1.0) + 5.0
         self._known = (*owner.recipients, *([owner.signal_number] if owner.signal_number else []))
         self._no_channel_logged = False
+        self._next_due: float | None = None  # as the last claim that found nothing left it
 
     @property
     def signal_configured(self) -> bool:
@@ -174,16 +179,19 @@ class OwnerSender:
             self.wakeup.clear()
             if await self.run_once():
                 continue
-            next_due = await self.run_db(outbox.next_due_at, self.conn, "owner_outbox")
-            wait = 1.0 if next_due is None else min(1.0, max(0.0, next_due - self.clock()))
+            # Asleep until the next row falls due (a retry, a lease running out), or until a row
+            # is queued in this process (`wakeup`: set once its transaction committed, see
+            # journal.wake_owner); never a poll each second (issue 36). The cap bounds a row
+            # queued by a path that forgot to wake it, or by another process.
+            wait = IDLE_CAP_S if self._next_due is None else self._next_due - self.clock()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
+                await asyncio.wait_for(self.wakeup.wait(), timeout=min(IDLE_CAP_S, max(0.0, wait)))
 
     async def run_once(self) -> bool:
         """Send every due row (up to a batch); True if any row was claimed."""
         claimed = 0
         while claimed < CLAIM_BATCH and self.may_act():
-            claim = await self.run_db(claim_due, self.conn, self.clock(), lease=self.lease)
+            claim = await self.run_db(self._claim, self.clock())
             if claim is None:
                 break
             claimed += 1
@@ -194,6 +202,14 @@ class OwnerSender:
         if claimed:
             await self.flush_audit()
         return claimed > 0
+
+    def _claim(self, now: float) -> Claim | None:
+        """In the worker thread: the next due row, leased; with none, when the next one falls
+        due, read in the same trip (the idle wait in `run`)."""
+        claim = claim_due(self.conn, now, lease=self.lease)
+        if claim is None:
+            self._next_due = outbox.next_due_at(self.conn, "owner_outbox")
+        return claim
 
     # -- one attempt (network, no transaction open) ------------------------------------------------
 
