@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import unicodedata
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +20,18 @@ from structlog.testing import capture_logs
 from ntfy_intake.errors import InjectedFault
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations
-from ntfy_intake.testbed import signal_standin
+from ntfy_intake.store import audit, db
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
-from .. import harness
-from ..harness import store_of
+from .. import harness, ports
+from ..owner_bed import OWNER, PARTNER, SENDER, Clock, run
 
 pytestmark = [
     pytest.mark.engines,
     pytest.mark.emulator(keepalive_interval=45.0, manager_interval=None),
 ]
 
-SENDER = "+31600000000"
-OWNER = "+31600000001"
-PARTNER = "+31600000002"
 FALLBACK = "owner-notices"
 BIDI = "\u202e\u2066\u200f\u061c"
 HOSTILE = (
@@ -46,38 +41,8 @@ HOSTILE = (
 )
 
 
-class Clock:
-    def __init__(self, t: float = 1_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Iterator[db.Connection]:
-    connection = db.connect(store_of(tmp_path))
-    migrations.apply(connection)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture(scope="module")
-def shared_signal() -> Iterator[SignalHandle]:
-    with signal_standin.running() as handle:
-        yield handle
-
-
-@pytest.fixture
-def signal(shared_signal: SignalHandle) -> SignalHandle:
-    shared_signal.reset()
-    return shared_signal
-
-
 def dead_url() -> str:
-    with socket.socket() as sock:  # a port with nobody listening
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{ports.free_port()}"  # a port with nobody listening
 
 
 def owner_settings(
@@ -127,51 +92,6 @@ def records(tmp_path: Path, key: str | None = None) -> list[dict[str, Any]]:
 
 def legs(tmp_path: Path, key: str) -> list[tuple[Any, ...]]:
     return [(r.get("channel"), r["attempt"], r["result"]) for r in records(tmp_path, key)]
-
-
-Scenario = Callable[[Callable[..., OwnerSender]], Awaitable[None]]
-
-
-def run(
-    conn: db.Connection,
-    tmp_path: Path,
-    owner: OwnerSettings,
-    scenario: Scenario,
-    *,
-    ntfy_url: str = "http://127.0.0.1:9",
-    transport: httpx.AsyncBaseTransport | None = None,
-    **defaults: Any,
-) -> None:
-    """Run `scenario(make)`; `make(**overrides)` builds a sender (a new one = a restart)."""
-
-    async def main() -> None:
-        with audit.AuditLog(tmp_path / "audit", lambda: 1_764_470_000.0) as log:
-
-            async def flush() -> bool:
-                audit.flush(conn, log)
-                return True
-
-            async with httpx.AsyncClient(transport=transport) as client:
-
-                def make(**overrides: Any) -> OwnerSender:
-                    kwargs: dict[str, Any] = {
-                        "run_db": db.run_inline,
-                        "owner": owner,
-                        "ntfy_url": ntfy_url,
-                        "ntfy_token": None,
-                        "clock": Clock(),
-                        "flush_audit": flush,
-                        "timeout": 2.0,
-                        "rng": lambda: 0.0,
-                        "retry_base": 2.0,
-                        **defaults,
-                        **overrides,
-                    }
-                    return OwnerSender(conn, client, **kwargs)
-
-                await scenario(make)
-
-    asyncio.run(main())
 
 
 # -- Signal ----------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,47 +21,26 @@ from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import cadence
 from ntfy_intake.rules.owner_replies import CONFIRM_LIMIT, CONFIRM_WINDOW
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations, outbox
+from ntfy_intake.store import audit, db, outbox
 from ntfy_intake.store.owner_queue import OwnerQueue
-from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
-from ..harness import store_of
+from ..owner_bed import OWNER, SENDER, Clock
+from . import conftest
 
 pytestmark = pytest.mark.engines
 
-SENDER = "+31600000000"
-OWNER = "+31600000001"
+
+def __getattr__(name: str) -> object:
+    """`conn`, `shared_signal` and `signal` moved to conftest.py; a module that still imports
+    them from here (test_owner_replies_escalation.py) gets the same fixtures."""
+    if name in ("conn", "shared_signal", "signal"):
+        return getattr(conftest, name)
+    raise AttributeError(name)
+
+
 STRANGER = "+31699999999"
 T0 = 1_764_470_000.0
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Iterator[db.Connection]:
-    connection = db.connect(store_of(tmp_path))
-    migrations.apply(connection)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture(scope="module")
-def shared_signal() -> Iterator[SignalHandle]:
-    with signal_standin.running() as handle:
-        yield handle
-
-
-@pytest.fixture
-def signal(shared_signal: SignalHandle) -> SignalHandle:
-    shared_signal.reset()
-    return shared_signal
 
 
 def incident(
@@ -95,7 +74,7 @@ class World:
         self.conn = conn
         self.tmp_path = tmp_path
         self.signal = signal
-        self.clock = Clock()
+        self.clock = Clock(T0)
         self.queue = OwnerQueue(cadence.Policy(), cadence.CadenceState.empty(cadence.Policy()))
         self.owner = OwnerSettings(
             signal_url=signal.url,

@@ -22,24 +22,13 @@ import pytest
 from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import cadence
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations
+from ntfy_intake.store import audit, db
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed import signal_standin
 
-from ..harness import store_of
+from ..owner_bed import OWNER, SENDER
 
 pytestmark = pytest.mark.engines
-
-SENDER = "+31600000000"
-OWNER = "+31600000001"
-
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Iterator[db.Connection]:
-    connection = db.connect(store_of(tmp_path))
-    migrations.apply(connection)
-    yield connection
-    connection.close()
 
 
 def replies_for(

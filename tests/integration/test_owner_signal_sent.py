@@ -7,47 +7,20 @@ Each test is named after the failure it kills.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.settings import OwnerSettings
-from ntfy_intake.store import audit, db, migrations
-from ntfy_intake.testbed import signal_standin
+from ntfy_intake.store import db
 from ntfy_intake.testbed.signal_standin import SignalHandle
 from ntfy_intake.wire.owner_channels import sent_timestamp
 
-from ..harness import store_of
+from ..owner_bed import OWNER, PARTNER, SENDER, run
 
 pytestmark = pytest.mark.engines
-
-SENDER = "+31600000000"
-OWNER = "+31600000001"
-PARTNER = "+31600000002"
-
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Iterator[db.Connection]:
-    connection = db.connect(store_of(tmp_path))
-    migrations.apply(connection)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture(scope="module")
-def shared_signal() -> Iterator[SignalHandle]:
-    with signal_standin.running() as handle:
-        yield handle
-
-
-@pytest.fixture
-def signal(shared_signal: SignalHandle) -> SignalHandle:
-    shared_signal.reset()
-    return shared_signal
 
 
 def queue(conn: db.Connection, key: str) -> None:
@@ -67,29 +40,10 @@ def send_all(conn: db.Connection, tmp_path: Path, signal: SignalHandle, clock: f
         fallback_topic=None,
     )
 
-    async def main() -> None:
-        with audit.AuditLog(tmp_path / "audit", lambda: 1_764_470_000.0) as log:
+    async def scenario(make: Callable[..., OwnerSender]) -> None:
+        await make(ntfy_url="", clock=lambda: clock).run_once()
 
-            async def flush() -> bool:
-                audit.flush(conn, log)
-                return True
-
-            async with httpx.AsyncClient() as client:
-                sender = OwnerSender(
-                    conn,
-                    client,
-                    run_db=db.run_inline,
-                    owner=owner,
-                    ntfy_url="",
-                    ntfy_token=None,
-                    clock=lambda: clock,
-                    flush_audit=flush,
-                    timeout=2.0,
-                    rng=lambda: 0.0,
-                )
-                await sender.run_once()
-
-    asyncio.run(main())
+    run(conn, tmp_path, owner, scenario)
 
 
 def stored(conn: db.Connection) -> list[tuple[int, str]]:
