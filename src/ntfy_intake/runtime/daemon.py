@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import structlog
 
-from ntfy_intake.flow import escalator, intake, owner, owner_replies, relay
+from ntfy_intake.flow import escalator, intake, owner, owner_buttons, owner_replies, relay
 from ntfy_intake.flow.database import Database, StorageWaits
 from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
@@ -103,6 +103,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self.relay: relay.Relay | None = None
         self.owner: owner.OwnerSender | None = None
+        self.buttons: owner_buttons.OwnerButtons | None = None
         self.expectations: expectations.ExpectationWatch | None = None  # with `[[expect]]`
         # The parts, each given its collaborators.
         self.database = Database(
@@ -407,7 +408,7 @@ class Daemon:
         )
 
     def _owner_sender(self, client: httpx.AsyncClient) -> owner.OwnerSender:
-        return owner.OwnerSender(
+        sender = owner.OwnerSender(
             self.conn,
             client,
             run_db=self.database.run,
@@ -420,6 +421,9 @@ class Daemon:
             after_send=lambda: self.crash.hit("after_owner_send"),
             may_act=self.may_act,
         )
+        # The fallback topic's "Ack" and "Silence 2h" buttons (section 13), with a public URL.
+        self.buttons = owner_buttons.attach(sender, self.owner_queue, self.settings.http.public_url)
+        return sender
 
     def _escalator(self) -> escalator.Escalator:
         sender = self.owner
@@ -547,7 +551,7 @@ class Daemon:
         # starlette, uvicorn, jinja2: once intake runs, in a thread (~300 ms held the loop's frames)
         for name in ("http_api", "console"):
             await asyncio.to_thread(importlib.import_module, f"ntfy_intake.surfaces.{name}")
-        from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
+        from ntfy_intake.surfaces import console, http_api, owner_actions  # noqa: PLC0415
 
         actions = console.Actions(
             run=self.database.run,
@@ -568,6 +572,7 @@ class Daemon:
                     console.Config(self.settings, self.vitals.http_health, cadence_now, actions)
                 ),
                 *console.api_routes(self.settings.http.token, actions, self.clock),
+                *owner_actions.routes(self.buttons),
             ],
             login_notice=self.journal.note,  # failed logins: one owner notice per episode
         )

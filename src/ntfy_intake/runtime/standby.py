@@ -166,7 +166,7 @@ class Standby:
             await asyncio.sleep(1.0)
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
-        from ntfy_intake.surfaces import console, http_api  # noqa: PLC0415
+        from ntfy_intake.surfaces import console, http_api, owner_actions  # noqa: PLC0415
 
         async def notify(_text: str, _key: str) -> tuple[int, Mapping[str, Any]]:
             leader = self.member.view()["leader"]
@@ -186,11 +186,20 @@ class Standby:
             notify=notify,
             health=self.health,
             metrics_snapshot=self.metrics,
-            extra_routes=console.routes(
-                console.Config(
-                    self.settings, self.health, lambda: (policy, idle), leader=self.leader_console
-                )
-            ),
+            extra_routes=[
+                *console.routes(
+                    console.Config(
+                        self.settings,
+                        self.health,
+                        lambda: (policy, idle),
+                        leader=self.leader_console,
+                    )
+                ),
+                # The fallback topic's buttons: 503 naming the leader (a standby acts on nothing).
+                *owner_actions.routes(
+                    None, leader=self.leader_console if self.settings.http.public_url else None
+                ),
+            ],
             # A standby cannot write the outbox: the notice of its failed logins is owed on its
             # node row, and the leader's prober records it (runtime/owed.py).
             login_notice=owed.sink(self.member),
