@@ -12,7 +12,9 @@ States, worst first (the overall state is the worst that applies):
   that failed since the last frame counts as down at once, even while that frame is younger than
   `keepalive_timeout`: ntfy unreachable is never "healthy" beyond the first attempt.
 - `degraded`: intake is live but something around it is not (the HTTP surface could not bind,
-  the database is locked by another process, ...). Intake goes on recording.
+  the database is locked by another process, the owner's replies over Signal have not been read
+  for `owner.receive_dead_after`, ...). Intake goes on recording, and the owner is still told:
+  what fails needs a person, but nothing is lost while it does.
 - `live`: frames are fresh and the subscription is up. The only healthy state.
 
 `intake.state` (live / reconnecting / dead) is the subscription alone, as `status --json` has
@@ -93,7 +95,8 @@ def assess(
 
     Snapshot keys read (all optional): `state` (the connection: starting / connecting / live /
     backoff / stopped), `started_at`, `last_frame_wall`, `last_error`, `last_error_wall`,
-    `latch`, `http_error`, `degraded` (a list of one-line reasons).
+    `latch`, `http_error`, `degraded` (a list of one-line reasons), `owner_receive` (the reply
+    path: `failing_since`, wall clock, and its limit `dead_after`).
     """
     frame_at = _number(snapshot.get("last_frame_wall"))
     frame_age = None if frame_at is None else max(0.0, now - frame_at)
@@ -119,7 +122,7 @@ def assess(
         reasons.append(_intake_reason(intake, snapshot, frame_age, error_current, now, limits))
         if error_current and error is not None:
             reasons.append(f"last error {error} ({ago(error_age)})")
-    degraded = _degradations(snapshot) if running else []
+    degraded = _degradations(snapshot, now) if running else []
     reasons.extend(degraded)
 
     if latched:
@@ -162,7 +165,7 @@ def _intake_state(
     return State.DEAD if silence > limits.dead_after else State.RECONNECTING
 
 
-def _degradations(snapshot: Mapping[str, Any]) -> list[str]:
+def _degradations(snapshot: Mapping[str, Any], now: float) -> list[str]:
     found: list[str] = []
     http_error = snapshot.get("http_error")
     if http_error:
@@ -170,7 +173,28 @@ def _degradations(snapshot: Mapping[str, Any]) -> list[str]:
     extra = snapshot.get("degraded")
     if isinstance(extra, list):
         found.extend(str(item) for item in extra if item)
+    reply_path = _reply_path(snapshot.get("owner_receive"), now)
+    if reply_path is not None:
+        found.append(reply_path)
     return found
+
+
+def _reply_path(seen: object, now: float) -> str | None:
+    """The owner's replies unread past `owner.receive_dead_after`: from the moment the owner
+    is sent the `reply_path_dead` notice, not before (a receive that fails for a minute while
+    signal-cli-rest-api restarts is no news), and until a receive succeeds again."""
+    if not isinstance(seen, Mapping):
+        return None
+    since, limit = _number(seen.get("failing_since")), _number(seen.get("dead_after"))
+    if since is None or limit is None or now - since < limit:
+        return None
+    error = seen.get("last_error")
+    detail = f" (last error {error})" if error else ""
+    return (
+        f"owner replies over Signal not received for {ago(max(0.0, now - since))}"
+        f" (longer than owner.receive_dead_after, {limit:g} s){detail}:"
+        " an ack or silence from the phone is not read"
+    )
 
 
 def _intake_reason(
