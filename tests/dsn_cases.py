@@ -4,8 +4,9 @@ one (tests/unit/test_dsn.py, tests/integration/test_dsn_secrets.py)."""
 from __future__ import annotations
 
 import re
-import socket
 from urllib.parse import quote
+
+from . import ports
 
 # Distinct tokens around each separator, so a fragment is recognisable in any message.
 PASSWORDS = ["S3%CRET", "Hq7@Zw9", "Kp4:Rt8", "Vb2/Nm5", "Ab1%Zd2@Ef3:Gh4/Jk5"]
@@ -29,6 +30,4 @@ def assert_never_shown(text: str, password: str) -> None:
 
 
 def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return ports.free_port()

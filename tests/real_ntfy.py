@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -24,6 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from . import ports
 
 KEEPALIVE_MIN = 5  # ntfy refuses a keepalive-interval below 5 s
 TOKEN_RE = re.compile(r"tk_[a-z0-9]{29}")
@@ -63,11 +64,7 @@ def require_binary() -> str:
     pytest.skip(missing_reason())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+free_port = ports.free_port
 
 
 def _yaml_value(value: object) -> str:

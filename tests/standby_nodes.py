@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,15 +35,14 @@ from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
+from . import ports
+
 TOKEN = "standby-feed-token-7Hq2Xv9Lp4"
 # The source of the package under test: the daemons run the same code as the test.
 SRC = Path(ntfy_intake.__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+free_port = ports.free_port
 
 
 # -- the receiver ----------------------------------------------------------------------------------

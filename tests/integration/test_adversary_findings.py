@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,10 @@ import pytest
 
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
+from .. import ports
 from ..harness import DaemonThread, settings_for, wait_until
 
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+_closed_port = ports.free_port
 
 
 def _check(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,7 @@ from ntfy_intake.store import inbox
 from ntfy_intake.surfaces import serve as _serve
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
+from .. import ports
 from ..harness import DaemonThread, env_for, event_ids, notices, query, settings_for, wait_until
 
 pytestmark = [pytest.mark.engines, pytest.mark.emulator(keepalive_interval=0.5)]
@@ -168,9 +169,7 @@ def test_watchdog_pings_stop_when_the_loop_is_wedged(
 def test_watchdog_pings_continue_during_a_remote_outage(
     tmp_path: Path, notify_socket: NotifySocket
 ) -> None:
-    with socket.socket() as probe:  # an ntfy URL where nothing listens: a remote outage
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = ports.free_port()  # an ntfy URL where nothing listens: a remote outage
     config = settings_for(f"http://127.0.0.1:{port}", tmp_path / "state")
     notifier = Notifier(str(tmp_path / "notify.sock"))
     with DaemonThread(
@@ -322,9 +321,7 @@ def test_check_is_unhealthy_once_a_reconnect_fails_though_the_last_frame_is_fres
 
 
 def test_check_never_prints_none_for_a_frame_that_never_came(tmp_path: Path) -> None:
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    url = f"http://127.0.0.1:{ports.free_port()}"
     env = {"PATH": "/usr/bin:/bin", **env_for(url, tmp_path)}
     with DaemonThread(settings_for(url, tmp_path)) as running:
         assert running.daemon is not None

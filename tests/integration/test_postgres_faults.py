@@ -16,18 +16,16 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from ntfy_intake.store import db
+from ntfy_intake.testbed import drill_store
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
-from .. import harness
+from .. import harness, ports
 from ..harness import audit_records, daemon_process, env_for, event_ids, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine", ["postgresql"], indirect=True)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+free_port = ports.free_port
 
 
 def via_port(dsn: str, port: int) -> str:
@@ -116,16 +114,9 @@ def test_postgresql_not_answering_at_start_up_is_waited_out_not_an_exit(
     assert len(notices) == 1
 
 
-def _terminate_daemon_sessions(dsn: str) -> int:
-    conn = db.connect(dsn)
-    try:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'ntfy-intake' AND pid <> pg_backend_pid()"
-        ).fetchall()
-    finally:
-        conn.close()
-    return len(rows)
+def _terminate_daemon_sessions(dsn: str, pid: int) -> int:
+    # Only this daemon's sessions (by their client ports): other tests share the server.
+    return drill_store.terminate(dsn, pid)
 
 
 def test_terminated_sessions_mid_stream_lose_and_double_nothing(
@@ -144,7 +135,7 @@ def test_terminated_sessions_mid_stream_lose_and_double_nothing(
                 emu.publish("alerts", f"alert {round_}-{n}", title=f"Alert {round_}-{n}")["id"]
                 for n in range(20)
             ]
-            terminated += _terminate_daemon_sessions(harness.DATABASE)
+            terminated += _terminate_daemon_sessions(harness.DATABASE, proc.pid)
             # Recorded after the reconnect, before the next round kills the new session.
             wait_until(lambda p=tuple(published): set(p) <= set(event_ids(state)), timeout=60)
         assert terminated >= 5

@@ -25,7 +25,7 @@ from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.wire import signing
 
-from .. import harness
+from .. import harness, ports
 from ..conftest import make_message, owner_queue
 from ..harness import (
     CommitFaults,
@@ -173,9 +173,7 @@ def test_permanent_400_makes_the_row_dead_at_once_and_redrive_delivers(
 
 
 def test_webhook_outage_never_stalls_intake(emu: NtfyEmulator, tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a port with nobody listening
-        sock.bind(("127.0.0.1", 0))
-        dead_port = sock.getsockname()[1]
+    dead_port = ports.free_port()  # a port with nobody listening
     state = tmp_path / "state"
     config = settings_for(
         emu.url, state, relay_url=f"http://127.0.0.1:{dead_port}/triage", cadence_debounce="0s"

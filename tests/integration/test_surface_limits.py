@@ -30,6 +30,7 @@ from ntfy_intake.surfaces import http_api, http_limits
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
+from .. import ports
 from ..harness import audit_records, env_for, notices, query, store_of, wait_until
 
 CONNECTIONS = int(os.environ.get("NTFY_INTAKE_TEST_FLOOD_CONNECTIONS", "1200"))
@@ -83,10 +84,7 @@ class Trickle:
             sock.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_free_port = ports.free_port
 
 
 def _soft_nofile() -> None:
