@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -28,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from . import served_binary
 from .real_ntfy import free_port
 
 VERSION = (Path(__file__).parents[1] / "scripts" / "alertmanager-version").read_text().strip()
@@ -92,44 +91,25 @@ class Alertmanager:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> Alertmanager:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    self.binary,
-                    f"--config.file={self.config}",
-                    f"--storage.path={self.dir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--cluster.listen-address=",  # no gossip: nothing listens beyond loopback
-                    "--log.level=debug",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited at start:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"alertmanager did not answer:\n{self.log()}")
-            time.sleep(0.05)
+        argv = [
+            self.binary,
+            f"--config.file={self.config}",
+            f"--storage.path={self.dir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",  # no gossip: nothing listens beyond loopback
+            "--log.level=debug",
+        ]
+        ready = f"{self.url}/-/ready"
+        self.proc = served_binary.start(
+            argv, self.log_path, ready, name="alertmanager", timeout=timeout
+        )
+        return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        served_binary.stop(self.proc, timeout)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+        return served_binary.log_tail(self.log_path)
 
     def post_alert(
         self,
