@@ -7,6 +7,7 @@ its reorder window passed, the ticker woken by the committed batch, not by polli
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from ntfy_intake.flow import writer as writer_module
+from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.store import vitals_state
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
@@ -41,9 +43,10 @@ def test_idle_ticker_does_not_wake_every_50_ms(
         before = len(passes)
         time.sleep(IDLE_S)
         idle_passes = len(passes) - before
-        # A fixed 50 ms tick makes 60 passes; due times and a 1 s heartbeat make about 3.
+        # A fixed 50 ms tick makes 60 passes; due times alone (the snapshot's 5 s refresh) 0-1.
+        # A wedged loop stays detectable without a beat a second: the ticker's sleep is a
+        # promise (test_health's wedge test; the watchdog test below).
         assert idle_passes <= 2 * IDLE_S + 2, idle_passes
-        assert idle_passes >= 1  # the heartbeat still beats: a wedged loop stays detectable
 
         # An event arriving while the ticker sleeps its longest: the cursor still follows it
         # once the reorder window (300 ms) passed, well within one heartbeat of sleep more.
@@ -86,3 +89,47 @@ def test_unchanged_health_snapshot_is_not_stored_every_2_s(
         emu.publish("alerts", "a change")
         wait_until(lambda: any(s["recorded"] == 1 for s in stored), 10, "the change stored")
     assert stored[-1]["state"] == "stopped"
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_idle_ticker_does_not_beat_every_second_yet_the_watchdog_keeps_pinging(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ticker beat at least once a second so the watchdog could tell idle from wedged; it
+    now sleeps until its next due work (the snapshot's 5 s refresh here), its sleep a promise
+    the watchdog reads (Heartbeat.until), and pings go on."""
+    passes: list[float] = []
+    settle = writer_module.Writer.settle_cursor
+
+    async def counted(self: writer_module.Writer, **kwargs: bool) -> None:
+        passes.append(time.monotonic())
+        await settle(self, **kwargs)
+
+    monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
+        systemd.bind(str(tmp_path / "notify.sock"))
+        systemd.settimeout(0.05)
+        config = settings_for(emu.url, tmp_path / "state", ntfy_keepalive_interval="45s")
+        notifier = Notifier(str(tmp_path / "notify.sock"))
+        with DaemonThread(config, notifier=notifier, watchdog_interval=0.25):
+            emu.wait_for_subscribers(1, timeout=30)
+            time.sleep(1.5)
+            before = len(passes)
+            drain(systemd)
+            pings = 0
+            for _ in range(16):  # 4 s, read as it comes: the socket queues 10 datagrams at most
+                time.sleep(0.25)
+                pings += drain(systemd).count("WATCHDOG=1")
+            idle_passes = len(passes) - before
+    # A beat a second made at least 4; the 5 s refresh makes at most 1 (2 under load).
+    assert idle_passes <= 2, idle_passes
+    assert pings >= 8, pings  # every 0.25 s: not withheld as a stalled loop
+
+
+def drain(sock: socket.socket) -> list[str]:
+    got: list[str] = []
+    while True:
+        try:
+            got.append(sock.recv(4096).decode())
+        except TimeoutError:
+            return got

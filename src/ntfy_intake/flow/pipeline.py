@@ -66,13 +66,23 @@ class Counters:
 
 class Heartbeat:
     """When the loop last proved it turns (monotonic): the ticker's pass, or a storage fault
-    being waited out on schedule. The systemd watchdog and the dead-man's switch read it."""
+    being waited out on schedule. The systemd watchdog and the dead-man's switch read it.
+
+    `until`: the ticker, going to sleep, promises its next pass by then (issue 36: it sleeps
+    until its next due work, not a second at most), so an idle ticker is not a wedged one; a
+    pass stuck in an await stops beating and ages from its start."""
 
     def __init__(self) -> None:
         self.at = time.monotonic()
+        self.until = self.at
 
-    def beat(self) -> None:
+    def beat(self, until: float | None = None) -> None:
         self.at = time.monotonic()
+        self.until = self.at if until is None else until
+
+    def age(self, now: float) -> float:
+        """Seconds since the last beat or the promised next one, whichever is later."""
+        return max(0.0, now - max(self.at, self.until))
 
 
 class CountedOwnerQueue(OwnerQueue):

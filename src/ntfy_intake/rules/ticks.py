@@ -1,11 +1,12 @@
 """When the daemon's ticker next has something to do (issue 36: no fixed polling tick).
 
 The ticker saves the cursor once the reorder window passed, the last frame's server time, closes
-debounce windows and watches liveness. Each of those has a due time; the ticker sleeps until the
-earliest of them, never longer than `ceiling` (the loop's heartbeat, which the dead-man's switch
-and the systemd watchdog read to tell a wedged loop from an idle one) and never shorter than
-`floor` (the old fixed tick: a due time that stays in the past, e.g. a cursor that cannot be saved
-while the audit log is latched, costs what it always did, not a busy loop).
+debounce windows, watches liveness and stores the health snapshot. Each of those has a due time;
+the ticker sleeps until the earliest of them, never longer than `ceiling` (what bounds work no
+due time names: a clock jump's notice, a storage episode's) and never shorter than `floor` (the
+old fixed tick: a due time that stays in the past, e.g. a cursor that cannot be saved while the
+audit log is latched, costs what it always did, not a busy loop). The ticker's heartbeat is its
+promise to be back by then (flow/pipeline.Heartbeat), not a beat a second.
 """
 
 from __future__ import annotations
@@ -20,3 +21,20 @@ def wait(now: float, due: Iterable[float | None], *, floor: float, ceiling: floa
     if soonest is None:
         return ceiling
     return min(ceiling, max(floor, soonest - now))
+
+
+def liveness_due(
+    *,
+    started_at: float,
+    last_frame_at: float | None,
+    live_since: float | None,
+    dead_episode_open: bool,
+    dead_after: float,
+    recover_after: float,
+) -> float | None:
+    """When watchdog.LivenessTracker next owes a transition if no frame comes: `became_dead`
+    once the silence passes `dead_after`; in a dead episode, `recovered` once live for
+    `recover_after` (None: no live streak yet, a frame must come first)."""
+    if not dead_episode_open:
+        return (started_at if last_frame_at is None else last_frame_at) + dead_after
+    return None if live_since is None else live_since + recover_after

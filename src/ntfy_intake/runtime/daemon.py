@@ -26,7 +26,7 @@ import structlog
 
 from ntfy_intake.flow import escalator, intake, owner, owner_buttons, owner_replies, relay
 from ntfy_intake.flow.database import Database, StorageWaits
-from ntfy_intake.flow.journal import Journal
+from ntfy_intake.flow.journal import MARK_OWED_AT_MOST, Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import cadence, ticks
@@ -157,6 +157,7 @@ class Daemon:
         self._owns_lock = state_lock is None
         self._state_lock = state_lock or StateLock(settings.state.dir / "daemon.lock")
         self._wedged = False  # test hook: the ticker stops turning (a stuck task)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the ticker's (wedge_for_test)
 
     # -- what the CLI, the HTTP surface and the tests read -------------------------------------------
 
@@ -462,14 +463,18 @@ class Daemon:
 
     async def _ticker(self) -> None:
         """The loop's pulse: owed notices, the cursor, the last frame's time, liveness, closed
-        debounce windows, an owed audit mark, the stored health snapshot every SNAPSHOT_EVERY."""
-        last_health = 0.0
+        debounce windows, an owed audit mark, the stored health snapshot when it changed (or its
+        refresh is due). Asleep until the next of those falls due (rules/ticks.py)."""
+        self._loop = asyncio.get_running_loop()
         wait = TICK_SECONDS
         while True:
+            # Asleep on schedule is not wedged: the watchdog and the dead-man's switch read the
+            # promise (Heartbeat.until); a pass that hangs ages from its start.
+            self.heartbeat.beat(until=time.monotonic() + wait)
             await self._nap(wait)
+            self.heartbeat.beat()
             if self._wedged:
                 await asyncio.Event().wait()  # test hook: a task stuck forever
-            self.heartbeat.beat()
             self.vitals.stamp_error()
             while self.storage.notices_owed:  # one owner notice per storage episode
                 await self.journal.note(self.storage.notices_owed.pop(0))
@@ -480,18 +485,21 @@ class Daemon:
             await self.writer.release_due()
             now = time.monotonic()
             await self.journal.write_owed_mark(now)
-            if now - last_health >= health_model.SNAPSHOT_EVERY:
-                last_health = now
+            if self.vitals.health_due(now):
                 await self.database.run(self.vitals.write_health)
-            wait = self._tick_wait(last_health + health_model.SNAPSHOT_EVERY)
+            wait = self._tick_wait()
 
-    def _tick_wait(self, health_due: float) -> float:
-        """Until the ticker's next due work (issue 36: no fixed 50 ms tick while idle)."""
+    def _tick_wait(self) -> float:
+        """Until the ticker's next due work (issue 36: no fixed tick, no heartbeat a second)."""
         now = time.monotonic()
         due = self.writer.next_due(self.health.last_server_time, now, self.clock())
         if self.storage.notices_owed:
             due.append(now)
-        return ticks.wait(now, [*due, health_due], floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+        owed_since = db.owed_since(self.conn)  # an audit mark owed (PostgreSQL)
+        if owed_since is not None:
+            due.append(owed_since + MARK_OWED_AT_MOST)
+        due += self.vitals.next_due()
+        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
 
     async def _nap(self, wait: float) -> None:
         """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
@@ -503,12 +511,17 @@ class Daemon:
                 await asyncio.wait_for(changed.wait(), left)
             except TimeoutError:
                 return
-            deadline = min(deadline, time.monotonic() + self._tick_wait(float("inf")))
+            if self._wedged:
+                return  # test hook: the pass that hangs
+            deadline = min(deadline, time.monotonic() + self._tick_wait())
 
     def wedge_for_test(self, wedged: bool = True) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would (False: no longer,
-        so the test can shut down; the stuck ticker is cancelled)."""
+        so the test can shut down; the stuck ticker is cancelled). From the test's thread: the
+        ticker, asleep until its next due work, is woken into the pass that hangs."""
         self._wedged = wedged
+        if wedged and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.writer.due_changed.set)
 
     # -- housekeeping and the loopback HTTP surface: feed, notify, health, metrics -------------------
 

@@ -26,7 +26,7 @@ from ntfy_intake.flow.pipeline import Counters, Heartbeat
 from ntfy_intake.flow.relay import Relay
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import health as health_model
-from ntfy_intake.rules import notices, watchdog
+from ntfy_intake.rules import notices, ticks, watchdog
 from ntfy_intake.runtime.clock import TrustedClock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
@@ -35,12 +35,18 @@ from ntfy_intake.store import vitals_state
 log = structlog.get_logger("ntfy_intake.daemon")
 
 TICK_SECONDS = 0.05  # the ticker's shortest sleep (daemon.py, rules/ticks.py)
-# The ticker's longest sleep when nothing falls due sooner: its heartbeat, by which the dead-man's
-# switch and the systemd watchdog judge wedging (issue 36: no 50 ms tick while idle).
-IDLE_TICK_S = 1.0
+# The ticker's longest sleep when nothing falls due sooner (rules/ticks.py): what bounds work no
+# due time names. Its heartbeat is the promise to be back by its next due time (Heartbeat.until),
+# so wedging is judged without a beat a second (issue 36).
+IDLE_TICK_S = 30.0
+# A pass of the ticker stuck this long past its promised wake-up: wedged, for the systemd
+# watchdog (at least; twice its own period when longer) and the dead-man's switch.
+WEDGED_AFTER_S = 1.0
+DEAD_MANS_WEDGED_AFTER_S = 4.0
 # An unchanged health snapshot is stored again only this often (issue 36: a write and an fsync
 # every 2 s while nothing changes): `status` and `silence` read one older than 15 s as a daemon
-# that is not running. A changed one is stored at the ticker's next SNAPSHOT_EVERY as before.
+# that is not running. A changed one is stored at the ticker's next pass: each committed batch
+# wakes it; a change nothing wakes it for (the intake's state) waits for this refresh at most.
 SNAPSHOT_REFRESH_S = 5.0
 # What changes on every read: not a change of the daemon's health.
 _SNAPSHOT_VOLATILE = frozenset({"updated_at", "last_frame_age_s"})
@@ -130,6 +136,7 @@ class Vitals:
             "failures": 0 if stats is None else stats.receive_failures,
             "last_error": None if stats is None else stats.last_error,
             "failing_since": None if self.replies is None else self.replies.failing_since,
+            "dead_after": self.settings.owner.receive_dead_after,  # health.assess's limit
         }
 
     def http_listening(self, port: int) -> None:
@@ -175,17 +182,21 @@ class Vitals:
         await self._journal.note(notice)
 
     async def run_systemd(self) -> None:
-        """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary."""
+        """WATCHDOG=1 only while the loop makes progress; STATUS= a one-line summary. Not run
+        at all outside systemd: nobody reads either (issue 36: no wake-up for nothing)."""
         interval = self.watchdog_interval
+        if interval is None and not self.notifier.enabled:
+            return
         period = interval if interval is not None else 5.0
         while True:
             await asyncio.sleep(period)
+            now = time.monotonic()
             decision = watchdog.should_ping(
-                self._progress(),
-                time.monotonic(),
+                self._progress(now),
+                now,
                 keepalive_timeout=self.settings.ntfy.keepalive_timeout,
                 slack=max(1.0, period),
-                heartbeat_timeout=max(2 * period, 2 * IDLE_TICK_S),
+                heartbeat_timeout=max(2 * period, WEDGED_AFTER_S),
             )
             if interval is not None and decision.ping and self.notifier.watchdog():
                 self.watchdog_pings += 1
@@ -193,7 +204,7 @@ class Vitals:
                 log.error("systemd.watchdog_withheld", reason=decision.reason)
             self.notifier.status(self.status_line(decision.reason))
 
-    def _progress(self) -> watchdog.Progress:
+    def _progress(self, now: float) -> watchdog.Progress:
         health = self.health
         due: float | None = None
         if health.state == "backoff":
@@ -205,7 +216,7 @@ class Vitals:
         elif health.state == "starting":
             due = self.liveness.started_at + 30.0
         return watchdog.Progress(
-            heartbeat_at=self.heartbeat.at,
+            heartbeat_at=now - self.heartbeat.age(now),
             last_frame_at=health.last_frame_at,
             next_attempt_due=due,
             last_attempt_at=health.last_attempt_at,
@@ -293,6 +304,30 @@ class Vitals:
             "owner_receive": self.owner_receive(),
         }
 
+    def health_due(self, now: float) -> bool:
+        """In the event loop: whether `write_health` would store anything (changed, or the
+        refresh due), so an unchanged snapshot costs no trip to the worker thread."""
+        if now - self._stored_at >= SNAPSHOT_REFRESH_S:
+            return True
+        snapshot = self.health_snapshot()
+        return {k: v for k, v in snapshot.items() if k not in _SNAPSHOT_VOLATILE} != self._stored
+
+    def next_due(self) -> list[float | None]:
+        """When the ticker next owes vitals work (monotonic): the snapshot's refresh and the next
+        liveness transition (rules/ticks.liveness_due)."""
+        live = self.liveness
+        return [
+            self._stored_at + SNAPSHOT_REFRESH_S,
+            ticks.liveness_due(
+                started_at=live.started_at,
+                last_frame_at=live.last_frame_at,
+                live_since=live.live_since,
+                dead_episode_open=live.dead_episode_open,
+                dead_after=live.dead_after,
+                recover_after=live.recover_after,
+            ),
+        ]
+
     def write_health(self, *, final: bool = False) -> None:
         """In the worker thread: refresh the queue counts and store the health snapshot."""
         conn = self._database.conn
@@ -374,7 +409,7 @@ class Vitals:
         interval = self.settings.health.ping_interval
         while True:
             healthy, details = self.http_health()
-            wedged = time.monotonic() - self.heartbeat.at > max(2.0, 4 * IDLE_TICK_S)
+            wedged = self.heartbeat.age(time.monotonic()) > DEAD_MANS_WEDGED_AFTER_S
             if healthy and not wedged:
                 try:
                     response = await client.get(url, timeout=min(10.0, interval))
