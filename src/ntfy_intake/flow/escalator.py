@@ -34,9 +34,7 @@ Policy = escalation.Policy
 
 log = structlog.get_logger("ntfy_intake.escalator")
 
-# Requests older than this (past their own escalate_after) are not looked at again: after an
-# upgrade, last month's dead requests must not all escalate at once.
-HORIZON = 24 * 3600.0
+HORIZON = escalation.HORIZON
 
 
 class Escalator:

@@ -20,10 +20,14 @@ from typing import Any
 
 from ntfy_intake.rules import sanitize
 from ntfy_intake.rules.durations import format_duration
-from ntfy_intake.rules.timestamps import quantize, window_end
+from ntfy_intake.rules.timestamps import local_day, quantize, window_end
 
 MESSAGE_LIMIT = 300
 KEY_PREFIX = "escalate:"
+# Requests older than this (past their own escalate_after) are not looked at again: after an
+# upgrade, last month's dead requests must not all escalate at once.
+HORIZON = 24 * 3600.0
+UPCOMING_SHOWN = 5  # the status and console list this many not-yet-due escalations
 _TITLE_LIMIT = 120  # leaves room for the fixed parts whatever the topic's length
 _TOPIC_LIMIT = 64
 
@@ -136,3 +140,53 @@ def message(request: Pending, now: float) -> str:
         f" {int(request.events)} event{'s' if request.events != 1 else ''}."
     )
     return sanitize.one_line(text, MESSAGE_LIMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An escalation the owner outbox holds: its key, state (pending, sent, dead, suppressed),
+    when it was decided, why it was held (None when it was let through) and its incident."""
+
+    key: str
+    state: str
+    created_at: float
+    reason: str | None
+    incident: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Escalations apart from the agent's messages, for `status` and the console."""
+
+    today: int  # let through on `now`'s calendar day: what `escalate_daily_cap` counts
+    held_today: int  # held on that day (the cap, a silence, an ack, a maintenance window)
+    last: Recorded | None  # the newest, whatever became of it
+    upcoming: tuple[tuple[Pending, float], ...]  # not yet due, with when, soonest first
+
+
+def overview(
+    policy: Policy,
+    timezone: str,
+    recorded: Iterable[Recorded],
+    pending: Iterable[Pending],
+    now: float,
+) -> Overview:
+    """The day's count against the cap as the cadence counts it (decided on `now`'s calendar day
+    in `timezone`, let through), the newest escalation, and the requests that will escalate if
+    the agent stays silent, with their due instants (those due already are being recorded)."""
+    today_day = local_day(now, timezone)
+    today = held = 0
+    last: Recorded | None = None
+    for row in recorded:
+        if local_day(row.created_at, timezone) == today_day:
+            if row.state == "suppressed":
+                held += 1
+            else:
+                today += 1
+        if last is None or (row.created_at, row.key) > (last.created_at, last.key):
+            last = row
+    upcoming = sorted(
+        ((request, due_at(policy, request)) for request in pending if eligible(policy, request)),
+        key=lambda item: (item[1], item[0].delivery_key),
+    )
+    return Overview(today, held, last, tuple(upcoming[:UPCOMING_SHOWN]))

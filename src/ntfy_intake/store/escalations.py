@@ -29,6 +29,12 @@ _CANDIDATES = (
     " AND NOT EXISTS (SELECT 1 FROM owner_outbox w WHERE w.key = ? || o.delivery_key)"
     " ORDER BY o.created_at, o.delivery_key"
 )
+# The request's key is the escalation's after its prefix: joined by the outbox's primary key.
+_RECORDED = (
+    "SELECT w.key, w.state, w.created_at, w.last_error, o.incident_key FROM owner_outbox w"
+    f" LEFT JOIN outbox o ON o.delivery_key = substr(w.key, {len(escalation.KEY_PREFIX) + 1})"
+    " WHERE w.key LIKE ? AND w.created_at >= ? ORDER BY w.created_at DESC, w.key DESC LIMIT ?"
+)
 _TOPICS = (
     "SELECT DISTINCT n.topic FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " WHERE e.delivery_key = ? ORDER BY n.topic"
@@ -79,3 +85,19 @@ def _frame(raw: Any) -> dict[str, Any]:
     except ValueError:
         return {}
     return frame if isinstance(frame, dict) else {}
+
+
+def recorded(conn: Connection, *, since: float, limit: int = 1000) -> list[escalation.Recorded]:
+    """Escalations decided at or after `since`, newest first (what `status` counts and shows);
+    at most `limit` (the daily cap keeps a day's far below it)."""
+    rows = conn.execute(_RECORDED, (escalation.KEY_PREFIX + "%", since, limit)).fetchall()
+    return [
+        escalation.Recorded(
+            key=str(key),
+            state=str(state),
+            created_at=float(created),
+            reason=None if state != "suppressed" or error is None else str(error),
+            incident=None if incident is None else str(incident),
+        )
+        for key, state, created, error, incident in rows
+    ]

@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from ntfy_intake.rules import expectations, health, maintenance, readiness
+from ntfy_intake.rules import escalation, expectations, health, maintenance, readiness
 from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.settings import Settings
-from ntfy_intake.store import audit, db, expect_fold, leadership, nodes, summary
+from ntfy_intake.store import audit, db, escalations, expect_fold, leadership, nodes, summary
 
 # A health snapshot older than this means the daemon is not running (it writes one every 2 s).
 SNAPSHOT_STALE_AFTER = 15.0
@@ -91,9 +91,65 @@ def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, An
             "dead": owner.dead,
         },
         "owner_receive": _owner_receive(settings, snapshot if running else {}, now),
+        "escalations": _escalations(conn, settings, now),
         "cluster": _cluster(conn, settings),
         "maintenance": _maintenance(settings, now),
         "expectations": _expectations(conn, settings, now, snapshot.get("started_at")),
+    }
+
+
+def _escalations(conn: db.Connection, settings: Settings, now: float) -> dict[str, Any]:
+    """The daemon's own messages when the agent is silent (DESIGN.md section 13), apart from
+    the agent's: the day's count against `relay.escalate_daily_cap`, how many were held, the
+    newest, and the requests that escalate next if the agent stays silent."""
+    relay = settings.relay
+    policy = escalation.Policy(relay.escalate_after, relay.escalate_min_severity)
+    found: dict[str, Any] = {
+        "enabled": relay.url is not None and policy.enabled,
+        "after": format_duration(relay.escalate_after),
+        "min_severity": relay.escalate_min_severity,
+        "cap": relay.escalate_daily_cap,
+    }
+    if not found["enabled"]:
+        return found
+    debounce = settings.cadence.debounce
+    # Two days back covers today in any zone, whatever the offset.
+    view = escalation.overview(
+        policy,
+        settings.cadence.timezone,
+        escalations.recorded(conn, since=now - 2 * 86400),
+        escalations.candidates(
+            conn,
+            since=now - escalation.HORIZON - policy.after - debounce,
+            min_severity=policy.min_severity,
+            debounce=debounce,
+        ),
+        now,
+    )
+    last = view.last
+    return {
+        **found,
+        "today": view.today,
+        "held_today": view.held_today,
+        "last": None
+        if last is None
+        else {
+            "key": last.key,
+            "incident": last.incident,
+            "state": last.state,
+            "reason": last.reason,
+            "at": _utc(_moment(last.created_at)),
+        },
+        "upcoming": [
+            {
+                "delivery_key": request.delivery_key,
+                "incident": request.incident_key,
+                "severity": request.severity,
+                "due": _utc(_moment(due)),
+                "due_in_s": round(max(0.0, due - now), 1),
+            }
+            for request, due in view.upcoming
+        ],
     }
 
 
@@ -290,6 +346,7 @@ def render(report: dict[str, Any]) -> str:
         ),
     ]
     rows.append(("owner replies", _receive_line(report.get("owner_receive"))))
+    rows += _escalation_rows(report.get("escalations"))
     if intake["last_error"]:
         when = health.ago(intake["last_error_age_s"])
         if intake["last_error_age_s"] is None:
@@ -324,6 +381,38 @@ def _maintenance_rows(windows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         else:
             state = f"next {w['next']}" if w["next"] else "does not open in the next week"
         rows.append(("  window", f"{w['name']!r} {w['when']} ({what}): {state}"))
+    return rows
+
+
+def _escalation_rows(found: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """`escalations  1 of 5 today (2 held), after 10m at severity >= 4`, the last one and one
+    `  due` line per request that escalates next."""
+    if found is None:
+        return []
+    if not found["enabled"]:
+        return [("escalations", "off (no relay, or relay.escalate_after = 0s)")]
+    held = f" ({found['held_today']} held)" if found["held_today"] else ""
+    rows = [
+        (
+            "escalations",
+            f"{found['today']} of {found['cap']} today{held},"
+            f" after {found['after']} silent at severity >= {found['min_severity']}",
+        )
+    ]
+    last = found["last"]
+    if last is not None:
+        why = f": {last['reason']}" if last["reason"] else ""
+        about = last["incident"] or last["key"]
+        rows.append(("  last", f"{last['at']} {about} ({last['state']}{why})"))
+    for item in found["upcoming"]:
+        rows.append(
+            (
+                "  due",
+                f"{item['incident']} (severity {item['severity']}) at {item['due']}"
+                f" (in {health.ago(item['due_in_s']).removesuffix(' ago')})"
+                " unless the agent answers",
+            )
+        )
     return rows
 
 
