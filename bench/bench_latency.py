@@ -16,9 +16,10 @@ its own process (`ntfy-intake receiver`). Deliveries/s is N over the span of the
 `received_at`. Reference: a plain httpx loop in this process POSTing N requests of the same shape
 (fresh keys) to the same receiver, one after the other.
 
-One relay POST (`--only post`): CPU per POST of the relay's own client (`KeepAlivePoster`) to a
-null receiver process, its fast path (`http_heads`) against h11 writing and reading every exchange,
-alternating in the same run; why the fast path is kept.
+One relay POST (`--only post`): CPU per POST of the relay's own client (`KeepAlivePoster`, h11 over
+an asyncio Protocol) to a null receiver process, against httpx's AsyncClient POSTing the same
+requests, alternating in the same run (docs/performance.md, "Fast paths: kept or returned to the
+library").
 
 Run alone: uv run python bench/bench_latency.py [--events 500] [--requests 2000]
 """
@@ -751,28 +752,32 @@ POST_ROUNDS = 5
 
 
 def post_cost(n: int, concurrency: int = 4, rounds: int = POST_ROUNDS) -> dict[str, list[float]]:
-    """CPU seconds per POST of this process through `KeepAlivePoster`, the fast path
-    (`http_heads`) against h11 writing and reading every exchange (`simple=False`), to a null
-    receiver process: `concurrency` workers, `n` POSTs of the relay's shape per round, the two
-    paths alternating round by round so both see the same machine."""
+    """CPU seconds per POST of this process, the relay's client (`KeepAlivePoster`) against
+    httpx's AsyncClient, to a null receiver process: `concurrency` workers, `n` POSTs of the
+    relay's shape per round, the two alternating round by round so both see the same machine."""
     port = free_port()
     null = _null_receiver(port)
     url = f"http://127.0.0.1:{port}/triage"
-    costs: dict[str, list[float]] = {"fast path": [], "h11": []}
+    costs: dict[str, list[float]] = {"relay client": [], "httpx": []}
     payloads = [json.dumps(body(f"triage_post_{i:07d}", i)).encode() for i in range(n)]
     fixed = {"Content-Type": "application/json", "User-Agent": f"ntfy-intake/{__version__}"}
 
-    async def scenario(simple: bool) -> float:
-        poster = http_post.KeepAlivePoster(
-            url, timeouts=httpx.Timeout(10), max_reply=relay.MAX_REPLY_BYTES, simple=simple
-        )
+    async def scenario(client: str) -> float:
+        timeouts = httpx.Timeout(10)
+        poster = http_post.KeepAlivePoster(url, timeouts=timeouts, max_reply=relay.MAX_REPLY_BYTES)
+        plain = httpx.AsyncClient(timeout=timeouts)
         queue: list[int] = []
 
         async def worker() -> None:
             while queue:
                 i = queue.pop()
                 headers = {"Idempotency-Key": f"triage_post_{i:07d}", **fixed}
-                status, _, _ = await poster.post(payloads[i], headers)
+                if client == "httpx":
+                    status = (
+                        await plain.post(url, content=payloads[i], headers=headers)
+                    ).status_code
+                else:
+                    status, _, _ = await poster.post(payloads[i], headers)
                 assert status == 200, status
 
         queue[:] = range(min(n, 200))  # warm: connections open, caches filled
@@ -782,12 +787,13 @@ def post_cost(n: int, concurrency: int = 4, rounds: int = POST_ROUNDS) -> dict[s
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         used = time.process_time() - cpu
         await poster.aclose()
+        await plain.aclose()
         return used / n
 
     try:
         for _ in range(rounds):
-            for name, simple in (("fast path", True), ("h11", False)):
-                costs[name].append(asyncio.run(scenario(simple)))
+            for client, spent in costs.items():
+                spent.append(asyncio.run(scenario(client)))
     finally:
         null.terminate()
         null.wait(10)
@@ -797,15 +803,15 @@ def post_cost(n: int, concurrency: int = 4, rounds: int = POST_ROUNDS) -> dict[s
 
 
 def post_rows(n: int, costs: dict[str, list[float]]) -> list[Row]:
-    fast, h11_path = sorted(costs["fast path"]), sorted(costs["h11"])
-    mid_fast, mid_h11 = fast[len(fast) // 2], h11_path[len(h11_path) // 2]
+    ours, theirs = sorted(costs["relay client"]), sorted(costs["httpx"])
+    mid_ours, mid_theirs = ours[len(ours) // 2], theirs[len(theirs) // 2]
     return [
         Row(
-            f"  one relay POST, CPU (fast path; median of {len(fast)} rounds of {n:,}, 4 at once)",
-            f"{mid_fast * 1e6:.0f} us (range {fast[0] * 1e6:.0f}-{fast[-1] * 1e6:.0f})",
-            f"h11 on every exchange, same run: {mid_h11 * 1e6:.0f} us "
-            f"(range {h11_path[0] * 1e6:.0f}-{h11_path[-1] * 1e6:.0f})",
-            ratio(mid_fast, mid_h11),
+            f"  one relay POST, CPU (median of {len(ours)} rounds of {n:,}, 4 at once)",
+            f"{mid_ours * 1e6:.0f} us (range {ours[0] * 1e6:.0f}-{ours[-1] * 1e6:.0f})",
+            f"httpx AsyncClient, same run: {mid_theirs * 1e6:.0f} us "
+            f"(range {theirs[0] * 1e6:.0f}-{theirs[-1] * 1e6:.0f})",
+            ratio(mid_ours, mid_theirs),
         )
     ]
 

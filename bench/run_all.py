@@ -171,7 +171,7 @@ def main() -> int:
         rows += bench_latency.ceiling_rows(
             requests, bench_latency.relay_own_ceiling(work, requests)
         )
-        step("one relay POST's CPU: the fast path against h11 on every exchange")
+        step("one relay POST's CPU: the relay's client against httpx")
         rows += bench_latency.post_rows(requests, bench_latency.post_cost(requests))
         step("feed ring")
         rows += bench_feed.rows(bench_feed.ring_latency(work, rounds))

@@ -2,9 +2,7 @@
 
 h11 (sans-IO HTTP/1.1, by the httpx authors, under httpcore) writes every request and reads
 every response head, so a reply is matched to its own request by h11's state machine and a
-malformed one is refused as h11 refuses it; the relay's everyday POST and its plain reply are
-the one exception, done by `http_heads` with h11's grammar and held equal to h11 by a test. What
-h11 leaves to its caller is the I/O and when a connection may carry another request; those rules
+malformed one is refused as h11 refuses it. What h11 leaves to its caller is the I/O and when a connection may carry another request; those rules
 are httpcore's:
 - a connection that received a byte, or EOF, while it sat idle is closed, never reused: an
   unsolicited answer (a receiver's or a proxy's 408) is not the reply to the next request;
@@ -12,7 +10,8 @@ are httpcore's:
 - a reply followed by more bytes than it declared ends its connection.
 
 Why not httpcore's own pool: it costs 300-400 us of CPU per request on a small machine, this
-connection about 120 with h11 on both sides (docs/performance.md, measured alone). The
+connection about 120 with h11 on both sides (docs/performance.md, "Fast paths: kept or
+returned to the library"). The
 connection here is `_Wire`, an asyncio Protocol, rather than a StreamReader, because a
 StreamReader does not say whether bytes arrived while idle: the protocol sees every byte.
 Failures are httpx's exception types, so intake's handling and diagnose's wording stay one.
@@ -26,12 +25,12 @@ import os
 import re
 import ssl
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import h11
 import httpx
 
-from ntfy_intake.wire.http_heads import SimpleHead, default_fields, host_name, simple_head
+from ntfy_intake.wire.http_heads import default_fields, host_name
 
 KEEPALIVE_EXPIRY = 5.0  # seconds an idle connection may wait for its next request (httpcore's)
 MAX_HEAD_BYTES = 64 * 1024  # a response head, a chunk-size line or trailers not yet complete
@@ -95,7 +94,7 @@ class _Wire(asyncio.Protocol):
         if not self.buffer and not self.eof:
             self._readable = asyncio.get_running_loop().create_future()
             try:
-                if read_timeout is None:  # the caller's deadline covers it (read_head_with)
+                if read_timeout is None:  # the caller's deadline covers it (read_head)
                     await self._readable
                 else:
                     async with asyncio.timeout(read_timeout):
@@ -146,24 +145,13 @@ class ByteSource(Protocol):
 async def read_head(
     source: ByteSource, conn: h11.Connection, read_timeout: float | None
 ) -> tuple[h11.Response, bytes]:
-    """The head of the response to the request `conn` sent, and the bytes received after it.
-    Informational responses (100 Continue, 103 Early Hints) are skipped, as httpx does."""
-    return await read_head_with(source, read_timeout, lambda head: h11_head(conn, head))
-
-
-_Head = TypeVar("_Head")
-
-
-async def read_head_with(
-    source: ByteSource, read_timeout: float | None, take: Callable[[bytes], _Head | None]
-) -> tuple[_Head, bytes]:
-    """The first head `take` returns (None: an informational one, read on), and the bytes
-    received after it.
+    """The head of the response to the request `conn` sent, and the bytes received after it
+    (the body's start). Informational responses (100 Continue, 103 Early Hints) are skipped, as
+    httpx does.
 
     Complete within `read_timeout` as a whole: a server that trickles header bytes must not
-    hold the caller where its own watchdog cannot see. `take` is handed exactly one head at a
-    time (up to its blank line, found as h11 finds it), so the bytes after it are the caller's:
-    the body's start."""
+    hold the caller where its own watchdog cannot see. h11 is handed exactly one head at a time
+    (up to its blank line, found as h11 finds it), so the bytes after it stay the caller's."""
     buf, searched = b"", 0
     answered = False  # an informational response came: the server has taken the request
     try:
@@ -190,7 +178,7 @@ async def read_head_with(
                     continue
                 if blank.end() > MAX_HEAD_BYTES:
                     raise httpx.RemoteProtocolError("response headers too long")
-                head = take(buf[: blank.end()])
+                head = h11_head(conn, buf[: blank.end()])
                 buf, searched = buf[blank.end() :], 0
                 if head is None:
                     answered = True
@@ -224,11 +212,7 @@ def next_event(conn: h11.Connection) -> h11.Event | type[h11.PAUSED] | type[h11.
 
 class Connection:
     """One HTTP/1.1 connection, one request at a time: `send`, `read_head`, then the
-    body (`read_body`, or the caller's own reader from the head's `rest`).
-
-    A request written without h11 (`http_heads.RequestWriter`) is sent with its `replay`: a
-    plain reply (`http_heads.simple_head`) is then read here, anything else by h11, told of
-    the request first by `replay`."""
+    body (`read_body`, or the caller's own reader from the head's `rest`)."""
 
     def __init__(
         self, wire: _Wire, clock: Callable[[], float], state: h11.Connection | None = None
@@ -237,10 +221,6 @@ class Connection:
         self.h11 = state or client_state()
         self._clock = clock
         self._idle_since: float | None = None
-        self._replay: Callable[[h11.Connection], object] | None = None
-        self._simple: SimpleHead | None = None  # the reply being read without h11
-        self._left = 0  # of its body, bytes not yet read
-        self._rest = b""  # received after its head, not yet read
 
     def reusable(self) -> bool:
         """Idle, within its expiry, and nothing (not a byte, not EOF) arrived while it waited."""
@@ -252,38 +232,20 @@ class Connection:
             and self.h11.our_state is h11.IDLE
         )
 
-    async def send(
-        self,
-        request: bytes,
-        write_timeout: float | None,
-        replay: Callable[[h11.Connection], object] | None = None,
-    ) -> None:
-        """A request written by `request_bytes` on this connection's `h11` state, or, with
-        `replay` (which writes it there), by `RequestWriter`."""
+    async def send(self, request: bytes, write_timeout: float | None) -> None:
+        """A request written by `request_bytes` on this connection's `h11` state."""
         self._idle_since = None
-        self._replay = replay
         await self.wire.send(request, write_timeout)
 
-    async def read_head(self, read_timeout: float | None) -> h11.Response | SimpleHead:
-        if self._replay is None:
-            head, rest = await read_head(self.wire, self.h11, read_timeout)
-            if rest:
-                self.h11.receive_data(rest)
-            return head
-        taken: tuple[h11.Response | SimpleHead, bytes]
-        taken = await read_head_with(self.wire, read_timeout, self._take_head)
-        final, rest = taken
-        if isinstance(final, SimpleHead):
-            self._simple, self._left, self._rest = final, final.length, rest
-        elif rest:
+    async def read_head(self, read_timeout: float | None) -> h11.Response:
+        head, rest = await read_head(self.wire, self.h11, read_timeout)
+        if rest:
             self.h11.receive_data(rest)
-        return final
+        return head
 
     async def read_body(self, read_timeout: float | None) -> bytes | None:
         """The next part of the body; None at its end. After the end the connection is idle
         (reusable) when both sides may go on and nothing more came."""
-        if self._simple is not None:
-            return await self._read_simple_body(read_timeout)
         while True:
             event = self._next_event()
             if isinstance(event, h11.Data):
@@ -295,36 +257,6 @@ class Connection:
 
     def abort(self) -> None:
         self.wire.abort()
-
-    def _take_head(self, head: bytes) -> h11.Response | SimpleHead | None:
-        if self._replay is not None:
-            simple = simple_head(head)
-            if simple is not None:
-                return simple
-            # Not the plain shape: h11 reads this reply, and every head after it.
-            self._replay(self.h11)
-            self._replay = None
-        return h11_head(self.h11, head)
-
-    async def _read_simple_body(self, read_timeout: float | None) -> bytes | None:
-        """As h11 reads a Content-Length body: at most its length, EOF before it is an error."""
-        assert self._simple is not None
-        if not self._left:
-            # Kept as h11 keeps it: keep-alive, and nothing right behind the reply (PAUSED).
-            if self._simple.keep_alive and not self._rest:
-                self._idle_since = self._clock()
-            self._simple = None
-            return None
-        data, self._rest = self._rest or await self.wire.receive(read_timeout), b""
-        if not data:
-            received = self._simple.length - self._left
-            raise httpx.RemoteProtocolError(
-                "peer closed connection without sending complete message body "
-                f"(received {received} bytes, expected {self._simple.length})"
-            )
-        part, self._rest = data[: self._left], data[self._left :]
-        self._left -= len(part)
-        return part
 
     def _finish(self) -> None:
         if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:

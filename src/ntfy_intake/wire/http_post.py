@@ -1,17 +1,13 @@
 """POSTs to one URL over a few kept-alive HTTP/1.1 connections: the relay's lean client.
 
 One request at a time per connection (`http_connection.Connection`), so a delivery is settled on
-its own reply. The everyday exchange, a POST with the relay's fields and a plain Content-Length
-reply, is written and read by `http_heads` with h11's grammar; any other request or reply is
-h11's, told of the request first, and held equal to it by tests/unit/test_http_heads_match_h11.py.
-A connection goes back to the pool only when the reply ended by its own framing with both sides
+its own reply; h11 writes every request and reads every reply. A connection goes back to the pool only when the reply ended by its own framing with both sides
 free to go on (h11's rule), and is taken out again only by httpcore's rules: idle for no longer
 than `KEEPALIVE_EXPIRY`, and nothing (not a byte, not EOF) arrived while it waited.
 
 Why not httpx or httpcore here: a POST through httpx costs about 600 us of CPU on a small
-machine, through httpcore's pool about 300 us, through this client with h11 on every exchange
-about 120 us, with the fast path about half that; the relay's ceiling follows
-(docs/performance.md, bench/bench_latency.py `--only post`). The daemon keeps httpx when the
+machine, through httpcore's pool about 300 us, through this client about 120 us (docs/performance.md,
+bench/bench_latency.py `--only post`). The daemon keeps httpx when the
 environment names a proxy for the relay URL, or when a test injects a transport.
 
 A request that found its reused connection closed by the server before any byte of the reply
@@ -21,11 +17,9 @@ delivery key makes a repeat harmless anyway.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 
-import h11
 import httpx
 
 from ntfy_intake.wire.http_connection import (
@@ -35,7 +29,6 @@ from ntfy_intake.wire.http_connection import (
     client_state,
     request_bytes,
 )
-from ntfy_intake.wire.http_heads import RequestWriter, SimpleHead
 
 
 class _StaleConnection(Exception):
@@ -43,9 +36,7 @@ class _StaleConnection(Exception):
 
 
 class KeepAlivePoster:
-    """`await poster.post(body, headers)` -> (status, headers, reply up to `max_reply` bytes).
-
-    `simple=False`: h11 writes and reads every exchange (the benches' and tests' reference)."""
+    """`await poster.post(body, headers)` -> (status, headers, reply up to `max_reply` bytes)."""
 
     def __init__(
         self,
@@ -55,7 +46,6 @@ class KeepAlivePoster:
         max_reply: int,
         max_idle: int = 16,
         clock: Callable[[], float] = time.monotonic,
-        simple: bool = True,
     ) -> None:
         self.target = httpx.URL(url)
         if self.target.scheme not in ("http", "https"):
@@ -66,57 +56,43 @@ class KeepAlivePoster:
         self.connections_opened = 0
         self._idle: list[Connection] = []
         self._connector = Connector(clock)
-        self._writer = RequestWriter(self.target) if simple else None
 
     async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
-        # Written once, for whichever connection carries it; None: h11 writes it on that one's.
-        simple = self._writer.write(headers, body) if self._writer is not None else None
-        replay = None if simple is None else functools.partial(self._replay, headers, body)
         while self._idle:
             connection = self._idle.pop()
             if not connection.reusable():
                 connection.abort()
                 continue
-            request = simple
-            if request is None:
-                try:
-                    request = request_bytes(connection.h11, "POST", self.target, headers, body)
-                except httpx.LocalProtocolError:
-                    connection.abort()
-                    raise
             try:
-                return await self._exchange(connection, request, replay, reused=True)
+                request = request_bytes(connection.h11, "POST", self.target, headers, body)
+            except httpx.LocalProtocolError:
+                connection.abort()
+                raise
+            try:
+                return await self._exchange(connection, request, reused=True)
             except _StaleConnection:
                 continue
         state = client_state()
-        request = simple
-        if request is None:
-            request = request_bytes(state, "POST", self.target, headers, body)  # before connecting
+        request = request_bytes(state, "POST", self.target, headers, body)  # before connecting
         connection = await self._connector.connect(self.target, self.timeouts.connect, state)
         self.connections_opened += 1
-        return await self._exchange(connection, request, replay, reused=False)
+        return await self._exchange(connection, request, reused=False)
 
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().abort()
 
-    def _replay(self, headers: dict[str, str], body: bytes, state: h11.Connection) -> bytes:
-        """The request `RequestWriter` wrote, written again by h11 on `state` (the same bytes),
-        for h11 to read a reply that is not of the plain shape."""
-        return request_bytes(state, "POST", self.target, headers, body)
-
     async def _exchange(
         self,
         connection: Connection,
         request: bytes,
-        replay: Callable[[h11.Connection], bytes] | None,
         *,
         reused: bool,
     ) -> tuple[int, httpx.Headers, bytes]:
         keep = False
         try:
             try:
-                await connection.send(request, self.timeouts.write, replay)
+                await connection.send(request, self.timeouts.write)
             except httpx.WriteError:
                 if reused:
                     raise _StaleConnection from None
@@ -140,8 +116,6 @@ class KeepAlivePoster:
                 size += len(part)
             # Past max_reply the rest is not read: this connection is not reused.
             reply = b"".join(parts)[: self.max_reply]
-            if isinstance(head, SimpleHead):
-                return head.status_code, httpx.Headers(head.fields), reply
             return head.status_code, httpx.Headers(list(head.headers.raw_items())), reply
         finally:
             # Cancelled (the attempt's deadline), failed or told to close: never reused.
