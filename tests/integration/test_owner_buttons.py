@@ -236,6 +236,7 @@ def test_ack_button_stops_later_messages_for_that_incident_but_not_others(world:
         "alerts:disk",
         "notify:d1",
     )
+    assert line["address"] == "127.0.0.1"  # who pressed, as for a refusal
     assert ack["body"] not in str(world.records("owner_reply"))
 
 

@@ -169,10 +169,15 @@ class OwnerButtons:
                     result="already_done",
                     via="button",
                     key=verdict.key,
+                    address=address[:100],
                 )
                 message = "that button was pressed before; nothing more was done"
                 return Pressed(409, {"error": "already_done", "result": before, "message": message})
-            fields: dict[str, Any] = {"key": verdict.key, "matched": "token"}
+            fields: dict[str, Any] = {
+                "key": verdict.key,
+                "matched": "token",
+                "address": address[:100],
+            }
             result, words = owner_replies.act(
                 conn, self.queue, txn, command, now, fields, via="button"
             )
