@@ -424,3 +424,39 @@ def test_get_on_a_button_is_not_an_action(world: World) -> None:
     ack = world.buttons_of("alerts:disk")["Ack"]
     assert httpx.get(ack["url"], timeout=10).status_code == 405
     assert world.message("d2", "alerts:disk") == "queued"
+
+
+def test_a_token_made_by_one_node_is_accepted_by_the_other(world: World) -> None:
+    """Failure mode: after a failover the new leader holds a key of its own, and every button
+    on the owner's phone answers 403. Two nodes: two connections to one store, each with its
+    own buttons (nothing cached), as a standby pair on one PostgreSQL database."""
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()  # node A signs
+    ack = world.buttons_of("alerts:disk")["Ack"]
+    other = db.connect(store_of(world.tmp_path))
+    try:
+        node_b = owner_buttons.OwnerButtons(
+            other,
+            run_db=world.run_db,
+            queue=world.queue,
+            public_url=world.url,
+            clock=world.clock,
+            flush_audit=world.flush,
+        )
+        pressed = asyncio.run(node_b.press("ack", ack["body"], "192.0.2.7"))
+    finally:
+        other.close()
+    assert (pressed.status, pressed.body["result"]) == (200, "acknowledged")
+    assert world.message("d2", "alerts:disk") == "suppressed"
+
+
+def test_oversized_body_is_refused_as_malformed_and_counted(world: World) -> None:
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    ack = world.buttons_of("alerts:disk")["Ack"]
+    answer = press(ack, body="A" * 100_000)
+    assert answer.status_code == 403
+    assert answer.json()["why"] == "malformed"
+    [line] = world.records("owner_reply")
+    assert (line["result"], line["why"]) == ("refused", "malformed")
+    assert press(ack).status_code == 200
