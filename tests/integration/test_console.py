@@ -76,6 +76,7 @@ def csrf_of(page: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.one_engine("the console's session check; no store read")
 def test_no_session_gets_the_login_page_and_no_alert_data(
     console: tuple[DaemonThread, str, Path], emu: NtfyEmulator
 ) -> None:
@@ -90,6 +91,7 @@ def test_no_session_gets_the_login_page_and_no_alert_data(
         assert answer.headers["x-frame-options"] == "DENY"
 
 
+@pytest.mark.one_engine("the console's login; no store read")
 def test_wrong_token_is_403_and_sets_no_session(console: tuple[DaemonThread, str, Path]) -> None:
     _, base, _ = console
     with httpx.Client(base_url=base) as client:
@@ -99,6 +101,7 @@ def test_wrong_token_is_403_and_sets_no_session(console: tuple[DaemonThread, str
     assert "ntfy_intake_console" not in answer.headers.get("set-cookie", "")
 
 
+@pytest.mark.one_engine("the session cookie's attributes")
 def test_session_cookie_is_httponly_and_samesite_strict(
     console: tuple[DaemonThread, str, Path],
 ) -> None:
@@ -110,6 +113,7 @@ def test_session_cookie_is_httponly_and_samesite_strict(
     assert "httponly" in cookie and "samesite=strict" in cookie
 
 
+@pytest.mark.one_engine("the CSRF check answers before any write")
 def test_post_without_csrf_token_is_refused_and_changes_nothing(
     console: tuple[DaemonThread, str, Path],
 ) -> None:
@@ -264,6 +268,7 @@ def test_incidents_past_the_first_page_are_reached_by_the_older_link(
         assert client.get("/console/incidents", params={"before": junk}).status_code == 200
 
 
+@pytest.mark.one_engine("a template filter; no store")
 def test_text_filter_prints_exactly_what_strip_control_prints_for_any_string() -> None:
     """The filter skips sanitize for a string with nothing to strip: the same output always."""
 
@@ -340,6 +345,7 @@ def test_a_lone_surrogate_escape_on_the_wire_is_kept_raw_in_the_inbox_and_u_fffd
     assert "\\ud800" not in page.text
 
 
+@pytest.mark.one_engine("the garbage collector's setting while serving")
 def test_a_full_collection_skips_start_ups_objects_while_serving_and_not_after(
     emu: NtfyEmulator, tmp_path: Path
 ) -> None:

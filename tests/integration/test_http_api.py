@@ -117,6 +117,7 @@ def api(setup: Setup) -> Iterator[Api]:
         ("POST", "/v1/notify", {"text": "hi"}),
     ],
 )
+@pytest.mark.one_engine("the bearer check answers before any route reads the store")
 def test_missing_token_is_401_and_wrong_token_is_403(
     api: Api, method: str, path: str, body: object
 ) -> None:
@@ -136,12 +137,14 @@ def test_missing_token_is_401_and_wrong_token_is_403(
     assert api.notify_calls == []
 
 
+@pytest.mark.one_engine("the bearer check; the feed read is test_http_api's feed tests'")
 def test_bearer_scheme_is_case_insensitive(api: Api) -> None:
     response = api.get("/v1/feed/triager", headers={"Authorization": f"bearer {TOKEN}"})
     assert response.status_code == 200
 
 
 @pytest.mark.parametrize("setup", [None], indirect=True)
+@pytest.mark.one_engine("routing without a token; no store read")
 def test_feed_and_notify_are_off_with_404_when_no_token_is_configured(api: Api) -> None:
     for headers in ({}, AUTH):
         assert api.get("/v1/feed/triager", headers=headers).status_code == 404
@@ -159,11 +162,13 @@ def test_feed_and_notify_are_off_with_404_when_no_token_is_configured(api: Api) 
     assert api.get("/metrics", headers={}).status_code == 200
 
 
+@pytest.mark.one_engine("the HTTP surface's auth; no store read")
 def test_healthz_and_metrics_need_no_token(api: Api) -> None:
     assert api.get("/healthz", headers={}).status_code == 200
     assert api.get("/metrics", headers={}).status_code == 200
 
 
+@pytest.mark.one_engine("routing; no store read")
 def test_unknown_paths_and_methods_answer_json_not_html(api: Api) -> None:
     missing = api.get("/nope", headers={})
     assert missing.status_code == 404
@@ -219,12 +224,14 @@ def test_feed_pages_with_after_and_limit_until_an_empty_page(api: Api) -> None:
     "query",
     ["?limit=0", "?limit=1001", "?after=-1", "?after=x", "?at=middle", "?channel=bad%20name"],
 )
+@pytest.mark.one_engine("query validation before the store")
 def test_bad_feed_query_parameters_are_400(api: Api, query: str) -> None:
     response = api.get(f"/v1/feed/triager{query}")
     assert response.status_code == 400
     assert "error" in response.json()
 
 
+@pytest.mark.one_engine("path validation before the store")
 def test_bad_handle_is_400(api: Api) -> None:
     assert api.get("/v1/feed/-leading-dash").status_code == 400
 
@@ -272,6 +279,7 @@ def test_ack_on_a_channel_never_joined_is_409(api: Api) -> None:
         b'{"channel": "triage", "seq": NaN}',
     ],
 )
+@pytest.mark.one_engine("body validation before the store")
 def test_ack_with_bad_json_or_fields_is_400(api: Api, content: bytes) -> None:
     api.get("/v1/feed/triager")
     response = api.post("/v1/feed/triager/ack", content=content)
@@ -298,6 +306,7 @@ def test_wait_returns_204_on_timeout(api: Api) -> None:
 
 
 @pytest.mark.parametrize("timeout", ["-1", "nan", "inf", "soon"])
+@pytest.mark.one_engine("query validation before the store")
 def test_wait_with_a_bad_timeout_is_400(api: Api, timeout: str) -> None:
     assert api.get(f"/v1/feed/triager/wait?timeout={timeout}").status_code == 400
 
@@ -407,6 +416,7 @@ def test_a_pending_wait_ends_promptly_when_the_server_stops(tmp_path: Path) -> N
 # -- notify ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.one_engine("notify's validation; the callback is a stub of the test's")
 def test_notify_requires_an_idempotency_key(api: Api) -> None:
     response = api.post("/v1/notify", json={"text": "disk replaced"})
     assert response.status_code == 400
@@ -418,6 +428,7 @@ def test_notify_requires_an_idempotency_key(api: Api) -> None:
     assert api.notify_calls == []
 
 
+@pytest.mark.one_engine("notify's HTTP answer; the callback is the test's")
 def test_notify_passes_the_callback_result_through(api: Api, setup: Setup) -> None:
     headers = {**AUTH, "Idempotency-Key": "agent-42"}
     response = api.post("/v1/notify", headers=headers, json={"text": "disk replaced"})
@@ -432,17 +443,20 @@ def test_notify_passes_the_callback_result_through(api: Api, setup: Setup) -> No
 @pytest.mark.parametrize(
     "body", [{"text": ""}, {"text": "   "}, {"text": 5}, {}, {"text": "x" * 4001}, ["text"]]
 )
+@pytest.mark.one_engine("notify's validation; no store")
 def test_notify_rejects_missing_empty_or_too_long_text(api: Api, body: object) -> None:
     headers = {**AUTH, "Idempotency-Key": "k1"}
     assert api.post("/v1/notify", headers=headers, json=body).status_code == 400
     assert api.notify_calls == []
 
 
+@pytest.mark.one_engine("notify's validation; no store")
 def test_notify_accepts_text_at_the_limit(api: Api) -> None:
     headers = {**AUTH, "Idempotency-Key": "k1"}
     assert api.post("/v1/notify", headers=headers, json={"text": "x" * 4000}).status_code == 202
 
 
+@pytest.mark.one_engine("the body-size bound on the wire; no store")
 def test_notify_body_too_large_is_413(api: Api) -> None:
     headers = {**AUTH, "Idempotency-Key": "k1"}
     big = json.dumps({"text": "x", "pad": "y" * (http_api.MAX_NOTIFY_BODY + 1)})
@@ -458,6 +472,7 @@ def test_notify_body_too_large_is_413(api: Api) -> None:
     assert api.notify_calls == []
 
 
+@pytest.mark.one_engine("the HTTP surface's error answer; no store")
 def test_a_handler_error_is_a_bare_500_without_details(api: Api, setup: Setup) -> None:
     setup.notify_result = RuntimeError("Traceback SECRET alert text")
     headers = {**AUTH, "Idempotency-Key": "k1"}
@@ -470,6 +485,7 @@ def test_a_handler_error_is_a_bare_500_without_details(api: Api, setup: Setup) -
 # -- health and metrics ---------------------------------------------------------------------------
 
 
+@pytest.mark.one_engine("healthz from the test's callback; no store")
 def test_healthz_is_200_when_healthy_and_503_with_the_reason_when_not(api: Api) -> None:
     ok = api.get("/healthz", headers={})
     assert (ok.status_code, ok.json()) == (200, {"status": "live"})
@@ -479,6 +495,7 @@ def test_healthz_is_200_when_healthy_and_503_with_the_reason_when_not(api: Api) 
     assert bad.json() == {"status": "unhealthy", "reason": "intake is dead (last frame 300 s ago)"}
 
 
+@pytest.mark.one_engine("healthz from the test's callback; no store")
 def test_healthz_callback_failure_is_503_not_500(api: Api) -> None:
     api.health["details"] = None  # dict(None) raises inside the handler
     response = api.get("/healthz", headers={})
@@ -486,6 +503,7 @@ def test_healthz_callback_failure_is_503_not_500(api: Api) -> None:
     assert response.json()["status"] == "unhealthy"
 
 
+@pytest.mark.one_engine("the exposition of the test's snapshot; no store")
 def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -> None:
     api.snapshot.update(
         {
@@ -579,6 +597,7 @@ def test_serve_runs_in_the_callers_loop_reports_its_port_and_stops_long_polls(
     assert signal.getsignal(signal.SIGTERM) is sigterm_before
 
 
+@pytest.mark.one_engine("a bind failure; nothing reads the store")
 def test_serve_bind_failure_raises_before_anything_starts(tmp_path: Path) -> None:
     app = http_api.create_app(
         db_path=store_of(tmp_path),

@@ -129,6 +129,7 @@ def deaf_peer() -> Iterator[str]:
         server.close()
 
 
+@pytest.mark.one_engine("websocket pings on the wire; no store behaviour under test")
 def test_peer_that_stops_answering_pings_is_left_not_listened_to_forever(
     conn: db.Connection, tmp_path: Path, deaf_peer: str
 ) -> None:
@@ -147,6 +148,7 @@ def test_peer_that_stops_answering_pings_is_left_not_listened_to_forever(
     asyncio.run(main())
 
 
+@pytest.mark.one_engine("websocket pings on the wire; no store behaviour under test")
 def test_quiet_websocket_whose_pings_are_answered_is_not_reported_as_stale(
     conn: db.Connection, tmp_path: Path
 ) -> None:

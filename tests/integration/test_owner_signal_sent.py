@@ -100,6 +100,7 @@ def test_refused_send_stores_no_timestamp_a_reply_could_match(
         (b"[1, 2]", None),
     ],
 )
+@pytest.mark.one_engine("parsing Signal's answer; no store")
 def test_sent_timestamp_does_not_take_junk_for_a_timestamp(
     body: bytes, expected: int | None
 ) -> None:

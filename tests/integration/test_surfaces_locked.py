@@ -17,7 +17,9 @@ from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, query, settings_for, wait_until
 
-pytestmark = pytest.mark.engines
+pytestmark = pytest.mark.one_engine(
+    "the login throttle, the Host check and logout on the HTTP surface; the store only holds the notice"
+)
 
 TOKEN = "locked-surface-token-7Hq2Xv9Lp4"
 GUESSES = 200
