@@ -103,7 +103,7 @@ def test_status_says_escalation_is_off_without_a_relay(
     config = settings.load(None, env_for("http://127.0.0.1:9", tmp_path))
     report = status.collect(store, config, time.time())
     assert report["escalations"]["enabled"] is False
-    assert re.search(r"\nescalations +off \(no relay", status.render(report))
+    assert re.search(r"\nescalations +off \(no relay nor", status.render(report))
 
 
 @pytest.fixture

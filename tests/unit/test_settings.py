@@ -184,6 +184,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
         ("relay", "escalate_after"): "5m",
         ("relay", "escalate_min_severity"): "5",
         ("relay", "escalate_daily_cap"): "3",
+        ("relay", "escalate_handle"): "triager",
         ("relay", "secret"): WEBHOOK_SECRET,
         ("relay", "token"): "rx-token",
         ("cadence", "debounce"): "30s",
@@ -244,6 +245,7 @@ def test_every_key_has_a_working_env_twin(tmp_path: Path) -> None:
             escalate_after=300,
             escalate_min_severity=5,
             escalate_daily_cap=3,
+            escalate_handle="triager",
         ),
         cadence=settings.CadenceSettings(30, 7200, 0, "Europe/Berlin"),
         owner=settings.OwnerSettings(
@@ -905,6 +907,7 @@ def test_the_webhook_secret_and_relay_token_are_redacted() -> None:
         "escalate_after": "10m",
         "escalate_min_severity": 4,
         "escalate_daily_cap": 5,
+        "escalate_handle": None,
     }
     assert WEBHOOK_SECRET not in repr(s) and "rx-token" not in repr(s)
 

@@ -8,7 +8,9 @@ record in one write transaction (fenced on PostgreSQL like every write). The own
 unique key makes that once per request: across kill -9 (the row is committed or not), a rebuild
 (rebuild.py restores the row from the audit record) and a failover (the row is in the shared
 database). The request itself is untouched: the relay keeps retrying it, and a late 2xx is
-handled as usual.
+handled as usual. With no relay and `relay.escalate_handle` named, the feed is waited on
+instead: an entry that handle has not acked within `escalate_after` escalates the same way
+(store/escalations.py reads which).
 
 It sleeps until the next due instant, or until a committed batch (a new request, a severity
 that rose: `committed`) or `stop` wakes it; there is no polling tick.
@@ -24,11 +26,12 @@ from typing import Any
 import structlog
 
 from ntfy_intake.rules import escalation
+from ntfy_intake.settings import RelaySettings
 from ntfy_intake.store import db
 from ntfy_intake.store import escalations as store
 from ntfy_intake.store.owner_queue import OwnerQueue
 
-__all__ = ["Escalator", "Policy", "listen_to"]
+__all__ = ["Escalator", "Policy", "listen_to", "policy_for"]
 
 Policy = escalation.Policy
 
@@ -108,6 +111,7 @@ class Escalator:
             since=now - HORIZON - self.policy.after - self.debounce,
             min_severity=self.policy.min_severity,
             debounce=self.debounce,
+            feed_handle=self.policy.feed_handle,
         )
         plan = escalation.plan(self.policy, pending, now)
         for request in plan.due:
@@ -127,6 +131,16 @@ class Escalator:
                 topics=store.topics(self.conn, request.delivery_key),
             )
         log.warning("escalator.escalated", key=key, incident=request.incident_key, result=result)
+
+
+def policy_for(relay: RelaySettings) -> Policy | None:
+    """The escalator's policy from the `[relay]` settings; None: no escalator runs."""
+    return escalation.configured(
+        relay.escalate_after,
+        relay.escalate_min_severity,
+        relay=relay.url is not None,
+        feed_handle=relay.escalate_handle,
+    )
 
 
 def listen_to(writer: Any, escalator: Escalator) -> None:

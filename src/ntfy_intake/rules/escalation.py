@@ -36,10 +36,23 @@ _TOPIC_LIMIT = 64
 class Policy:
     after: float = 600.0  # seconds after release without a 2xx; 0 = escalation off
     min_severity: int = 4
+    # The agent feed alone (no relay): the handle whose ack on `triage` counts as the answer.
+    feed_handle: str | None = None
 
     @property
     def enabled(self) -> bool:
         return self.after > 0
+
+
+def configured(
+    after: float, min_severity: int, *, relay: bool, feed_handle: str | None
+) -> Policy | None:
+    """The escalation policy the settings ask for, or None when nothing escalates: a relay's
+    requests wait for its 2xx; without one, only a named feed handle gives something to wait
+    for (its ack), since an agent that pulls is not pushed anything that could fail."""
+    if after <= 0 or not (relay or feed_handle):
+        return None
+    return Policy(after, min_severity, None if relay else feed_handle)
 
 
 @dataclass(frozen=True, slots=True)

@@ -340,6 +340,9 @@ def _relay(r: _Reader) -> RelaySettings:
     escalate_cap = r.integer("relay", "escalate_daily_cap")
     if escalate_cap is not None and escalate_cap < 0:
         r.fail("relay", "escalate_daily_cap", f"must be at least 0, got {escalate_cap}")
+    handle = r.text("relay", "escalate_handle")
+    if handle is not None and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}", handle) is None:
+        r.fail("relay", "escalate_handle", "not a feed handle (1-64 of A-Z a-z 0-9 _ . : @ -)")
     secret = r.text("relay", "secret")
     if secret is not None:
         try:
@@ -354,6 +357,7 @@ def _relay(r: _Reader) -> RelaySettings:
         escalate_after=_duration(r, "relay", "escalate_after", 600.0, 0.0),
         escalate_min_severity=4 if min_severity is None else min_severity,
         escalate_daily_cap=5 if escalate_cap is None else escalate_cap,
+        escalate_handle=handle,
         secret=secret,
         token=_token(r, "relay"),
     )

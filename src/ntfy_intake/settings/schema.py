@@ -73,6 +73,7 @@ _KINDS: dict[tuple[str, str], Kind] = {
     ("relay", "escalate_after"): "duration",
     ("relay", "escalate_min_severity"): "int",
     ("relay", "escalate_daily_cap"): "int",
+    ("relay", "escalate_handle"): "str",
     ("cadence", "debounce"): "duration",
     ("cadence", "cooldown"): "duration",
     ("cadence", "daily_cap"): "int",
@@ -259,6 +260,9 @@ class RelaySettings:
     escalate_after: float = 600.0
     escalate_min_severity: int = 4
     escalate_daily_cap: int = 5
+    # Without `url` the feed is the only consumer: a triage entry this feed handle has not acked
+    # within escalate_after escalates (None: no escalation for the feed).
+    escalate_handle: str | None = None
 
     @property
     def signing_key(self) -> bytes | None:

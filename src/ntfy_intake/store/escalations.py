@@ -35,6 +35,24 @@ _RECORDED = (
     f" LEFT JOIN outbox o ON o.delivery_key = substr(w.key, {len(escalation.KEY_PREFIX) + 1})"
     " WHERE w.key LIKE ? AND w.created_at >= ? ORDER BY w.created_at DESC, w.key DESC LIMIT ?"
 )
+# The agent feed alone: a released request (`skipped`: no relay) whose `triage` entry the
+# handle has not acked (its cursor below the entry's seq, or no cursor: it never came), and one
+# still collecting (its entry comes at release). The entry is found by its idempotency key (the
+# delivery key: flow/pipeline.py), the unique index's.
+_FEED_CANDIDATES = (
+    "SELECT o.delivery_key, o.state, o.created_at, o.due_at, i.key, i.severity,"
+    " i.first_seen, i.last_seen, i.events,"
+    " (SELECT n.raw FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
+    "   WHERE e.delivery_key = o.delivery_key ORDER BY n.time DESC, n.seq DESC LIMIT 1),"
+    " f.created_at"
+    " FROM outbox o JOIN incidents i ON i.key = o.incident_key"
+    " LEFT JOIN feed_entries f ON f.channel = 'triage' AND f.idempotency_key = o.delivery_key"
+    " WHERE o.state IN ('collecting', 'skipped') AND o.created_at >= ? AND i.severity >= ?"
+    " AND (o.state = 'collecting' OR f.seq > COALESCE((SELECT c.acked_seq FROM feed_cursors c"
+    "   WHERE c.handle = ? AND c.channel = 'triage'), 0))"
+    " AND NOT EXISTS (SELECT 1 FROM owner_outbox w WHERE w.key = ? || o.delivery_key)"
+    " ORDER BY o.created_at, o.delivery_key"
+)
 _TOPICS = (
     "SELECT DISTINCT n.topic FROM outbox_events e JOIN inbox n ON n.event_id = e.event_id"
     " WHERE e.delivery_key = ? ORDER BY n.topic"
@@ -42,19 +60,32 @@ _TOPICS = (
 
 
 def candidates(
-    conn: Connection, *, since: float, min_severity: int, debounce: float
+    conn: Connection,
+    *,
+    since: float,
+    min_severity: int,
+    debounce: float,
+    feed_handle: str | None = None,
 ) -> list[escalation.Pending]:
-    """Requests that may still escalate (module doc). A request's release is when its debounce
-    window closed (a collecting one's `due_at`, else `debounce_end(created_at)`): the outbox keeps
-    no release time, and the window's end is when the agent could first have been asked."""
-    rows = conn.execute(_CANDIDATES, (since, min_severity, escalation.KEY_PREFIX)).fetchall()
+    """Requests that may still escalate (module doc; with `feed_handle`, the feed's: see
+    `_FEED_CANDIDATES`). A request's release is when its debounce window closed (a collecting
+    one's `due_at`, else its feed entry's creation, else `debounce_end(created_at)`): the outbox
+    keeps no release time, and the window's end is when the agent could first have been asked."""
+    if feed_handle is None:
+        rows = conn.execute(_CANDIDATES, (since, min_severity, escalation.KEY_PREFIX)).fetchall()
+    else:
+        found = (since, min_severity, feed_handle, escalation.KEY_PREFIX)
+        rows = conn.execute(_FEED_CANDIDATES, found).fetchall()
     out: list[escalation.Pending] = []
     for row in rows:
-        key, state, created_at, due_at, incident, severity, first, last, events, raw = row
+        key, state, created_at, due_at, incident, severity, first, last, events, raw = row[:10]
         frame = _frame(raw)
-        released = (
-            float(due_at) if state == "collecting" else debounce_end(float(created_at), debounce)
-        )
+        if state == "collecting":
+            released = float(due_at)
+        elif len(row) > 10 and row[10] is not None:
+            released = float(row[10])
+        else:
+            released = debounce_end(float(created_at), debounce)
         title = frame.get("title") or frame.get("message") or incident
         out.append(
             escalation.Pending(

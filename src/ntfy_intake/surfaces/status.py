@@ -103,14 +103,20 @@ def _escalations(conn: db.Connection, settings: Settings, now: float) -> dict[st
     the agent's: the day's count against `relay.escalate_daily_cap`, how many were held, the
     newest, and the requests that escalate next if the agent stays silent."""
     relay = settings.relay
-    policy = escalation.Policy(relay.escalate_after, relay.escalate_min_severity)
+    policy = escalation.configured(
+        relay.escalate_after,
+        relay.escalate_min_severity,
+        relay=relay.url is not None,
+        feed_handle=relay.escalate_handle,
+    )
     found: dict[str, Any] = {
-        "enabled": relay.url is not None and policy.enabled,
+        "enabled": policy is not None,
         "after": format_duration(relay.escalate_after),
         "min_severity": relay.escalate_min_severity,
         "cap": relay.escalate_daily_cap,
+        "feed_handle": None if policy is None else policy.feed_handle,
     }
-    if not found["enabled"]:
+    if policy is None:
         return found
     debounce = settings.cadence.debounce
     # Two days back covers today in any zone, whatever the offset.
@@ -123,6 +129,7 @@ def _escalations(conn: db.Connection, settings: Settings, now: float) -> dict[st
             since=now - escalation.HORIZON - policy.after - debounce,
             min_severity=policy.min_severity,
             debounce=debounce,
+            feed_handle=policy.feed_handle,
         ),
         now,
     )
@@ -390,13 +397,15 @@ def _escalation_rows(found: dict[str, Any] | None) -> list[tuple[str, str]]:
     if found is None:
         return []
     if not found["enabled"]:
-        return [("escalations", "off (no relay, or relay.escalate_after = 0s)")]
+        return [("escalations", "off (no relay nor relay.escalate_handle, or escalate_after 0s)")]
     held = f" ({found['held_today']} held)" if found["held_today"] else ""
+    handle = found.get("feed_handle")
+    waits = "silent" if handle is None else f"without an ack by feed handle {handle!r}"
     rows = [
         (
             "escalations",
             f"{found['today']} of {found['cap']} today{held},"
-            f" after {found['after']} silent at severity >= {found['min_severity']}",
+            f" after {found['after']} {waits} at severity >= {found['min_severity']}",
         )
     ]
     last = found["last"]
