@@ -568,27 +568,17 @@ def test_message_event_field_names_and_types(
     """Section 2: a message's fields in ntfy's order and JSON types; a poll returns it as sent."""
     headers = {"Title": "T", "Priority": "4", "Tags": "a,b"}
     sent = client.put("/t", content=b"body", headers=headers).json()
-    assert list(sent) == [
-        "id",
-        "time",
-        "expires",
-        "event",
-        "topic",
-        "title",
-        "message",
-        "priority",
-        "tags",
-    ]
-    assert [type(sent[key]).__name__ for key in sent] == [
-        "str",
-        "int",
-        "int",
-        "str",
-        "str",
-        "str",
-        "str",
-        "int",
-        "list",
+    fields = [(key, type(value).__name__) for key, value in sent.items()]
+    assert fields == [
+        ("id", "str"),
+        ("time", "int"),
+        ("expires", "int"),
+        ("event", "str"),
+        ("topic", "str"),
+        ("title", "str"),
+        ("message", "str"),
+        ("priority", "int"),
+        ("tags", "list"),
     ]
     (event,) = polled(client, "/t/json")
     assert event == sent
