@@ -261,6 +261,10 @@ def _cmd_redrive(args: argparse.Namespace) -> int:
         redriven = outbox.redrive(conn, None if args.all else list(args.keys), time.time())
     finally:
         conn.close()
+    if redriven:  # the daemon on this host looks at once (else its poll finds them)
+        from ntfy_intake.flow import relay_wakeup  # noqa: PLC0415
+
+        relay_wakeup.nudge(settings.state.dir)
     missing = [] if args.all else sorted(set(args.keys) - set(redriven))
     print(f"redriven {len(redriven)} dead row(s)")
     for key in missing:

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ntfy_intake.flow import database, relay
+from ntfy_intake.flow import database, relay, relay_wakeup
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import audit, db, inbox, outbox
 from ntfy_intake.testbed import receiver
@@ -165,6 +165,7 @@ def test_permanent_400_makes_the_row_dead_at_once_and_redrive_delivers(
                 assert outbox.redrive(conn, None, 0.0) == [key]
             finally:
                 conn.close()
+            relay_wakeup.nudge(state)  # as `ntfy-intake redrive` does: the relay's poll is long
             wait_until(lambda: delivered(state), timeout=30)
         assert [d["result"] for d in deliveries(state, key)] == ["dead", "redriven", "delivered"]
         assert query(state, "SELECT count(*) FROM owner_outbox WHERE key LIKE 'dead_row:%'") == [

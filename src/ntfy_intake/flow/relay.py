@@ -54,6 +54,10 @@ MAX_REPLY_BYTES = 1 << 20  # a larger reply is cut here: only its `notify.text` 
 # A settle's audit lines wait this long for a release to claim first (its POST then does not
 # queue behind this flush), or for the next turn's claim, whichever comes first.
 FLUSH_GRACE = 0.05
+# The longest idle sleep with nothing due (issue 36; was a claim transaction each second): what
+# bounds a redrive no nudge told of, from another host of a PostgreSQL cluster. A redrive on the
+# daemon's host nudges it (relay_wakeup.nudge), a release or a due retry wakes it on time.
+POLL_S = 30.0
 
 
 class Relay:
@@ -175,12 +179,13 @@ class Relay:
                     if self.wakeup.is_set() and grace > 0:
                         continue  # claimed first, flushed after (`_turn`)
                     await self._flush()
+                # As the last transaction left the outbox (asked in it: no query of its own).
+                due = self._next_due
+                wait = POLL_S if due is None else min(POLL_S, max(0.0, due - self.clock()))
                 if self._held:
-                    wait = 1.0  # an attempt in flight sets the wakeup when it ends
-                else:
-                    # As the last transaction left the outbox (asked in it: no query of its own).
-                    due = self._next_due
-                    wait = 1.0 if due is None else min(1.0, max(0.0, due - self.clock()))
+                    # An attempt in flight sets the wakeup when it ends; the due time may be its
+                    # own lease's, or a row of a busy incident: a second at least, as before.
+                    wait = max(1.0, wait)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wakeup.wait(), timeout=wait)
                 look = look or not self.wakeup.is_set()  # a due time, the poll; else as woken

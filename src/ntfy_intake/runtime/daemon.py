@@ -24,12 +24,20 @@ from typing import Any
 import httpx
 import structlog
 
-from ntfy_intake.flow import escalator, intake, owner, owner_buttons, owner_replies, relay
+from ntfy_intake.flow import (
+    escalator,
+    intake,
+    owner,
+    owner_buttons,
+    owner_replies,
+    relay,
+    relay_wakeup,
+)
 from ntfy_intake.flow.database import Database, StorageWaits
-from ntfy_intake.flow.journal import MARK_OWED_AT_MOST, Journal
+from ntfy_intake.flow.journal import Journal
 from ntfy_intake.flow.pipeline import CountedOwnerQueue, Counters, CrashPoints, Heartbeat
 from ntfy_intake.flow.writer import Writer
-from ntfy_intake.rules import cadence, ticks
+from ntfy_intake.rules import cadence
 from ntfy_intake.rules import health as health_model
 from ntfy_intake.runtime import expectations, heap, recovery, supervisor, switches
 from ntfy_intake.runtime.clock import TrustedClock
@@ -37,7 +45,8 @@ from ntfy_intake.runtime.cluster import Holding
 from ntfy_intake.runtime.recovery import StateLock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.runtime.supervisor import Supervisor
-from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
+from ntfy_intake.runtime.ticker import Ticker
+from ntfy_intake.runtime.vitals import Vitals
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import audit, db, retention, storage
 from ntfy_intake.store.cursor import ResumePoint
@@ -156,8 +165,16 @@ class Daemon:
         # The node's loop holds the directory's lock for the process's life: not ours to drop.
         self._owns_lock = state_lock is None
         self._state_lock = state_lock or StateLock(settings.state.dir / "daemon.lock")
-        self._wedged = False  # test hook: the ticker stops turning (a stuck task)
-        self._loop: asyncio.AbstractEventLoop | None = None  # the ticker's (wedge_for_test)
+        self.ticker = Ticker(
+            database=self.database,
+            journal=self.journal,
+            writer=self.writer,
+            vitals=self.vitals,
+            intake_health=self.health,
+            storage=self.storage,
+            heartbeat=self.heartbeat,
+            clock=self.clock,
+        )
 
     # -- what the CLI, the HTTP surface and the tests read -------------------------------------------
 
@@ -281,19 +298,21 @@ class Daemon:
             ),
         )
         tasks = self.supervisor
+        nudges: relay_wakeup.NudgeListener | None = None
         async with httpx.AsyncClient(
             transport=self.transport, event_hooks={"response": [self.vitals.observe_server_time]}
         ) as client:
             intake_stop = asyncio.Event()
             reader = tasks.start(self._intake(client).run(intake_stop), "intake")
             writing = tasks.start(self.writer.run(), "writer")
-            tasks.start(self._ticker(), "ticker")
+            tasks.start(self.ticker.run(), "ticker")
             tasks.start(self.vitals.run_systemd(), "systemd")
             senders_stop = asyncio.Event()
             if self.settings.relay.url is not None:
                 self.relay = self._relay(client, self.settings.relay.url)
                 self.writer.wake_relay_with(self.relay)
                 tasks.start(self.relay.run(senders_stop), "relay")
+                nudges = self._listen_for_nudges(self.relay)
             self.owner = self._owner_sender(client)
             self.journal.wake_owner_sender_with(self.owner.wakeup)
             self.vitals.watch_senders(self.relay, self.owner)
@@ -303,8 +322,8 @@ class Daemon:
                 self.vitals.watch_replies(replies)
                 tasks.start(replies.run(senders_stop), "owner_replies")
             tasks.start(self._housekeeping(), "housekeeping")
-            if self.relay is not None and self.settings.relay.escalate_after > 0:
-                tasks.start(self._escalator().run(senders_stop), "escalator")  # section 13
+            if (policy := escalator.policy_for(self.settings.relay)) is not None:
+                tasks.start(self._escalator(policy).run(senders_stop), "escalator")  # section 13
             if self.settings.expect:  # `[[expect]]`: runtime/expectations.py
                 watch = self._expectations()
                 tasks.start(watch.run(self.writer.subscribed, self.queue), "expectations")
@@ -333,6 +352,8 @@ class Daemon:
             await tasks.cancel_the_rest(spare="http")
             if self.relay is not None and self.relay.poster is not None:
                 await self.relay.poster.aclose()
+            if nudges is not None:
+                nudges.close()
         try:
             await self.journal.flush_at_stop()
             await self.database.run(self.vitals.write_health, final=True)
@@ -397,6 +418,15 @@ class Daemon:
             may_act=self.may_act,
         )
 
+    def _listen_for_nudges(self, sender: relay.Relay) -> relay_wakeup.NudgeListener | None:
+        """A redrive from the CLI on this host wakes the relay at once (relay_wakeup.py); without
+        the socket, the relay's long poll finds it."""
+        try:
+            return relay_wakeup.NudgeListener(self.settings.state.dir, sender.wake)
+        except OSError as exc:
+            log.warning("relay.nudge_unavailable", detail=str(exc), poll_s=relay.POLL_S)
+            return None
+
     def _relay_poster(self, url: str) -> http_post.KeepAlivePoster | None:
         """The lean keep-alive client for the relay, unless a test transport or a proxy means
         httpx must carry its POSTs."""
@@ -426,15 +456,13 @@ class Daemon:
         self.buttons = owner_buttons.attach(sender, self.owner_queue, self.settings.http.public_url)
         return sender
 
-    def _escalator(self) -> escalator.Escalator:
+    def _escalator(self, policy: escalator.Policy) -> escalator.Escalator:
         sender = self.owner
         watch = escalator.Escalator(
             self.conn,
             run_db=self.database.run,
             queue=self.owner_queue,
-            policy=escalator.Policy(
-                self.settings.relay.escalate_after, self.settings.relay.escalate_min_severity
-            ),
+            policy=policy,
             debounce=self.settings.cadence.debounce,
             clock=self.clock,
             flush_audit=self.journal.flush,
@@ -461,67 +489,10 @@ class Daemon:
             after_receive=lambda: self.crash.hit("after_owner_receive"),
         )
 
-    async def _ticker(self) -> None:
-        """The loop's pulse: owed notices, the cursor, the last frame's time, liveness, closed
-        debounce windows, an owed audit mark, the stored health snapshot when it changed (or its
-        refresh is due). Asleep until the next of those falls due (rules/ticks.py)."""
-        self._loop = asyncio.get_running_loop()
-        wait = TICK_SECONDS
-        while True:
-            # Asleep on schedule is not wedged: the watchdog and the dead-man's switch read the
-            # promise (Heartbeat.until); a pass that hangs ages from its start.
-            self.heartbeat.beat(until=time.monotonic() + wait)
-            await self._nap(wait)
-            self.heartbeat.beat()
-            if self._wedged:
-                await asyncio.Event().wait()  # test hook: a task stuck forever
-            self.vitals.stamp_error()
-            while self.storage.notices_owed:  # one owner notice per storage episode
-                await self.journal.note(self.storage.notices_owed.pop(0))
-            await self.vitals.notice_clock_jumps()
-            await self.writer.settle_cursor()
-            await self.writer.save_frame_time(self.health.last_server_time)
-            await self.vitals.observe_liveness()
-            await self.writer.release_due()
-            now = time.monotonic()
-            await self.journal.write_owed_mark(now)
-            if self.vitals.health_due(now):
-                await self.database.run(self.vitals.write_health)
-            wait = self._tick_wait()
-
-    def _tick_wait(self) -> float:
-        """Until the ticker's next due work (issue 36: no fixed tick, no heartbeat a second)."""
-        now = time.monotonic()
-        due = self.writer.next_due(self.health.last_server_time, now, self.clock())
-        if self.storage.notices_owed:
-            due.append(now)
-        owed_since = db.owed_since(self.conn)  # an audit mark owed (PostgreSQL)
-        if owed_since is not None:
-            due.append(owed_since + MARK_OWED_AT_MOST)
-        due += self.vitals.next_due()
-        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
-
-    async def _nap(self, wait: float) -> None:
-        """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
-        deadline = time.monotonic() + wait
-        changed = self.writer.due_changed
-        while (left := deadline - time.monotonic()) > 0:
-            changed.clear()
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                return
-            if self._wedged:
-                return  # test hook: the pass that hangs
-            deadline = min(deadline, time.monotonic() + self._tick_wait())
-
     def wedge_for_test(self, wedged: bool = True) -> None:
         """Test hook: make the ticker hang forever, as a stuck task would (False: no longer,
-        so the test can shut down; the stuck ticker is cancelled). From the test's thread: the
-        ticker, asleep until its next due work, is woken into the pass that hangs."""
-        self._wedged = wedged
-        if wedged and self._loop is not None:
-            self._loop.call_soon_threadsafe(self.writer.due_changed.set)
+        so the test can shut down; the stuck ticker is cancelled)."""
+        self.ticker.wedge(wedged)
 
     # -- housekeeping and the loopback HTTP surface: feed, notify, health, metrics -------------------
 

@@ -1,0 +1,111 @@
+"""The daemon's ticker: the loop's pulse, asleep until its next due work (issue 36).
+
+A pass: owed storage notices, clock-jump notices, the cursor settle, the last frame's server
+time, liveness, closed debounce windows, an owed audit mark (PostgreSQL), the stored health
+snapshot when it changed (or its refresh is due). Each has a due time (rules/ticks.py); the
+ticker sleeps until the earliest, woken sooner by a committed batch (`Writer.due_changed`).
+
+Its heartbeat is a promise, not a beat a second: going to sleep it says when it will be back
+(`Heartbeat.until`), so the systemd watchdog and the dead-man's switch tell an idle ticker from a
+pass stuck in an await, which ages from its start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from ntfy_intake.flow import intake
+from ntfy_intake.flow.database import Database, StorageWaits
+from ntfy_intake.flow.journal import MARK_OWED_AT_MOST, Journal
+from ntfy_intake.flow.pipeline import Heartbeat
+from ntfy_intake.flow.writer import Writer
+from ntfy_intake.rules import ticks
+from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
+from ntfy_intake.store import db
+
+
+class Ticker:
+    """The pulse; `run` is its task, `wedge` the tests' stuck pass."""
+
+    def __init__(
+        self,
+        *,
+        database: Database,
+        journal: Journal,
+        writer: Writer,
+        vitals: Vitals,
+        intake_health: intake.IntakeHealth,
+        storage: StorageWaits,
+        heartbeat: Heartbeat,
+        clock: Callable[[], float],
+    ) -> None:
+        self.database = database
+        self.journal = journal
+        self.writer = writer
+        self.vitals = vitals
+        self.health = intake_health
+        self.storage = storage
+        self.heartbeat = heartbeat
+        self.clock = clock
+        self._wedged = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        wait = TICK_SECONDS
+        while True:
+            # Asleep on schedule is not wedged: the watchdog and the dead-man's switch read the
+            # promise (Heartbeat.until); a pass that hangs ages from its start.
+            self.heartbeat.beat(until=time.monotonic() + wait)
+            await self._nap(wait)
+            self.heartbeat.beat()
+            if self._wedged:
+                await asyncio.Event().wait()  # test hook: a task stuck forever
+            self.vitals.stamp_error()
+            while self.storage.notices_owed:  # one owner notice per storage episode
+                await self.journal.note(self.storage.notices_owed.pop(0))
+            await self.vitals.notice_clock_jumps()
+            await self.writer.settle_cursor()
+            await self.writer.save_frame_time(self.health.last_server_time)
+            await self.vitals.observe_liveness()
+            await self.writer.release_due()
+            now = time.monotonic()
+            await self.journal.write_owed_mark(now)
+            if self.vitals.health_due(now):
+                await self.database.run(self.vitals.write_health)
+            wait = self._wait()
+
+    def _wait(self) -> float:
+        """Until the next due work (issue 36: no fixed tick, no heartbeat a second)."""
+        now = time.monotonic()
+        due = self.writer.next_due(self.health.last_server_time, now, self.clock())
+        if self.storage.notices_owed:
+            due.append(now)
+        owed_since = db.owed_since(self.database.conn)  # an audit mark owed (PostgreSQL)
+        if owed_since is not None:
+            due.append(owed_since + MARK_OWED_AT_MOST)
+        due += self.vitals.next_due()
+        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+
+    async def _nap(self, wait: float) -> None:
+        """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
+        deadline = time.monotonic() + wait
+        changed = self.writer.due_changed
+        while (left := deadline - time.monotonic()) > 0:
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                return
+            if self._wedged:
+                return  # test hook: the pass that hangs
+            deadline = min(deadline, time.monotonic() + self._wait())
+
+    def wedge(self, wedged: bool) -> None:
+        """Test hook (Daemon.wedge_for_test), from the test's thread: the ticker, asleep until
+        its next due work, is woken into the pass that hangs."""
+        self._wedged = wedged
+        if wedged and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.writer.due_changed.set)
