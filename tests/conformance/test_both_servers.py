@@ -87,27 +87,17 @@ def test_item02_03_open_and_keepalive_carry_exactly_four_fields(
 
 def test_message_event_field_names_and_types(server: Server) -> None:
     sent = server.publish("t", "body", Title="T", Priority="4", Tags="a,b")
-    assert list(sent) == [
-        "id",
-        "time",
-        "expires",
-        "event",
-        "topic",
-        "title",
-        "message",
-        "priority",
-        "tags",
-    ]
-    assert [type(sent[key]).__name__ for key in sent] == [
-        "str",
-        "int",
-        "int",
-        "str",
-        "str",
-        "str",
-        "str",
-        "int",
-        "list",
+    fields = [(key, type(value).__name__) for key, value in sent.items()]
+    assert fields == [
+        ("id", "str"),
+        ("time", "int"),
+        ("expires", "int"),
+        ("event", "str"),
+        ("topic", "str"),
+        ("title", "str"),
+        ("message", "str"),
+        ("priority", "int"),
+        ("tags", "list"),
     ]
     (polled,) = server.poll("/t/json")
     assert polled == sent
