@@ -1,12 +1,12 @@
-"""The stream's read side alone: event-loop CPU per frame, the lean reader against httpx and h11.
+"""The stream's read side alone: event-loop CPU per frame, the lean reader against httpx.
 
 N events are read with `GET /<topics>/json?poll=1&since=all` in a child process (so the server's
 threads do not share its GIL, as ntfy does not share the daemon's) and split into lines with the
 daemon's own `NdjsonDecoder`, once through httpx (`http_stream.httpx_opener`, what the daemon used
-before), once through `http_stream.RawStreamOpener` (what it uses now: h11 reads the head, the
-body is de-chunked in whole socket reads) and once with the same connection's body read by h11
-event by event (`Connection.read_body`, what the reader would do without its fast path: the
-reason the fast path stays), alternating, best of 3 each. Two servers: a backlog already waiting (the emulator's frames, one HTTP chunk each, as ntfy
+before) and once through `http_stream.RawStreamOpener` (what it uses now: h11 reads the head and
+the body, what it holds after each socket read handed over as one part), alternating, best of 3
+each: why the lean reader stays (docs/performance.md, "Fast paths: kept or returned to the
+library"). Two servers: a backlog already waiting (the emulator's frames, one HTTP chunk each, as ntfy
 frames them, sent at once: what a replay reads, ntfy serving 10,000 in ~0.1 s), and the emulator
 writing one flushed chunk per frame and the next only once the kernel took it (reads then hold a
 few frames each, so the per-read cost of the event loop weighs more).
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import socketserver
@@ -28,52 +27,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
 
 import httpx
 
 from _common import Row, ratio, render
 from bench_replay import publish_backlog
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
-from ntfy_intake.wire import http_connection
 from ntfy_intake.wire.frames import NdjsonDecoder
-from ntfy_intake.wire.http_stream import RawStreamOpener, StreamOpener, StreamResponse, httpx_opener
+from ntfy_intake.wire.http_stream import RawStreamOpener, StreamOpener, httpx_opener
 
 TOPICS = "alerts,backups"
 ROUNDS = 3
-
-
-class H11Body:
-    """A response whose body h11 hands over one event (one chunk) at a time."""
-
-    def __init__(self, conn: http_connection.Connection, head: object, read_timeout: float) -> None:
-        self.conn = conn
-        self.status_code = 200
-        self.headers = httpx.Headers()
-        self.read_timeout = read_timeout
-
-    async def aiter_raw(self) -> AsyncGenerator[bytes, None]:
-        while (part := await self.conn.read_body(self.read_timeout)) is not None:
-            yield part
-
-    async def aread(self) -> bytes:
-        return b"".join([part async for part in self.aiter_raw()])
-
-
-@contextlib.asynccontextmanager
-async def h11_body_opener(
-    url: str, params: dict[str, str], headers: dict[str, str], timeouts: httpx.Timeout
-) -> AsyncIterator[StreamResponse]:
-    target = httpx.URL(url, params=params)
-    state = http_connection.client_state()
-    request = http_connection.request_bytes(state, "GET", target, headers)
-    conn = await http_connection.Connector().connect(target, timeouts.connect, state)
-    try:
-        await conn.send(request, timeouts.write)
-        head = await conn.read_head(timeouts.read)
-        yield H11Body(conn, head, timeouts.read or 10.0)
-    finally:
-        conn.abort()
 
 
 async def read_once(opener: StreamOpener, url: str) -> tuple[int, float]:
@@ -89,12 +53,11 @@ async def read_once(opener: StreamOpener, url: str) -> tuple[int, float]:
 
 
 async def measure(url: str, n: int) -> dict[str, float]:
-    best = {"httpx": float("inf"), "raw": float("inf"), "h11": float("inf")}
+    best = {"httpx": float("inf"), "raw": float("inf")}
     async with httpx.AsyncClient() as client:
         openers: dict[str, StreamOpener] = {
             "httpx": httpx_opener(client),
             "raw": RawStreamOpener(),
-            "h11": h11_body_opener,
         }
         for _ in range(ROUNDS):
             for name, opener in openers.items():
@@ -157,21 +120,12 @@ def rows(n: int) -> list[Row]:
     out = []
     for what, best in (("backlog waiting", waiting), ("1 flushed chunk/frame, paced", paced)):
         raw_us, httpx_us = best["raw"] / n * 1e6, best["httpx"] / n * 1e6
-        h11_us = best["h11"] / n * 1e6
         out.append(
             Row(
                 f"read side: {n:,} frames, {what}, lean reader (CPU/frame)",
                 f"{raw_us:.1f} us",
                 f"httpx aiter_raw, same run: {httpx_us:.1f} us",
                 ratio(raw_us, httpx_us),
-            )
-        )
-        out.append(
-            Row(
-                f"read side: {n:,} frames, {what}, lean reader against h11's own body reader",
-                f"{raw_us:.1f} us",
-                f"h11 event by event, same connection code: {h11_us:.1f} us",
-                ratio(raw_us, h11_us),
             )
         )
     return out

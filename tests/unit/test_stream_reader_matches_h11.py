@@ -1,9 +1,9 @@
-"""The stream reader's fast de-chunking path against h11 itself: any response, split at any byte.
+"""The stream reader against h11 read event by event: any response, split at any byte.
 
-The stream reader parses the response head with h11 and de-chunks the body in whole socket reads
-(`ChunkedBody`, kept for speed: bench/bench_read.py measures it beside h11 in the same run).
-Here both read the same bytes, cut into the same pieces, and must agree: the same status, the
-same header fields, the same body, or both a protocol error.
+The stream reader hands over what h11 holds after each socket read as one part and lets h11
+judge the end of the body (EOF included). Here both read the same bytes, cut into the same
+pieces, and must agree: the same status, the same header fields, the same body, or both a
+protocol error.
 """
 
 from __future__ import annotations

@@ -99,12 +99,10 @@ class Row(Sequence[Any]):
 
 
 def _rows(cursor: Any) -> Any:
-    # The column names from the result itself: `cursor.description` builds a Column object per
-    # field (type lookups included), ten times the cost, for every statement's result.
-    result = cursor.pgresult
-    if result is None or not result.nfields:
+    description = cursor.description
+    if not description:
         return tuple
-    index = {result.fname(i).decode(): i for i in range(result.nfields)}
+    index = {column.name: i for i, column in enumerate(description)}
     return functools.partial(Row, index=index)
 
 

@@ -16,10 +16,6 @@ import json
 import math
 import re
 from collections.abc import Callable
-from json.encoder import (  # type: ignore[attr-defined]
-    c_make_encoder,
-    encode_basestring_ascii,
-)
 from typing import Any
 
 MAX_DEPTH = 64
@@ -99,28 +95,7 @@ def _clean(value: object, *, strict: bool, max_depth: int) -> object:
 
 
 def compact_encoder(*, sort_keys: bool) -> Callable[[Any], str]:
-    """`json.dumps(value, separators=(",", ":"), ensure_ascii=True, sort_keys=sort_keys)` as one
-    call of CPython's C encoder built once: the same text, without the ~1 us `json.dumps` spends
-    building an encoder per call. No circular-reference check: values here are decoded JSON or
-    records built in code, never circular."""
-    reference = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, sort_keys=sort_keys)
-    if c_make_encoder is None:  # an interpreter without the C accelerator
-        return reference.encode
-    encoder = c_make_encoder(
-        None,  # markers: no circular check
-        reference.default,
-        encode_basestring_ascii,
-        None,  # indent
-        ":",
-        ",",
-        sort_keys,
-        False,  # skipkeys
-        True,  # allow_nan, as json.dumps
-    )
-
-    def encode(value: Any) -> str:
-        if isinstance(value, str):  # the C encoder takes containers and scalars, not a bare str
-            return reference.encode(value)
-        return "".join(encoder(value, 0))
-
-    return encode
+    """`json.dumps(value, separators=(",", ":"), ensure_ascii=True, sort_keys=sort_keys)`, its
+    encoder built once."""
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, sort_keys=sort_keys)
+    return encoder.encode
