@@ -128,6 +128,7 @@ def test_signal_201_sends_once_to_every_recipient_and_audits_without_text_or_num
         "status": 201,
         "detail": "HTTP 201",
         "recipients": 2,
+        "signal_ts": sent.timestamp,  # what a reply quotes; a rebuild restores it
     }
     log_text = (
         (tmp_path / "audit")

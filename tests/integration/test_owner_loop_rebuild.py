@@ -171,3 +171,26 @@ def test_escalations_count_once_against_the_daily_cap_across_a_rebuild(
         True
     ] * 3
     assert sum("Disk full" in m.message for m in sig.messages()) == 1
+
+
+def test_reply_quoting_a_message_sent_before_a_rebuild_still_finds_its_incident(
+    emu: NtfyEmulator, tmp_path: Path, triage: ReceiverHandle, sig: SignalHandle
+) -> None:
+    """Failure mode: after the rebuild the daemon no longer knows the Signal timestamps of what
+    it sent, so the owner's ack of the message on his screen gets "That quote is not one of my
+    messages" and the incident goes on messaging him."""
+    state = tmp_path / "state"
+    settings_ = config(emu, state, triage, sig)
+    with DaemonThread(settings_):
+        emu.wait_for_subscribers(1, timeout=30)
+        alert(emu, state, "Disk full", 1)
+        wait_until(lambda: any("Disk full" in m.message for m in sig.messages()), timeout=30)
+    wipe_store(state)
+    with DaemonThread(settings_):
+        emu.wait_for_subscribers(1, timeout=30)
+        wait_until(
+            lambda: len(triage_rows(state, "Disk full")) == 1, timeout=30, what="the rebuild"
+        )
+        reply(sig, "Disk full", "ack", "Acknowledged")
+        alert(emu, state, "Disk full", 2)
+    assert triage_rows(state, "Disk full")[1] == ("suppressed", "acknowledged")

@@ -393,6 +393,8 @@ class OwnerSender:
                         detail=leg.detail,
                         recipients=leg.recipients,
                         failed=leg.failed,
+                        # What the owner's reply quotes: a rebuild restores it (rebuild.py).
+                        signal_ts=settlement.signal_ts if leg.channel == "signal" else None,
                     )
                 # The counters follow what is durable: a COMMIT that fails and is run again
                 # counts the attempt once.

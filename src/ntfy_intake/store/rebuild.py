@@ -19,6 +19,8 @@ The audit log is the system of record. From it, before subscribing, come back:
   at the incident's version as the lines before it fold it (the same count as the rebuilt
   incident's, so an ack that ended before the loss is ended after it too). Silences need
   nothing here: they are audit records only, folded into the cadence state at every start.
+- the Signal timestamps of sent owner messages (`signal_ts` on their `owner_message` lines), so
+  a reply quoting a message sent before the loss still finds it.
 One `rebuilt_from_audit` record is staged; the caller adds the one owner notice.
 
 Known limit: a request still collecting when the database was lost is rebuilt from its event
@@ -111,6 +113,7 @@ class _Fold:
     requests: dict[str, _Request] = field(default_factory=dict)
     owner: dict[str, _OwnerMessage] = field(default_factory=dict)
     acks: dict[str, tuple[int, float]] = field(default_factory=dict)  # incident: (version, at)
+    signal_sent: dict[int, tuple[str, float]] = field(default_factory=dict)  # ts: (key, at)
     cursor_record: Record | None = None
     last_event: Record | None = None
 
@@ -173,6 +176,9 @@ class _Fold:
         key, result = record.get("key"), record.get("result")
         if not isinstance(key, str):
             return
+        signal_ts = record.get("signal_ts")
+        if isinstance(signal_ts, int) and not isinstance(signal_ts, bool):
+            self.signal_sent.setdefault(signal_ts, (key, ts))
         message = self.owner.get(key)
         if message is None:
             text = record.get("text")
@@ -217,6 +223,7 @@ def from_audit(
         )
         _owner(conn, fold.owner, now)
         _acks(conn, fold.acks)
+        _signal_sent(conn, fold.signal_sent)
         _seq(conn, fold.top_seq)
     save_cursor(conn, cursor, now)
     summary = Summary(
@@ -336,6 +343,15 @@ def _acks(conn: Connection, acks: Mapping[str, tuple[int, float]]) -> None:
         "INSERT INTO owner_acks(incident_key, version, acked_at) VALUES (?, ?, ?)"
         " ON CONFLICT (incident_key) DO NOTHING",
         [(incident, version, at) for incident, (version, at) in acks.items()],
+    )
+
+
+def _signal_sent(conn: Connection, sent: Mapping[int, tuple[str, float]]) -> None:
+    """The Signal timestamps of sent owner messages: what the owner's replies quote."""
+    conn.executemany(
+        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at) VALUES (?, ?, ?)"
+        " ON CONFLICT (signal_ts) DO NOTHING",
+        [(signal_ts, key, at) for signal_ts, (key, at) in sent.items()],
     )
 
 
