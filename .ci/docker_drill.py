@@ -295,9 +295,21 @@ def published_port(docker: Docker, container: str, port: int) -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port above the kernel's ephemeral range: .ci/run runs this check beside the test
+    suite, whose servers bind port 0 and could take a port-0 pick before compose publishes it."""
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        high = 60999
+    first, last = (high + 1, 65535) if high < 64000 else (10000, 20000)
+    while True:
+        port = random.randint(first, last)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def wait_http(port: int, timeout: float) -> None:

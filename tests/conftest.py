@@ -10,6 +10,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,38 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("NTFY_INTAKE_", "NOTIFY_SOCKET", "WATCHDOG_")):
             monkeypatch.delenv(name, raising=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One throwaway PostgreSQL cluster for the whole run, however many xdist workers
+    (tests/engines.py): the controller makes its directory, the workers are told where it is."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        engines.join_run(workerinput.get("ntfy_intake_pg_run", ""))
+    else:
+        engines.open_run()
+        config.add_cleanup(engines.close_run)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): workers when the run spans a directory (the suite, a
+    lane, `tests/integration`): two per core, up to 4, as most tests wait on sockets, daemons
+    and PostgreSQL rather than on a core. None when it names only files or single tests: a
+    worker costs seconds to start, more than a file's tests usually take. `-n N` or
+    PYTEST_XDIST_AUTO_NUM_WORKERS choose otherwise; `-n0` runs in this process."""
+    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if chosen:
+        return int(chosen)
+    named = [Path(arg.split("::", 1)[0]) for arg in config.args]
+    if named and not any(path.is_dir() for path in named):
+        return 0
+    return min(4, 2 * len(os.sched_getaffinity(0)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # pytest-xdist's, on the controller
+    node.workerinput["ntfy_intake_pg_run"] = engines.run_dir()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -38,12 +39,68 @@ def server_dsn() -> str | None:
     covers both engines on a machine that has it), stopped when the run ends."""
     global _SERVER, _NOT_STARTED
     if _SERVER is None and _NOT_STARTED is None:
-        _SERVER, _NOT_STARTED = _start_own_cluster()
+        _SERVER, _NOT_STARTED = _shared_cluster()
     return _SERVER
 
 
-def _start_own_cluster() -> tuple[str | None, str]:
+# The run's own cluster is one for all pytest-xdist workers: the first worker that needs it
+# starts it under a file lock in the run's directory (made by the controller, or by the only
+# process without xdist) and writes its DSN there; the others read it. The controller stops
+# it once, after every worker is done (`close_run`). Every test makes its own schema, so one
+# server serves them all, and a cluster per worker would cost an initdb and ~40 MB apiece.
+_RUN: dict[str, Path] = {}
+
+
+def open_run() -> str:
+    """The run's shared directory, made by the process that ends last (the xdist controller,
+    or pytest without xdist); "" when a DSN was exported and no cluster of ours is needed."""
+    if _SERVER is not None:
+        return ""
     directory = Path(tempfile.mkdtemp(prefix="ntfy-intake-test-pg."))
+    directory.chmod(0o711)  # the cluster inside belongs to the postgres user when run as root
+    _RUN["dir"], _RUN["owner"] = directory, directory
+    return str(directory)
+
+
+def run_dir() -> str:
+    return str(_RUN.get("dir", ""))
+
+
+def join_run(directory: str) -> None:
+    """A worker: the controller's directory (`open_run`), or none with a DSN exported."""
+    if directory:
+        _RUN["dir"] = Path(directory)
+
+
+def close_run() -> None:
+    """The controller, at the end: stop the shared cluster if a worker started one."""
+    directory = _RUN.pop("owner", None)
+    if directory is None:
+        return
+    if (directory / "cluster").exists():
+        _stop_own_cluster(directory / "cluster")
+    if not (directory / "failed").exists():  # else kept: its logs say why it did not start
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _shared_cluster() -> tuple[str | None, str]:
+    directory = _RUN.get("dir")
+    if directory is None:  # imported outside a pytest run that opened one
+        directory = Path(open_run())
+        atexit.register(close_run)
+    with (directory / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dsn, failed = directory / "dsn", directory / "failed"
+        if dsn.exists():
+            return dsn.read_text().strip(), "started"
+        if failed.exists():
+            return None, failed.read_text().strip()
+        server, why = _start_own_cluster(directory / "cluster")
+        (dsn if server else failed).write_text(server or why)
+        return server, why
+
+
+def _start_own_cluster(directory: Path) -> tuple[str | None, str]:
     try:
         done = subprocess.run(
             ["bash", str(_PG_CLUSTER), "start", str(directory)],
@@ -53,7 +110,6 @@ def _start_own_cluster() -> tuple[str | None, str]:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(directory, ignore_errors=True)
         return None, f"scripts/pg-cluster could not run ({exc})"
     if done.returncode != 0:
         _stop_own_cluster(directory)
@@ -61,7 +117,6 @@ def _start_own_cluster() -> tuple[str | None, str]:
             return None, "PostgreSQL is not installed (apt-get install postgresql)"
         detail = " ".join(done.stderr.split())[-200:] or f"exit {done.returncode}"
         return None, f"scripts/pg-cluster start failed: {detail}; see {directory}"
-    atexit.register(_stop_own_cluster, directory)
     return done.stdout.strip(), "started"
 
 
@@ -73,7 +128,6 @@ def _stop_own_cluster(directory: Path) -> None:
             timeout=120,
             check=False,
         )
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def unavailable() -> str:
