@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,7 +72,9 @@ class World:
         self.conn = conn
         self.tmp_path = tmp_path
         self.emu = emu
-        self.topic = f"{FALLBACK}-{id(self)}"  # the module's emulator is shared: a topic each
+        # The module's emulator is shared: a topic each (not id(self): CPython reuses a freed
+        # World's id, and the next test read the earlier one's messages).
+        self.topic = f"{FALLBACK}-{secrets.token_hex(6)}"
         self.clock = Clock()
         self.lock = threading.Lock()
         self.queue = OwnerQueue(cadence.Policy(), cadence.CadenceState.empty(cadence.Policy()))

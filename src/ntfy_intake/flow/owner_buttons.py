@@ -10,7 +10,9 @@ Two halves, both run in the database thread:
   verified, and then, in ONE write transaction, its use recorded (a second press finds it and
   acts no more), the effect (the very `act` a Signal reply runs: flow/owner_replies.py) and its
   `owner_reply` audit line with `"via": "button"`. A token refused (forged, malformed, made for
-  the other button, expired) or already used writes one audit line and nothing else.
+  the other button, expired) or already used writes one audit line and nothing else; so does
+  an Ack on a message whose firing is over (the incident fired again or rose since: `firing_over`,
+  the token spent), which would otherwise acknowledge a firing the owner has not seen.
 
 The signing key is the store's (store/action_tokens.py), made on first use and then kept in
 memory; it is never logged, audited or shown.
@@ -28,6 +30,7 @@ import structlog
 from ntfy_intake.flow import owner_replies
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.rules import action_tokens as tokens
+from ntfy_intake.rules import owner_replies as reply_rules
 from ntfy_intake.rules.owner_replies import Command
 from ntfy_intake.store import action_tokens as store
 from ntfy_intake.store import audit, db
@@ -49,6 +52,28 @@ _SAY = {
     "wrong_action": "that token belongs to the other button",
     "expired": "that button has expired (24 h after its message); reply over Signal or use the console",
 }
+
+
+# An Ack pressed on a message whose firing ended (the incident fired again, or its severity
+# rose): the owner acknowledges what he saw, never a firing he has not seen.
+_FIRING_OVER = "firing_over"
+_SAY_FIRING_OVER = (
+    "that alert fired again (or got worse) since this message; nothing was acknowledged:"
+    " use the newer message's button, a Signal reply or the console"
+)
+
+
+def _firing_over(conn: db.Connection, key: str) -> bool:
+    """Whether the firing the owner message `key` was about has ended: its Ack would hold a
+    later one (the same test as an ack's end: rules/owner_replies.ack_current). A message whose
+    version is not known acts as before."""
+    released = store.message_version(conn, key)
+    incident = replies_store.incident_of(conn, key)
+    state = None if incident is None else replies_store.incident_state(conn, incident)
+    if released is None or state is None:
+        return False
+    _severity, status, version = state
+    return not reply_rules.ack_current(released, status, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +197,26 @@ class OwnerButtons:
                     address=address[:100],
                 )
                 message = "that button was pressed before; nothing more was done"
-                return Pressed(409, {"error": "already_done", "result": before, "message": message})
+                # Counted like a refused token: a spent token (anyone who read the topic holds
+                # one) pressed without end would otherwise be an unthrottled write and audit line.
+                return Pressed(
+                    409,
+                    {"error": "already_done", "result": before, "message": message},
+                    failed_login=True,
+                )
+            if command.verb == "ack" and _firing_over(conn, verdict.key):
+                store.settle(conn, used, _FIRING_OVER)
+                audit.stage(
+                    conn,
+                    "owner_reply",
+                    now,
+                    command=command.verb,
+                    result=_FIRING_OVER,
+                    via="button",
+                    key=verdict.key,
+                    address=address[:100],
+                )
+                return Pressed(409, {"error": _FIRING_OVER, "message": _SAY_FIRING_OVER})
             fields: dict[str, Any] = {
                 "key": verdict.key,
                 "matched": "token",

@@ -7,8 +7,9 @@ button's token as the body (DESIGN.md section 13; flow/owner_buttons.py does the
   ntfy web app's buttons).
 - Every refused token (forged, malformed, for the other button, expired) counts as a failed
   login in the surface's one `LoginGuard` (`app.state.login_guard`): 5 a minute from an address
-  hold it (429 with Retry-After, unchecked), so tokens cannot be guessed. A used token (409) is
-  not a guess and is not counted.
+  hold it (429 with Retry-After, unchecked), so tokens cannot be guessed. A used token (409)
+  counts too: anyone who reads the fallback topic holds spent tokens, and each press of one
+  would otherwise be an unthrottled write and audit line.
 - The Host check is the app's (http_api: 421 for a name the daemon is not).
 - Without `http.public_url` there are no buttons and no route (404). On a standby the route
   answers 503 naming the leader: a standby writes nothing, and ntfy's app does not follow a
