@@ -81,10 +81,10 @@ def event_lines(state: Path) -> Counter[str]:
 def test_storage_fault_after_the_commit_records_no_event_twice(
     daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The flush fails after the batch committed (a full disk; SQLite: the mark's transaction,
-    PostgreSQL: the read of the rows the files lack, the mark riding the next transaction): the
+    """The flush fails after the batch committed (a full disk; SQLite: the read of the mark,
+    PostgreSQL: the read of the rows the files lack; the mark rides the next transaction): the
     re-run of the trip must not record the batch again (as duplicates, or a second line)."""
-    step = "mirror" if db.is_postgres(daemon.conn) else "_mark_flushed"
+    step = "mirror" if db.is_postgres(daemon.conn) else "flushed_seq"
     monkeypatch.setattr(
         audit, step, failing_first(2, getattr(audit, step), "database or disk is full")
     )
@@ -97,7 +97,7 @@ def test_storage_fault_after_the_commit_records_no_event_twice(
     assert (counters.recorded, counters.duplicates, counters.batches) == (2, 0, 1)
     assert len(daemon.resume) == 2  # both made durable for the cursor, once each
     assert daemon.storage_wait is None and daemon.storage_episodes == 1
-    asyncio.run(daemon.journal.flush_at_stop())  # PostgreSQL: writes the mark left owed
+    asyncio.run(daemon.journal.flush_at_stop())  # writes the mark left owed
     assert audit.flushed_seq(daemon.conn) == daemon.journal.last_written_seq  # the mark caught up
 
 
@@ -269,15 +269,12 @@ def test_cancelled_caller_keeps_the_connection_until_its_thread_is_done(daemon: 
 def test_a_mark_no_write_came_to_carry_is_written_by_the_ticker_not_left_behind(
     daemon: Daemon, tmp_path: Path
 ) -> None:
-    """PostgreSQL: the daemon's flush leaves its mark to ride the next write; when none comes
-    (the daemon idle) the ticker writes it once it is `MARK_OWED_AT_MOST` old, not sooner, so
-    back-to-back events never pay for it. SQLite owes none."""
+    """The daemon's flush leaves its mark to ride the next write (on SQLite it had a transaction
+    of its own after every batch); when none comes (the daemon idle) the ticker writes it once it
+    is `MARK_OWED_AT_MOST` old, not sooner, so back-to-back events never pay for it."""
     asyncio.run(daemon.writer.record(received("idle00000001")))
     top = daemon.journal.last_written_seq
     since = db.owed_since(daemon.conn)
-    if not db.is_postgres(daemon.conn):
-        assert since is None and audit.flushed_seq(daemon.conn) == top
-        return
     assert since is not None and audit.flushed_seq(daemon.conn) < top
     asyncio.run(daemon.journal.write_owed_mark(since + journal.MARK_OWED_AT_MOST - 0.01))
     assert audit.flushed_seq(daemon.conn) < top  # too young: a write may still carry it

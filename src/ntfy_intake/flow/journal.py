@@ -37,7 +37,7 @@ log = structlog.get_logger("ntfy_intake.pipeline")
 # fsynced appends).
 MIRROR_LIMIT = 5000
 
-# How long the audit mark may wait for a write transaction to ride (PostgreSQL): its readers
+# How long the audit mark may wait for a write transaction to ride: its readers
 # (status's "audit unflushed", retention) see it at most this much behind the files when idle.
 MARK_OWED_AT_MOST = 1.0
 
@@ -123,11 +123,10 @@ class Journal:
             return False
         conn = self._database.conn
         try:
-            # The flush's own commit (the mark of what the files hold) skips its fsync: losing
-            # it costs nothing (lines are found by seq in the files, never written twice), and
-            # the next commit makes it durable. One fsync fewer before the relay can claim. On
-            # PostgreSQL the mark rides the next write transaction instead (the relay's claim,
-            # within a millisecond when live): no transaction of its own (`write_owed_mark`).
+            # The mark of what the files hold rides the next write transaction (the next
+            # batch's when live): losing it costs nothing (lines are found by seq in the files,
+            # never written twice). No transaction of its own per event (`write_owed_mark`
+            # writes it, without an fsync, when no write came to carry it).
             with db.commits_without_fsync(conn):
                 audit.flush(conn, self._audit, mark_rides=True)
             if self._note_replaced_audit_files():
@@ -183,7 +182,7 @@ class Journal:
         return appended
 
     async def write_owed_mark(self, now: float) -> None:
-        """The ticker's: a mark owed (PostgreSQL, `flush_sync`) since `MARK_OWED_AT_MOST` before
+        """The ticker's: a mark owed (`flush_sync`) since `MARK_OWED_AT_MOST` before
         `now` (monotonic), because no write came to carry it, in a transaction of its own."""
         since = db.owed_since(self._database.conn)
         if since is not None and now - since >= MARK_OWED_AT_MOST:

@@ -42,6 +42,7 @@ from ntfy_intake.store.cursor import (
     ResumePoint,
     load_resume,
     owe_backfill,
+    owe_last_frame_time,
     save_last_frame_time,
 )
 from ntfy_intake.store.cursor import backfill_done as clear_backfill
@@ -357,11 +358,13 @@ class Writer:
 
     async def save_frame_time(self, seen: int | None) -> None:
         """Persist the server time of the last frame (at most once a second): where the window
-        of a possible gap starts after a disconnect, a crash included. Lagging only widens it."""
+        of a possible gap starts after a disconnect, a crash included. Lagging only widens it,
+        so it rides the next write transaction (no trip to the worker thread of its own)."""
         now = time.monotonic()
         if seen is None or seen == self._saved_frame_time or now - self._frame_time_saved_at < 1:
             return
-        await self._database.run(save_last_frame_time, self._database.conn, seen)
+        if not owe_last_frame_time(self._database.conn, seen):
+            await self._database.run(save_last_frame_time, self._database.conn, seen)
         self._saved_frame_time, self._frame_time_saved_at = seen, now
 
     def next_due(self, seen: int | None, now: float, wall: float) -> list[float | None]:

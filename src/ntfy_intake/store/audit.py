@@ -4,7 +4,7 @@ How a record becomes durable without a second store that can disagree:
 1. `stage()` inserts the record into `audit_journal` inside the same transaction that records
    the outcome, so an outcome and its audit record commit or vanish together;
 2. `flush()` appends every journal row the files lack to today's file, flushes, fsyncs, then
-   moves the mark in a short transaction;
+   moves the mark in a short transaction (the daemon's: in its next write transaction);
 3. after a crash, `recover()` drops a torn last line in every file, finds which journal rows
    already reached a file (a crash between fsync and moving the mark) by `seq` across all files,
    never by file names or the clock, and appends only the others.
@@ -47,7 +47,7 @@ from ntfy_intake.store.audit_files import (
     repair_tails,
     seqs_above,
 )
-from ntfy_intake.store.transaction import Connection, ride
+from ntfy_intake.store.transaction import Connection, SqliteConnection, ride
 from ntfy_intake.wire import jsonsafe
 
 # The files as read back live in audit_files; their names are the audit log's API here too.
@@ -279,12 +279,13 @@ def _mark_flushed(conn: Connection, seq: int) -> None:
             # Forward only, and the journal kept: the other nodes still mirror those rows.
             mark_forward(conn, FLUSHED_KEY, seq)
             return
-        conn.execute(
-            "INSERT INTO kv(name, value) VALUES (?, ?)"
-            " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-            (FLUSHED_KEY, str(seq)),
-        )
-        conn.execute("DELETE FROM audit_journal WHERE seq <= ?", (seq,))
+        conn.execute(_MARK_SQLITE, (FLUSHED_KEY, str(seq)))
+        conn.execute(_TRIM_SQLITE, (seq,))
+
+
+_MARK_SQLITE = "INSERT INTO kv(name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value"
+_TRIM = "audit_journal_trim"  # the rider's name
+_TRIM_SQLITE = "DELETE FROM audit_journal WHERE seq <= ?"
 
 
 def mark_forward(conn: Connection, name: str, seq: int) -> None:
@@ -305,9 +306,9 @@ def flush(conn: Connection, log: AuditLog, *, mark_rides: bool = False) -> int:
     Rows at or below `log.last_seq` are in the files already (a mark that failed to move after
     their fsync): they are not written again, only marked. On PostgreSQL that is all that
     decides, whatever mark another node wrote, and the journal is kept (module doc).
-    `mark_rides` (PostgreSQL, the daemon): the mark rides the connection's next write
-    transaction (transaction.ride) instead of committing in one of its own; whoever passes it
-    also writes it when nothing else writes (`write_owed_mark`)."""
+    `mark_rides` (the daemon): the mark (on SQLite with the journal's trim) rides the
+    connection's next write transaction (transaction.ride) instead of committing in one of its
+    own; whoever passes it also writes it when nothing else writes (`write_owed_mark`)."""
     if dialect.is_postgres(conn):
         written = mirror(conn, log)
         if log.last_seq > log.marked:
@@ -325,18 +326,29 @@ def flush(conn: Connection, log: AuditLog, *, mark_rides: bool = False) -> int:
     if rows:
         log.append([file_line(seq, line) for seq, line in rows], last_seq=rows[-1][0])
     top = log.last_seq
-    if (
-        top > mark
-        and conn.execute("SELECT 1 FROM audit_journal WHERE seq > ? LIMIT 1", (mark,)).fetchone()
-    ):
+    if mark_rides and isinstance(conn, SqliteConnection):
+        if rows or (top > mark and FLUSHED_KEY not in conn.riders and _journal_above(conn, mark)):
+            # A mark behind the files costs nothing (recovery finds lines by seq): the next
+            # write transaction, the next batch's when live, carries it and the trim.
+            ride(conn, FLUSHED_KEY, _MARK_SQLITE, (FLUSHED_KEY, str(top)))
+            ride(conn, _TRIM, _TRIM_SQLITE, (top,))
+        return len(rows)
+    if top > mark and _journal_above(conn, mark):
         _mark_flushed(conn, top)
     return len(rows)
 
 
+def _journal_above(conn: Connection, mark: int) -> bool:
+    return bool(
+        conn.execute("SELECT 1 FROM audit_journal WHERE seq > ? LIMIT 1", (mark,)).fetchone()
+    )
+
+
 def write_owed_mark(conn: Connection) -> bool:
     """The mark a flush left owed (`flush(mark_rides=True)`), in a write transaction of its own
-    without an fsync, when nothing else wrote since; False when none was owed."""
-    if not isinstance(conn, postgres.PgConnection) or FLUSHED_KEY not in conn.riders:
+    without an fsync, when nothing else wrote since; False when none was owed. Whatever else
+    rides the connection goes with it."""
+    if not isinstance(conn, postgres.PgConnection | SqliteConnection) or not conn.riders:
         return False
     with db.commits_without_fsync(conn), db.write_txn(conn):
         pass  # the owed mark rides this transaction's opening

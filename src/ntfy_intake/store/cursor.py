@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from ntfy_intake.store import db
-from ntfy_intake.store.transaction import Connection
+from ntfy_intake.store import db, postgres
+from ntfy_intake.store.transaction import Connection, SqliteConnection, ride
 
 Kind = Literal["id", "time", "all"]
 
@@ -143,13 +143,25 @@ def backfill_done(conn: Connection, owed: Owed) -> bool:
     )
 
 
+_SAVE_FRAME_TIME = (
+    "UPDATE cursor SET last_frame_time = ? WHERE id = 1"
+    " AND (last_frame_time IS NULL OR last_frame_time < ?)"
+)
+
+
 def save_last_frame_time(conn: Connection, server_time: int) -> None:
     with db.write_txn(conn):
-        conn.execute(
-            "UPDATE cursor SET last_frame_time = ? WHERE id = 1"
-            " AND (last_frame_time IS NULL OR last_frame_time < ?)",
-            (server_time, server_time),
-        )
+        conn.execute(_SAVE_FRAME_TIME, (server_time, server_time))
+
+
+def owe_last_frame_time(conn: Connection, server_time: int) -> bool:
+    """The last frame's time, owed to the connection's next write transaction (the next batch's
+    while events flow; the ticker's owed write otherwise): lagging only widens a gap's window.
+    False when `conn` carries no owed writes (the caller saves it in its own transaction)."""
+    if not isinstance(conn, postgres.PgConnection | SqliteConnection):
+        return False
+    ride(conn, "last_frame_time", _SAVE_FRAME_TIME, (server_time, server_time))
+    return True
 
 
 def load(conn: Connection) -> Cursor | None:

@@ -30,6 +30,7 @@ from ntfy_intake.store.transaction import (
     BeforeCommit,
     Connection,
     Effect,
+    SqliteConnection,
     Transaction,
     commits_without_fsync,
     fail_before_commit,
@@ -111,7 +112,12 @@ def connect(target: Target | str, *, readonly: bool = False) -> Connection:
             os.close(fd)
     uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
     conn = sqlite3.connect(
-        uri, uri=True, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+        uri,
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+        timeout=BUSY_TIMEOUT_MS / 1000,
+        factory=SqliteConnection,
     )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")

@@ -21,10 +21,11 @@ Invariants owned here:
 - on PostgreSQL a statement's error may likewise surface at a later read or at COMMIT, never
   later than that: the body reads nothing sent after a failed statement, and the whole
   transaction rolls back as before;
-- on PostgreSQL a write whose loss is harmless and that nobody waits for (the audit flush's mark)
-  may ride the connection's next write transaction instead of taking one of its own (`ride`): it
-  is sent after the opening with no wait of its own, and stays owed until a transaction carrying
-  it commits.
+- a write whose loss is harmless and that nobody waits for (the audit flush's mark; on SQLite
+  also the last frame's time) may ride the connection's next write transaction instead of taking
+  one of its own (`ride`): it runs after the opening (PostgreSQL: with no wait of its own), and
+  stays owed until a transaction carrying it commits. On SQLite this is what keeps a live event
+  at one commit (docs/performance.md, "Per live event: bytes and CPU").
 
 Callers outside the store reach these through `db` (`db.write_txn`, `db.Transaction`, ...):
 tests patch `db.write_txn` to fail chosen COMMITs, so every writer looks it up there.
@@ -50,6 +51,15 @@ class Cursor(Protocol):
     def fetchone(self) -> Any: ...
     def fetchall(self) -> list[Any]: ...
     def __iter__(self) -> Iterator[Any]: ...
+
+
+class SqliteConnection(sqlite3.Connection):
+    """sqlite3's connection (db.connect's factory), with the writes owed to its next write
+    transaction (`ride`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.riders: dict[str, Rider] = {}
 
 
 class Connection(Protocol):
@@ -125,13 +135,15 @@ def write_txn(
         except BaseException:
             conn.rollback_write()
             raise
-        for name, rider in riding.items():  # written, unless owed again meanwhile
-            if conn.riders.get(name) is rider:
-                del conn.riders[name]
+        _written(conn.riders, riding)
         txn._committed()
         return
     conn.execute("BEGIN IMMEDIATE")
+    riders = conn.riders if isinstance(conn, SqliteConnection) else None
+    riding = dict(riders) if riders else {}
     try:
+        for rider in riding.values():
+            conn.execute(rider.sql, rider.params)
         yield txn
         if before_commit is not None:
             before_commit()
@@ -141,6 +153,8 @@ def write_txn(
         # transaction back; a failing ROLLBACK must not replace the cause with its own message.
         _rollback(conn)
         raise
+    if riders:
+        _written(riders, riding)
     # Outside the handler: the rows are durable, and no effect's failure may roll them back.
     txn._committed()
 
@@ -151,7 +165,20 @@ class Rider(NamedTuple):
     since: float  # monotonic: when it was first owed
 
 
-def ride(conn: postgres.PgConnection, name: str, sql: str, params: tuple[Any, ...]) -> None:
+def _written(riders: dict[str, Rider], riding: dict[str, Rider]) -> None:
+    for name, rider in riding.items():  # written, unless owed again meanwhile
+        if riders.get(name) is rider:
+            del riders[name]
+
+
+def can_ride(conn: Connection) -> bool:
+    """Whether `conn` carries owed writes (`ride`): the store's own connections do."""
+    return isinstance(conn, postgres.PgConnection | SqliteConnection)
+
+
+def ride(
+    conn: postgres.PgConnection | SqliteConnection, name: str, sql: str, params: tuple[Any, ...]
+) -> None:
     """Owe `sql` to the next write transaction on `conn`, in place of one owed under `name`
     (module doc). Only for a statement that cannot fail but with its transaction."""
     owed = conn.riders.get(name)
@@ -162,7 +189,8 @@ def owed_since(conn: Connection) -> float | None:
     """When the oldest write still owed to a transaction on `conn` was first owed (None: none).
     Safe from the event loop while the worker thread writes: the riders are copied in one step
     (a copy made by C code, under the GIL) before they are looked at."""
-    riders = tuple(conn.riders.values()) if isinstance(conn, postgres.PgConnection) else ()
+    ridden = conn if isinstance(conn, postgres.PgConnection | SqliteConnection) else None
+    riders = tuple(ridden.riders.values()) if ridden is not None else ()
     return min((rider.since for rider in riders), default=None)
 
 

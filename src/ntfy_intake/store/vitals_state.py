@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ntfy_intake.store import db
+from ntfy_intake.store import db, transaction
 from ntfy_intake.store.db import Connection
+from ntfy_intake.store.postgres import PgConnection
+from ntfy_intake.store.transaction import SqliteConnection
 
 HEALTH_KEY = "health"
 
@@ -40,11 +42,17 @@ def queue_counts(conn: Connection) -> dict[str, Any]:
     }
 
 
-def save_health(conn: Connection, snapshot: dict[str, Any]) -> None:
-    """Replace the stored health snapshot, in its own transaction."""
+_SAVE = "INSERT INTO kv(name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value"
+
+
+def save_health(conn: Connection, snapshot: dict[str, Any], *, ride: bool = False) -> None:
+    """Replace the stored health snapshot, in its own transaction; `ride`: owed to the next
+    write transaction instead (the next batch's while events flow, the ticker's owed write
+    within `MARK_OWED_AT_MOST` otherwise), where a snapshot that changes with every event costs
+    no transaction and no fsync of its own."""
+    params = (HEALTH_KEY, json.dumps(snapshot))
+    if ride and isinstance(conn, PgConnection | SqliteConnection):
+        transaction.ride(conn, HEALTH_KEY, _SAVE, params)
+        return
     with db.write_txn(conn):
-        conn.execute(
-            "INSERT INTO kv(name, value) VALUES (?, ?)"
-            " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-            (HEALTH_KEY, json.dumps(snapshot)),
-        )
+        conn.execute(_SAVE, params)

@@ -1,0 +1,82 @@
+"""What one live event costs the store (issue 36 part 2): counted through the store's own
+connection, not timed. On an SD card every commit is an fsync and every transaction dirties
+pages of its own; the figures these bounds come from are in docs/performance.md ("Per live
+event: bytes and CPU")."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.store import db
+from ntfy_intake.testbed.emulator import NtfyEmulator
+
+from ..harness import DaemonThread, event_ids, settings_for, wait_until
+
+EVENTS = 10
+RATE = 5.0  # live events a second, the footprint bench's
+
+
+class StoreCounts:
+    """Write transactions and durable (fsynced) commits on one SQLite connection."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._relaxed = False
+        self._lock = threading.Lock()
+
+    def __call__(self, statement: str) -> None:
+        text = statement.strip().upper()
+        with self._lock:
+            if text.startswith("PRAGMA SYNCHRONOUS"):
+                self._relaxed = text.endswith("NORMAL")
+            elif text.startswith("BEGIN"):
+                self.counts["transactions"] += 1
+            elif text == "COMMIT" and not self._relaxed:
+                self.counts["durable commits"] += 1
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)  # ntfy's: the frame time is saved on events
+def test_a_live_event_costs_one_write_transaction_not_two(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Kills the transactions of their own that came with each live event besides its batch's:
+    the audit mark's (after every batch), the health snapshot's (it changes with every event, so
+    it was stored after nearly every one, with an fsync) and the last frame time's. They now
+    ride the next write transaction. Before: 33 transactions for 10 events (10 batches, 10
+    marks, 9 snapshots, 2 cursors, 2 frame times); after: the batches, the cursor's once a
+    second, and one owed write at the end."""
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config) as running:
+        daemon = running.daemon
+        assert daemon is not None
+        emu.wait_for_subscribers(1)
+        if db.is_postgres(daemon.conn):
+            pytest.skip("counts SQLite statements; PostgreSQL's rides are counted in its own tests")
+        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
+        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
+        counts = StoreCounts()
+        batches, cursors = daemon.counters.batches, daemon.counters.cursor_moves
+        daemon.conn.set_trace_callback(counts)  # type: ignore[attr-defined]
+        try:
+            start = time.monotonic()
+            ids = []
+            for i in range(EVENTS):
+                time.sleep(max(0.0, start + i / RATE - time.monotonic()))
+                ids.append(emu.publish("alerts", f"disk full {i}", title="disk full")["id"])
+            wait_until(lambda: set(ids) <= set(event_ids(tmp_path)), what="events recorded")
+            # What the events leave owed (the mark, the snapshot, the frame time), written by
+            # the ticker in one transaction once no batch came to carry it.
+            wait_until(lambda: db.owed_since(daemon.conn) is None, what="owed writes")
+        finally:
+            daemon.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        batches = daemon.counters.batches - batches
+        cursors = daemon.counters.cursor_moves - cursors
+    assert 1 <= batches <= EVENTS
+    others = counts.counts["transactions"] - batches - cursors
+    assert others <= 2, (dict(counts.counts), batches, cursors)
+    assert counts.counts["durable commits"] <= batches + cursors + 2
