@@ -69,15 +69,17 @@ def test_unchanged_health_snapshot_is_not_stored_every_2_s(
     stored: list[dict[str, Any]] = []
     save = vitals_state.save_health
 
-    def counted(conn: Any, snapshot: dict[str, Any]) -> None:
+    def counted(conn: Any, snapshot: dict[str, Any], **how: Any) -> None:
         stored.append(snapshot)
-        save(conn, snapshot)
+        save(conn, snapshot, **how)
 
     monkeypatch.setattr(vitals_state, "save_health", counted)
     config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
-    with DaemonThread(config):
+    with DaemonThread(config) as running:
         emu.wait_for_subscribers(1, timeout=30)
-        time.sleep(1.5)
+        # Start-up's changes (the HTTP port, bound once intake runs) are changes, not idle.
+        wait_until(lambda: running.daemon is not None and running.daemon.http_port, 30, "http")
+        time.sleep(2.5)
         before = len(stored)
         time.sleep(8.0)
         idle = stored[before:]

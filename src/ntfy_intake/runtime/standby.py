@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +26,7 @@ import structlog
 
 from ntfy_intake.errors import AuditWriteError
 from ntfy_intake.rules import cadence
-from ntfy_intake.runtime import owed
+from ntfy_intake.runtime import owed, sdnotify
 from ntfy_intake.runtime.cluster import Holding, Member
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
@@ -154,8 +155,15 @@ class Standby:
         }
 
     async def _systemd(self) -> None:
-        self.notifier.ready(self.status_line())
+        """STATUS= when it changed and WATCHDOG=1, on the campaign's schedule (what changes the
+        line: its answers, every renew_every) or the watchdog's half period when sooner; not a
+        wake-up a second (issue 36). The line is logged on change under systemd or not."""
         said = ""
+        watchdog = sdnotify.watchdog_interval(os.environ, os.getpid())
+        self.notifier.ready(self.status_line())
+        period = max(0.05, self.member.renew_every)
+        if watchdog is not None:
+            period = min(period, watchdog)
         while True:
             line = self.status_line()
             if line != said:
@@ -163,7 +171,7 @@ class Standby:
                 log.info("standby.status", status=line)
                 said = line
             self.notifier.watchdog()  # the loop turns: a standby's progress is its polling
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(period)
 
     async def _serve_http(self, stop: asyncio.Event) -> None:
         from ntfy_intake.surfaces import console, http_api, owner_actions  # noqa: PLC0415
