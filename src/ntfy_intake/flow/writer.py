@@ -1,14 +1,11 @@
-"""The writer: how a batch of frames becomes recorded outcomes, top to bottom in `record`:
+"""The writer: `Writer.record` takes a batch of frames to recorded outcomes, top to bottom. How
+one event goes (the inbox transaction, the audit line, the cursor) is told once, in
+docs/architecture.md ("The flow of one event").
 
-  frame -> inbox transaction -> audit line -> cursor
-
-The inbox transaction (inbox.record_batch: inbox row, incident merge, cadence decision, outbox
-row or "suppressed", audit journal rows) and the audit line (journal.py) share one trip to the
-worker thread; the resume point then learns which events are durable, and `settle_cursor`
-persists the cursor once their reorder window has passed (the ticker calls it, and the drain).
-A backfill poll's events take the same path, never move the cursor, and clear what was owed in
-the same transaction. The writer also answers intake's cursor questions (where to resume, the
-backfill a new connection owes, a cursor ntfy refused) and releases debounce windows that closed.
+Here besides: the one trip to the worker thread per batch (`_write_batch`, safe to re-run after
+a storage fault), the backfill poll's batches, intake's cursor questions (where to resume, the
+backfill a new connection owes, a cursor ntfy refused), the cursor and frame time the ticker
+persists, and the debounce windows that closed.
 """
 
 from __future__ import annotations
@@ -87,7 +84,7 @@ class _BatchWrite:
 
 
 class Writer:
-    """frame -> inbox transaction -> audit line -> cursor (see the module docstring)."""
+    """Batches of frames to recorded outcomes (docs/architecture.md, "The flow of one event")."""
 
     def __init__(
         self,
