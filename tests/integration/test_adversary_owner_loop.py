@@ -96,6 +96,23 @@ def test_ack_button_of_a_message_whose_firing_only_resolved_still_acts(world: Wo
     assert world.message("d3", "alerts:disk") == "queued"
 
 
+def test_ack_on_a_message_published_after_its_severity_rose_still_acts(world: World) -> None:
+    """Failure mode: the firing is judged from the triage request's release, not from what the
+    message showed: an escalation (or a slow agent's reply) published after the severity rose
+    has its Ack refused as about a firing that is over, though it is the one on the phone."""
+    assert world.message("d1", "alerts:disk") == "queued"
+    released_at(world, "d1", 1)
+    with world.lock, db.write_txn(world.conn):
+        world.conn.execute(
+            "UPDATE incidents SET severity = 5, version = 2 WHERE key = 'alerts:disk'"
+        )
+    world.send()  # published at version 2
+    answer = press(world.buttons_of("alerts:disk")["Ack"])
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"] == "acknowledged"
+    assert world.message("d2", "alerts:disk") == "suppressed"
+
+
 # -- a hostile network ----------------------------------------------------------------------------
 
 
@@ -118,7 +135,7 @@ def test_huge_binary_or_query_borne_token_acts_on_nothing(world: World) -> None:
     assert world.message("d1", "alerts:disk") == "queued"
     world.send()
     ack = world.buttons_of("alerts:disk")["Ack"]
-    huge = httpx.post(ack["url"], content=b"A." * 2_000_000, timeout=30)
+    huge = httpx.post(ack["url"], content=b"A." * 32_768, timeout=30)
     binary = httpx.post(ack["url"], content=bytes(range(256)) * 4, timeout=10)
     in_query = httpx.post(ack["url"], params={"token": ack["body"]}, content=b"", timeout=10)
     assert [r.status_code for r in (huge, binary, in_query)] == [403, 403, 403]

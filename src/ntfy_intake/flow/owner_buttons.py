@@ -63,17 +63,16 @@ _SAY_FIRING_OVER = (
 )
 
 
-def _firing_over(conn: db.Connection, key: str) -> bool:
-    """Whether the firing the owner message `key` was about has ended: its Ack would hold a
-    later one (the same test as an ack's end: rules/owner_replies.ack_current). A message whose
-    version is not known acts as before."""
-    released = store.message_version(conn, key)
-    incident = replies_store.incident_of(conn, key)
+def _firing_over(conn: db.Connection, verdict: tokens.Verified) -> bool:
+    """Whether the firing the token's message showed (the incident's version when it was
+    published) has ended: its Ack would hold a later one (the same test as an ack's end:
+    rules/owner_replies.ack_current). A token that names no version acts as before."""
+    incident = replies_store.incident_of(conn, verdict.key)
     state = None if incident is None else replies_store.incident_state(conn, incident)
-    if released is None or state is None:
+    if verdict.version is None or state is None:
         return False
     _severity, status, version = state
-    return not reply_rules.ack_current(released, status, version)
+    return not reply_rules.ack_current(verdict.version, status, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +117,9 @@ class OwnerButtons:
 
     def _headers(self, key: str) -> dict[str, str]:
         with db.write_txn(self.conn) as txn:
-            if replies_store.incident_of(self.conn, key) is None:
+            incident = replies_store.incident_of(self.conn, key)
+            state = None if incident is None else replies_store.incident_state(self.conn, incident)
+            if state is None:
                 return {}
             secret = self._signing_key(txn)
         now = self.clock()
@@ -127,7 +128,7 @@ class OwnerButtons:
                 (
                     tokens.LABELS[action],
                     button_url(self.public_url, action),
-                    tokens.sign(secret, key, action, now, self.ttl),
+                    tokens.sign(secret, key, action, now, self.ttl, version=state[2]),
                 )
                 for action in tokens.ACTIONS
             ]
@@ -204,7 +205,7 @@ class OwnerButtons:
                     {"error": "already_done", "result": before, "message": message},
                     failed_login=True,
                 )
-            if command.verb == "ack" and _firing_over(conn, verdict.key):
+            if command.verb == "ack" and _firing_over(conn, verdict):
                 store.settle(conn, used, _FIRING_OVER)
                 audit.stage(
                     conn,

@@ -6,8 +6,11 @@ A token names one owner message (its `owner_outbox` key), one action and an expi
 signed with HMAC-SHA256 under the store's action key (store/action_tokens.py):
 
     base64url(payload) "." base64url(mac)       payload = "1\\n<action>\\n<expires>\\n<key>"
+                                                  or "2\\n<action>\\n<expires>\\n<version>\\n<key>"
 
 (no padding; the mac is over a fixed label and the payload, so the key signs nothing else).
+Version 2 also names the incident's version when the message was published: the firing its Ack
+is about, so that an old notification cannot acknowledge a later firing (flow/owner_buttons.py).
 Checked in this order, so nothing about a token is told before its mac is: the shape, the mac
 (constant-time compare), the action it was made for against the button pressed, the expiry. A
 token is used once: its id (`token_id`, the action and the key) is recorded with its effect
@@ -36,6 +39,7 @@ TTL = 24 * 3600.0
 KEY_BYTES = 32
 MAX_TOKEN = 1024  # characters: a key is at most a few hundred; anything longer is not ours
 _VERSION = "1"
+_VERSIONED = "2"  # the payload also names the incident's version (module doc)
 _LABEL = b"ntfy-intake owner action\n"
 _MAC_BYTES = hashlib.sha256().digest_size
 
@@ -49,6 +53,7 @@ class Verified:
     key: str  # the owner message it belongs to
     action: Action
     expires: int
+    version: int | None = None  # the incident's version at publishing, when the token names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +82,25 @@ def _mac(secret: bytes, payload: bytes) -> bytes:
     return hmac.new(secret, _LABEL + payload, hashlib.sha256).digest()
 
 
-def sign(secret: bytes, key: str, action: Action, now: float, ttl: float = TTL) -> str:
-    """A token for `action` on the owner message `key`, good until `now + ttl`."""
+def sign(
+    secret: bytes,
+    key: str,
+    action: Action,
+    now: float,
+    ttl: float = TTL,
+    *,
+    version: int | None = None,
+) -> str:
+    """A token for `action` on the owner message `key`, good until `now + ttl`; `version`, the
+    incident's version the message shows, is signed into it when given."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}")
     if not key or "\n" in key:
         raise ValueError("an owner message key is one non-empty line")
-    payload = f"{_VERSION}\n{action}\n{int(now + ttl)}\n{key}".encode()
+    if version is None:
+        payload = f"{_VERSION}\n{action}\n{int(now + ttl)}\n{key}".encode()
+    else:
+        payload = f"{_VERSIONED}\n{action}\n{int(now + ttl)}\n{int(version)}\n{key}".encode()
     return f"{_b64(payload)}.{_b64(_mac(secret, payload))}"
 
 
@@ -101,12 +118,18 @@ def verify(secret: bytes, token: str, pressed: str, now: float) -> Verified | Re
     # From here on the payload is one this daemon signed; a shape it would not sign is still
     # refused rather than trusted (an older version's token, say).
     try:
-        version, action, expires_text, key = payload.decode("utf-8").split("\n", 3)
+        version, action, expires_text, rest = payload.decode("utf-8").split("\n", 3)
     except (UnicodeDecodeError, ValueError):
         return Refused("malformed")
+    key, incident_version = rest, None
+    if version == _VERSIONED:
+        version_text, _, key = rest.partition("\n")
+        if not (version_text.isascii() and version_text.isdigit()):
+            return Refused("malformed")
+        incident_version = int(version_text)
     made_for = _BY_NAME.get(action)
     if (
-        version != _VERSION
+        version not in (_VERSION, _VERSIONED)
         or made_for is None
         or not (expires_text.isascii() and expires_text.isdigit())
         or not key
@@ -117,7 +140,7 @@ def verify(secret: bytes, token: str, pressed: str, now: float) -> Verified | Re
     expires = int(expires_text)
     if now > expires:
         return Refused("expired", key)
-    return Verified(key, made_for, expires)
+    return Verified(key, made_for, expires, incident_version)
 
 
 def token_id(key: str, action: Action) -> str:

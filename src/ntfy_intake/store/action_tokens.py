@@ -9,15 +9,13 @@
   transaction of its effect (`claim`): a token pressed again finds its row and acts no more.
   Rows older than twice a token's life are dropped as new ones come (`claim`): a token that old
   is refused as expired before its row is looked for.
-- `message_version`: the incident version an owner message was about (its triage request's, at
-  release), so an old message's Ack cannot acknowledge a later firing of its incident.
 """
 
 from __future__ import annotations
 
 from ntfy_intake.store.transaction import Connection
 
-__all__ = ["claim", "message_version", "settle", "signing_key", "used_result"]
+__all__ = ["claim", "settle", "signing_key", "used_result"]
 
 _KEY = "SELECT secret FROM owner_action_key WHERE id = 1"
 _MAKE_KEY = (
@@ -31,9 +29,6 @@ _CLAIM = (
 _SETTLE = "UPDATE owner_action_uses SET result = ? WHERE token_id = ?"
 _USED = "SELECT result FROM owner_action_uses WHERE token_id = ?"
 _PRUNE = "DELETE FROM owner_action_uses WHERE used_at < ?"
-_RELEASED_AT = "SELECT incident_version FROM outbox WHERE delivery_key = ?"
-# Owner messages about a triage request: its reply, or its escalation (store/owner_replies.py).
-_REQUEST_PREFIXES = ("notify:", "escalate:")
 
 
 def signing_key(conn: Connection, candidate: bytes, now: float) -> bytes:
@@ -62,13 +57,3 @@ def used_result(conn: Connection, token_id: str) -> str | None:
     """What the token's use did, when it was used."""
     row = conn.execute(_USED, (token_id,)).fetchone()
     return None if row is None else str(row[0])
-
-
-def message_version(conn: Connection, key: str) -> int | None:
-    """The incident version the owner message `key` was about: its triage request's at release;
-    None when not known (no request behind the key, or one released before versions were kept)."""
-    prefix, _, delivery_key = key.partition(":")
-    if f"{prefix}:" not in _REQUEST_PREFIXES:
-        return None
-    row = conn.execute(_RELEASED_AT, (delivery_key,)).fetchone()
-    return None if row is None or row[0] is None else int(row[0])
