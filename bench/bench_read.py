@@ -5,8 +5,8 @@ threads do not share its GIL, as ntfy does not share the daemon's) and split int
 daemon's own `NdjsonDecoder`, once through httpx (`http_stream.httpx_opener`, what the daemon used
 before) and once through `http_stream.RawStreamOpener` (what it uses now: h11 reads the head and
 the body, what it holds after each socket read handed over as one part), alternating, best of 3
-each: why the lean reader stays (docs/performance.md, "Fast paths: kept or returned to the
-library"). Two servers: a backlog already waiting (the emulator's frames, one HTTP chunk each, as ntfy
+each: what the lean reader saves against the library (docs/performance.md, "Fast paths: kept
+or returned to the library"). Two servers: a backlog already waiting (the emulator's frames, one HTTP chunk each, as ntfy
 frames them, sent at once: what a replay reads, ntfy serving 10,000 in ~0.1 s), and the emulator
 writing one flushed chunk per frame and the next only once the kernel took it (reads then hold a
 few frames each, so the per-read cost of the event loop weighs more).

@@ -50,8 +50,8 @@ from ntfy_intake.store import db
 from ntfy_intake.testbed import drill_store
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from real_ntfy import RealNtfy  # the tests' helper that starts `ntfy serve`
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.real_ntfy import RealNtfy  # the tests' helper that starts `ntfy serve`
 
 TARGET_RATIO = 3.0  # from stream open
 TARGET_SPAWN_RATIO = 2.0  # from spawn
