@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from ntfy_intake.rules import action_tokens
-from ntfy_intake.store import db, migrations
+from ntfy_intake.store import audit, db, migrations, rebuild
+from ntfy_intake.store import owner_replies as replies_store
 
 from .. import harness
 from .test_owner_buttons import World, emu, press, world
@@ -248,3 +249,82 @@ def test_store_copy_keeps_the_buttons_key_and_spent_tokens(tmp_path: Path) -> No
         pg.close()
     assert keys == [(1, secret)]
     assert uses == [("ack:notify:d1", "acknowledged")]
+
+
+# -- a crash: the store rebuilt from the audit log ----------------------------------------------
+
+
+@pytest.mark.sqlite_only(reason="the audit fold is the same on both engines; two stores on one")
+@pytest.mark.xfail(
+    strict=True,
+    reason="store/rebuild.py's _version counts a delete/clear frame's event line (no severity or"
+    " status) as two changes; not the buttons' file",
+)
+def test_ack_survives_a_rebuild_when_a_clear_frame_followed_it(tmp_path: Path) -> None:
+    """Failure mode: live, a message_clear frame for an acked incident changes nothing (the
+    incident's version stays, the ack holds); rebuilt from the audit log, its event line (no
+    severity, no status) counts as a change, the ack is dropped as ended and the owner is
+    messaged again about an incident he acknowledged. The rebuilt severity is lost too."""
+    now = 1_764_470_000.0
+    first = db.connect(tmp_path / "first.sqlite3")
+    migrations.apply(first)
+    with db.write_txn(first):
+        audit.stage(
+            first,
+            "event",
+            now,
+            event_id="e1",
+            incident="alerts:disk",
+            severity=4,
+            status="firing",
+            outcome="recorded",
+            reason="new_incident",
+            time=int(now),
+        )
+    with db.write_txn(first):
+        audit.stage(
+            first,
+            "owner_reply",
+            now + 1,
+            command="ack",
+            result="acknowledged",
+            via="button",
+            key="notify:d1",
+            incident="alerts:disk",
+            matched="token",
+        )
+    with db.write_txn(first):  # what cadence_records.action_record writes for the frame
+        audit.stage(
+            first,
+            "event",
+            now + 2,
+            event_id="e2",
+            event="message_clear",
+            incident="alerts:disk",
+            outcome="noted",
+            reason="message_clear",
+            topic="alerts",
+            time=int(now) + 2,
+        )
+    with audit.AuditLog(tmp_path / "audit", lambda: now) as log:
+        audit.flush(first, log)
+    first.close()
+    second = db.connect(tmp_path / "second.sqlite3")
+    migrations.apply(second)
+    try:
+        summary = rebuild.from_audit(
+            second,
+            tmp_path / "audit",
+            now + 10,
+            debounce=0.0,
+            relay_enabled=True,
+            feed_append=None,
+        )
+        assert summary is not None
+        state = replies_store.incident_state(second, "alerts:disk")
+        with db.write_txn(second):
+            holds = replies_store.ack_holds(second, "alerts:disk")
+    finally:
+        second.close()
+    assert state == (4, "firing", 1)  # as live: a clear frame merges into nothing
+    assert holds
