@@ -18,11 +18,16 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ntfy_intake.flow.owner import OwnerSender
+from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import action_tokens
 from ntfy_intake.store import audit, db, migrations, rebuild
 from ntfy_intake.store import owner_replies as replies_store
+from ntfy_intake.testbed.signal_standin import SignalHandle
 
 from .. import harness
+from ..owner_bed import OWNER, SENDER
+from . import test_owner_replies as replies_world
 from .test_owner_buttons import World, emu, press, world
 
 pytestmark = pytest.mark.engines
@@ -328,3 +333,31 @@ def test_ack_survives_a_rebuild_when_a_clear_frame_followed_it(tmp_path: Path) -
         second.close()
     assert state == (4, "firing", 1)  # as live: a clear frame merges into nothing
     assert holds
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="flow/owner_replies.act acks the incident's current version whatever message was"
+    " quoted; the buttons check the firing their token names, a Signal quote does not (not the"
+    " buttons' file)",
+)
+def test_quoted_ack_of_an_old_message_does_not_ack_a_later_firing(
+    conn: db.Connection, tmp_path: Path, signal: SignalHandle
+) -> None:
+    """Failure mode: the same as the old button's, over Signal: the owner swipes last night's
+    message and types "ack" after the incident resolved and fired again; the new firing, which
+    he has not seen, is acknowledged."""
+    replies_world.incident(conn, "alerts:disk")
+    made = replies_world.World(conn, tmp_path, signal)
+    assert made.message("d1", "alerts:disk") == "queued"
+
+    async def scenario(sender: OwnerSender, replies: OwnerReplies) -> None:
+        await sender.run_once()
+        [sent] = made.signal.messages()
+        replies_world.incident(conn, "alerts:disk", status="resolved", version=2)
+        replies_world.incident(conn, "alerts:disk", status="firing", version=3)
+        made.signal.inbox.inject(SENDER, OWNER, "ack", quote=sent.timestamp)
+        await replies.run_once()
+
+    made.run(scenario)
+    assert made.message("d2", "alerts:disk") == "queued"
