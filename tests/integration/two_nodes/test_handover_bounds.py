@@ -15,13 +15,10 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -43,7 +40,7 @@ from ...standby import (
     standing_by,
 )
 from ...standby_nodes import Node, Stream, TaggedReceiver
-from .test_yield import audit_disk_full
+from .pair import audit_disk_full, ready, start_pair
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,26 +55,6 @@ OWNER = {"owner_signal_number": "+31600000000", "owner_recipients": "+3160000000
 OUTAGE_TTL = 5.0
 OUTAGE = 9.0
 OUTAGE_TEXT = "The database did not answer for"  # rules/notices.database_outage
-
-
-@pytest.fixture
-def own_server() -> Iterator[tuple[str, Path]]:
-    """A PostgreSQL cluster of this test's own (scripts/pg-cluster): (a DSN of a fresh schema
-    in it, its data dir); only this one may be restarted or stopped."""
-    script = Path(__file__).resolve().parents[3] / "scripts" / "pg-cluster"
-    directory = Path(tempfile.mkdtemp(prefix="handover-pg-", dir="/tmp"))
-    started = subprocess.run(
-        [str(script), "start", str(directory)], capture_output=True, text=True, check=False
-    )
-    try:
-        if started.returncode == 3:
-            pytest.skip(f"scripts/pg-cluster: {started.stderr.strip()}")
-        assert started.returncode == 0, started.stderr
-        _, dsn = drill_store.create_schema(started.stdout.strip().splitlines()[-1], prefix="t")
-        yield dsn, directory / "data"
-    finally:
-        subprocess.run([str(script), "stop", str(directory)], check=False, timeout=90)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _pg_ctl(data_dir: Path, *args: str) -> None:
@@ -413,41 +390,35 @@ def test_graceful_stop_just_after_the_standby_started_at_the_default_timing_hand
             said = _said_at(beta, "standby.status")
         assert said is not None
         time.sleep(max(0.0, said + after - time.time()))
-        wall = time.time()
-        at = alpha.send(signal.SIGTERM)
-        fault = cluster.fault(alpha, f"SIGTERM {after:g} s after beta started", at)
-        taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
-        assert alpha.proc is not None
-        code = alpha.proc.wait(30)
-        cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
-        cluster.note_term(taken.term)
-        handover = seen - fault.at
-        print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
-        assert taken.node == "beta" and code == 0
-        assert handover < GRACEFUL_BOUND, (
-            f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
+        _sigterm_hands_over_to_beta(
+            cluster, alpha, beta, lease.term, f"{after:g} s after beta started"
         )
-        count = cluster.recorded()
-        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
     finally:
         published = stream.stop()
     settle(cluster, published, alpha)
 
 
-def _beta_yields_to_alpha(cluster: Cluster, routes: dict[str, NtfyRoute]) -> tuple[Node, Node]:
-    """beta leading, alpha ready; the stream started by the caller once this returns."""
-    cluster.settings.update(cluster_probe_every="1s", cluster_yield_after="4s")
-    # beta first: it leads, then yields to alpha (the two names keep their roles in the tests).
-    beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
-    alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
-    for node in (alpha, beta):
-        node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
-    beta.start()
-    assert cluster.leader().name == "beta"
-    wait_until(lambda: serving_as_leader(beta), 30, "beta serving as the leader")
-    alpha.start()
-    wait_until(lambda: _row_ready(cluster, "alpha"), 30, "alpha's row saying ready")
-    return alpha, beta
+def _sigterm_hands_over_to_beta(
+    cluster: Cluster, alpha: Node, beta: Node, term: int, when: str
+) -> None:
+    """SIGTERM of the leader alpha: beta takes the next term within GRACEFUL_BOUND of the
+    signal, alpha exits 0, and beta records."""
+    wall = time.time()
+    at = alpha.send(signal.SIGTERM)
+    fault = cluster.fault(alpha, f"SIGTERM of alpha {when}", at)
+    taken, seen = cluster.wait_lease(lambda s: s.term > term, 30, "a new term")
+    assert alpha.proc is not None
+    code = alpha.proc.wait(30)
+    cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
+    cluster.note_term(taken.term)
+    handover = seen - fault.at
+    print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
+    assert taken.node == "beta" and code == 0
+    assert handover < GRACEFUL_BOUND, (
+        f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
+    )
+    count = cluster.recorded()
+    wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
 
 
 def _into_the_cooloff(cluster: Cluster, routes: dict[str, NtfyRoute], beta: Node) -> Lease:
@@ -460,22 +431,11 @@ def _into_the_cooloff(cluster: Cluster, routes: dict[str, NtfyRoute], beta: Node
     assert yielded.node == "alpha"
     routes["beta"].restore()
     cluster.fault(beta, "beta's route back", cut.at, until=time.monotonic())
-    wait_until(lambda: _row_ready(cluster, "beta"), 30, "beta's row ready again")
+    wait_until(lambda: ready(cluster, "beta"), 30, "beta's row ready again")
     count = cluster.recorded()
     wait_until(lambda: cluster.recorded() >= count + 20, 30, "alpha recording")
     assert beta.events("cluster.yielded"), "beta did not yield"
     return yielded
-
-
-@pytest.fixture
-def routes(cluster: Cluster) -> Iterator[dict[str, NtfyRoute]]:
-    """alpha's and beta's own routes to ntfy (testbed/ntfy_route.py)."""
-    made = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
-    try:
-        yield made
-    finally:
-        for route in made.values():
-            route.close()
 
 
 def test_graceful_stop_while_the_standby_is_in_its_yield_cooloff_hands_over_within_2s(
@@ -486,27 +446,12 @@ def test_graceful_stop_while_the_standby_is_in_its_yield_cooloff_hands_over_with
     took the lease 10.1 and 10.4 s later, once it had been free for lease_ttl + renew_every,
     because alpha's own row still read "ready" for up to two probes. Lease 3 s / renew 1 s,
     probe_every 1 s, yield_after 4 s, the shipped 5 min cool-off."""
-    alpha, beta = _beta_yields_to_alpha(cluster, routes)
+    beta, alpha, _ = start_pair(cluster, routes, leader="beta")
     stream = Stream(cluster.emu).start()
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
         yielded = _into_the_cooloff(cluster, routes, beta)
-        wall = time.time()
-        at = alpha.send(signal.SIGTERM)
-        fault = cluster.fault(alpha, "SIGTERM of alpha within beta's cool-off", at)
-        taken, seen = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
-        assert alpha.proc is not None
-        code = alpha.proc.wait(30)
-        cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
-        cluster.note_term(taken.term)
-        handover = seen - fault.at
-        print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
-        assert taken.node == "beta" and code == 0
-        assert handover < GRACEFUL_BOUND, (
-            f"handed over in {handover:.2f} s; beta: {_timeline(beta, wall)}"
-        )
-        count = cluster.recorded()
-        wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")
+        _sigterm_hands_over_to_beta(cluster, alpha, beta, yielded.term, "within beta's cool-off")
     finally:
         published = stream.stop()
     settle(cluster, published, alpha)
@@ -522,7 +467,7 @@ def test_a_yield_back_to_a_node_in_its_cooloff_hands_over_within_2s_of_the_relea
     yielded before it releases: beta (in its cool-off) takes the lease at the NOTIFY."""
     if not Path("/dev/full").exists():
         pytest.skip("/dev/full is not available")
-    alpha, beta = _beta_yields_to_alpha(cluster, routes)
+    beta, alpha, _ = start_pair(cluster, routes, leader="beta")
     stream = Stream(cluster.emu).start()
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
@@ -551,7 +496,3 @@ def test_a_yield_back_to_a_node_in_its_cooloff_hands_over_within_2s_of_the_relea
         published = stream.stop()
     settle(cluster, published)
     assert alpha.alive, alpha.stderr()
-
-
-def _row_ready(cluster: Cluster, node: str) -> bool:
-    return bool(cluster.try_rows("SELECT ready FROM nodes WHERE node = ?", node) == [(True,)])

@@ -14,12 +14,8 @@ in-process, tests/integration/test_standby_lease.py.
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -167,26 +163,6 @@ def test_pg_terminate_backend_of_the_leaders_sessions_loses_and_doubles_nothing(
         published = stream.stop()
     settle(cluster, published)
     assert all(node.alive for node in cluster.nodes.values())
-
-
-@pytest.fixture
-def own_server() -> Iterator[tuple[str, Path]]:
-    """A PostgreSQL cluster of this test's own (scripts/pg-cluster): (a DSN of a fresh schema
-    in it, its data dir). Others share the suite's server; only this one may be restarted."""
-    script = Path(__file__).resolve().parents[3] / "scripts" / "pg-cluster"
-    directory = Path(tempfile.mkdtemp(prefix="standby-pg-", dir="/tmp"))
-    started = subprocess.run(
-        [str(script), "start", str(directory)], capture_output=True, text=True, check=False
-    )
-    try:
-        if started.returncode == 3:
-            pytest.skip(f"scripts/pg-cluster: {started.stderr.strip()}")
-        assert started.returncode == 0, started.stderr
-        _, dsn = drill_store.create_schema(started.stdout.strip().splitlines()[-1], prefix="t")
-        yield dsn, directory / "data"
-    finally:
-        subprocess.run([str(script), "stop", str(directory)], check=False, timeout=90)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_immediate_postgresql_restart_both_wait_one_leads_after_nothing_lost(

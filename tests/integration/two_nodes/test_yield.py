@@ -10,10 +10,7 @@ yield_after + lease_ttl + renew_every + 5 s from the fault, and printed.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,59 +24,17 @@ from ...standby import (
     Cluster,
     Fault,
     Lease,
-    serving_as_leader,
     settle,
-    standing_by,
 )
-from ...standby_nodes import Node, Stream
+from ...standby_nodes import Stream
+from .pair import PROBE_EVERY, YIELD_AFTER, audit_disk_full, ready, start_pair
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
 
-PROBE_EVERY = 1.0
-YIELD_AFTER = 4.0
 YIELD_BOUND = YIELD_AFTER + TTL + RENEW + 5.0
-
-
-@pytest.fixture
-def routes(cluster: Cluster) -> Iterator[dict[str, NtfyRoute]]:
-    """alpha's and beta's own routes to ntfy."""
-    made = {name: NtfyRoute(cluster.emu.url, name) for name in ("alpha", "beta")}
-    try:
-        yield made
-    finally:
-        for route in made.values():
-            route.close()
-
-
-def start_pair(
-    cluster: Cluster, routes: dict[str, NtfyRoute], **alpha_env: str
-) -> tuple[Node, Node, Lease]:
-    """alpha leading and recording, beta standing by and READY (its row says so): the lease."""
-    cluster.settings.update(
-        cluster_probe_every=f"{PROBE_EVERY:g}s", cluster_yield_after=f"{YIELD_AFTER:g}s"
-    )
-    # One ntfy, reached through each node's own route: the work (its fingerprint) is the same.
-    alpha = cluster.add("alpha", test_work_ntfy_url=cluster.emu.url)
-    beta = cluster.add("beta", test_work_ntfy_url=cluster.emu.url)
-    for node in (alpha, beta):
-        node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
-    alpha.start(**alpha_env)
-    assert cluster.leader().name == "alpha"
-    cluster.emu.wait_for_subscribers(1, timeout=30)
-    wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
-    beta.start()
-    wait_until(lambda: standing_by(beta), 30, "beta standing by")
-    wait_until(lambda: ready(cluster, "beta"), 30, "beta's row saying ready")
-    lease = cluster.lease()
-    assert lease is not None and lease.node == "alpha"
-    return alpha, beta, lease
-
-
-def ready(cluster: Cluster, node: str) -> bool:
-    return bool(cluster.try_rows("SELECT ready FROM nodes WHERE node = ?", node) == [(True,)])
 
 
 def handover_notices(cluster: Cluster) -> list[tuple[str, str, str]]:
@@ -121,24 +76,6 @@ def test_a_leader_cut_off_from_ntfy_yields_instead_of_leading_deaf_while_alerts_
     yielded = alpha.events("cluster.yielding")
     assert len(yielded) == 1 and yielded[0]["to"] == "beta", yielded
     print(f"{len(published)} published; yield hand-over {took:.2f} s (bound {YIELD_BOUND:g} s)")
-
-
-@contextlib.contextmanager
-def audit_disk_full(state_dir: Path) -> Iterator[None]:
-    """Every write to today's audit file fails with ENOSPC (the file swapped for /dev/full
-    under the running daemon; the original kept aside and put back at the end)."""
-    audit = state_dir / "audit"
-    (today,) = sorted(audit.glob("audit-*.jsonl"))[-1:]
-    aside = today.with_name(today.name + ".aside")
-    link = today.with_name(today.name + ".full")
-    link.symlink_to("/dev/full")
-    os.rename(today, aside)
-    os.rename(link, today)
-    try:
-        yield
-    finally:
-        today.unlink()
-        os.rename(aside, today)
 
 
 def test_a_leader_whose_audit_disk_is_full_yields_instead_of_leading_latched_until_a_restart(

@@ -1,0 +1,67 @@
+"""Two nodes set up to yield (DESIGN.md section 11), shared by test_yield.py and
+test_handover_bounds.py: each node reaches the one ntfy through its own route (the `routes`
+fixture), probes every 1 s and yields after 4 s, so that a yield takes seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ntfy_intake.testbed.ntfy_route import NtfyRoute
+
+from ...harness import wait_until
+from ...standby import Cluster, Lease, serving_as_leader, standing_by
+from ...standby_nodes import Node
+
+PROBE_EVERY = 1.0
+YIELD_AFTER = 4.0
+
+
+def start_pair(
+    cluster: Cluster, routes: dict[str, NtfyRoute], leader: str = "alpha", **leader_env: str
+) -> tuple[Node, Node, Lease]:
+    """`leader` (alpha unless named) leading and recording, the other standing by and READY
+    (its row says so): (the leader, the other, the lease)."""
+    other = "beta" if leader == "alpha" else "alpha"
+    cluster.settings.update(
+        cluster_probe_every=f"{PROBE_EVERY:g}s", cluster_yield_after=f"{YIELD_AFTER:g}s"
+    )
+    # One ntfy, reached through each node's own route: the work (its fingerprint) is the same.
+    first = cluster.add(leader, test_work_ntfy_url=cluster.emu.url)
+    second = cluster.add(other, test_work_ntfy_url=cluster.emu.url)
+    for node in (first, second):
+        node.env["NTFY_INTAKE_NTFY_URL"] = routes[node.name].url
+    first.start(**leader_env)
+    assert cluster.leader().name == leader
+    cluster.emu.wait_for_subscribers(1, timeout=30)
+    wait_until(lambda: serving_as_leader(first), 30, f"{leader} serving as the leader")
+    second.start()
+    wait_until(lambda: standing_by(second), 30, f"{other} standing by")
+    wait_until(lambda: ready(cluster, other), 30, f"{other}'s row saying ready")
+    lease = cluster.lease()
+    assert lease is not None and lease.node == leader
+    return first, second, lease
+
+
+def ready(cluster: Cluster, node: str) -> bool:
+    return bool(cluster.try_rows("SELECT ready FROM nodes WHERE node = ?", node) == [(True,)])
+
+
+@contextlib.contextmanager
+def audit_disk_full(state_dir: Path) -> Iterator[None]:
+    """Every write to today's audit file fails with ENOSPC (the file swapped for /dev/full
+    under the running daemon; the original kept aside and put back at the end)."""
+    audit = state_dir / "audit"
+    (today,) = sorted(audit.glob("audit-*.jsonl"))[-1:]
+    aside = today.with_name(today.name + ".aside")
+    link = today.with_name(today.name + ".full")
+    link.symlink_to("/dev/full")
+    os.rename(today, aside)
+    os.rename(link, today)
+    try:
+        yield
+    finally:
+        today.unlink()
+        os.rename(aside, today)
