@@ -4,9 +4,10 @@ h11 writes the request, parses the response head (`http_connection`) and decodes
 not httpx: ntfy writes and flushes one HTTP chunk per message, and httpx hands the body over one
 chunk at a time through several async generator layers; this reader hands over what h11 holds
 after each socket read (hundreds of frames during a replay) as one part: about 7 us of
-event-loop CPU per frame against 10-13 through httpx, some 7 % of a replayed event's CPU, under
-the 20 % a path beside the library must earn: owed back to httpx (docs/performance.md, "Fast
-paths: kept or returned to the library", says what that needs).
+event-loop CPU per frame against 10-13 through httpx, some 7 % of a replayed event's CPU
+(docs/performance.md, "Fast paths: kept or returned to the library"). What keeps it rather than
+httpx is less the speed than two guarantees: the response head complete within `read_timeout`
+as a whole (httpx's timeout is per read), and every response's headers seen (`on_response`).
 
 It does only what the stream needs: one GET over http or https (the same certificate trust as
 httpx: `httpx.create_ssl_context`), no proxy (the daemon keeps httpx when one applies to the URL,
