@@ -8,12 +8,15 @@ Each test is named after the failure it kills.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -361,3 +364,39 @@ def test_quoted_ack_of_an_old_message_does_not_ack_a_later_firing(
 
     made.run(scenario)
     assert made.message("d2", "alerts:disk") == "queued"
+
+
+def test_burst_of_forged_presses_is_held_after_five_not_all_checked(world: World) -> None:
+    """Failure mode: the per-address throttle is checked before a press and counted after it,
+    so presses sent at once all pass the check: a burst of forged tokens from one address is
+    one write transaction and one audit line each instead of five and then 429. The store's
+    work runs in a worker thread, as the daemon's (flow/database.py), not on the event loop."""
+
+    async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def locked() -> Any:
+            with world.lock:
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    assert world.buttons is not None
+    world.buttons.run_db = in_thread
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    ack = world.buttons_of("alerts:disk")["Ack"]
+    statuses: list[int] = []
+    barrier = threading.Barrier(30)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        statuses.append(press(ack, body=f"guess{i}.AAAA").status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(statuses) == 30
+    assert set(statuses) <= {403, 429, 503}
+    assert statuses.count(403) <= 5
+    assert len(world.records("owner_reply")) <= 5
