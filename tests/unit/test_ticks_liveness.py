@@ -55,3 +55,16 @@ def test_the_recovered_transition_falls_due_after_a_live_streak_and_not_before_a
     assert t.observe(at - 0.001) is None
     assert t.observe(at + 0.001) is Transition.RECOVERED
     assert due(t) == 430.0 + DEAD_AFTER
+
+
+def test_the_ticker_looks_for_the_next_keepalive_just_after_it_is_expected() -> None:
+    assert ticks.frame_due(None, 100.0, 45.0, 0.5) is None  # no frame yet: liveness's due
+    assert ticks.frame_due(100.0, 100.0, 45.0, 0.5) == 145.5
+    assert ticks.frame_due(100.0, 130.0, 45.0, 0.5) == 145.5
+
+
+def test_a_silent_stream_is_looked_at_once_an_interval_never_in_a_busy_loop() -> None:
+    for now in (145.5, 146.0, 189.0, 190.4, 1000.0):
+        at = ticks.frame_due(100.0, now, 45.0, 0.5)
+        assert at is not None and now < at <= now + 45.0, (now, at)
+        assert (at - 100.5) % 45.0 == 0

@@ -11,6 +11,7 @@ promise to be back by then (flow/pipeline.Heartbeat), not a beat a second.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 
@@ -38,3 +39,17 @@ def liveness_due(
     if not dead_episode_open:
         return (started_at if last_frame_at is None else last_frame_at) + dead_after
     return None if live_since is None else live_since + recover_after
+
+
+def frame_due(
+    last_frame_at: float | None, now: float, interval: float, slack: float
+) -> float | None:
+    """When the next keepalive frame should have arrived (`slack` after each `interval` counted
+    from the last frame seen), after `now`: the ticker wakes then to take its time and store it
+    in the snapshot `status` reads, which no wake-up of its own brings (a keepalive is no event).
+    Periodic while ntfy is silent, never a time already past (no busy loop)."""
+    if last_frame_at is None or interval <= 0:
+        return None
+    periods = max(1, math.ceil((now - last_frame_at - slack) / interval))
+    due = last_frame_at + periods * interval + slack
+    return due if due > now else due + interval

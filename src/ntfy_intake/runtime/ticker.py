@@ -23,7 +23,7 @@ from ntfy_intake.flow.pipeline import Heartbeat
 from ntfy_intake.flow.writer import Writer
 from ntfy_intake.rules import ticks
 from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
-from ntfy_intake.store import db
+from ntfy_intake.store import audit, db
 
 
 class Ticker:
@@ -74,8 +74,15 @@ class Ticker:
             now = time.monotonic()
             await self.journal.write_owed_mark(now)
             if self.vitals.health_due(now):
-                await self.database.run(self.vitals.write_health)
+                await self.database.run(self._store_health)
             wait = self._wait()
+
+    def _store_health(self) -> None:
+        """In the worker thread: the snapshot stored; a refresh (unchanged: nothing is going on)
+        written at once with what else is owed, not left to ride a write that is not coming and
+        be written by a trip of its own a second later (`write_owed_mark`)."""
+        if self.vitals.write_health():
+            audit.write_owed_mark(self.database.conn)
 
     def _wait(self) -> float:
         """Until the next due work (issue 36: no fixed tick, no heartbeat a second)."""

@@ -43,11 +43,15 @@ IDLE_TICK_S = 30.0
 # watchdog (at least; twice its own period when longer) and the dead-man's switch.
 WEDGED_AFTER_S = 1.0
 DEAD_MANS_WEDGED_AFTER_S = 4.0
+# After each keepalive interval from the last frame seen, the ticker looks for the next one
+# (rules/ticks.frame_due): the snapshot `status` reads keeps its frame within a few seconds.
+FRAME_SLACK_S = 0.5
 # An unchanged health snapshot is stored again only this often (issue 36: a write and an fsync
-# every 2 s while nothing changes): `status` and `silence` read one older than 15 s as a daemon
-# that is not running. A changed one is stored at the ticker's next pass: each committed batch
-# wakes it; a change nothing wakes it for (the intake's state) waits for this refresh at most.
-SNAPSHOT_REFRESH_S = 5.0
+# every 2 s while nothing changes): `status` and `silence` read one older than 30 s as a daemon
+# that is not running (status.SNAPSHOT_STALE_AFTER). A changed one is stored at the ticker's
+# next pass, at most every SNAPSHOT_EVERY: each committed batch wakes it, a keepalive's time
+# (FRAME_SLACK_S); a change nothing wakes it for (the intake's state) waits for this at most.
+SNAPSHOT_REFRESH_S = 10.0
 # What changes on every read: not a change of the daemon's health.
 _SNAPSHOT_VOLATILE = frozenset({"updated_at", "last_frame_age_s"})
 
@@ -305,19 +309,31 @@ class Vitals:
         }
 
     def health_due(self, now: float) -> bool:
-        """In the event loop: whether `write_health` would store anything (changed, or the
-        refresh due), so an unchanged snapshot costs no trip to the worker thread."""
-        if now - self._stored_at >= SNAPSHOT_REFRESH_S:
-            return True
+        """In the event loop: whether `write_health` would store anything, so an unchanged
+        snapshot costs no trip to the worker thread: a change, at most every SNAPSHOT_EVERY (as
+        before: live events change it on every batch), or the refresh."""
+        age = now - self._stored_at
+        if age < health_model.SNAPSHOT_EVERY:
+            return False
+        return age >= SNAPSHOT_REFRESH_S or self._changed()
+
+    def _changed(self) -> bool:
         snapshot = self.health_snapshot()
         return {k: v for k, v in snapshot.items() if k not in _SNAPSHOT_VOLATILE} != self._stored
 
     def next_due(self) -> list[float | None]:
-        """When the ticker next owes vitals work (monotonic): the snapshot's refresh and the next
-        liveness transition (rules/ticks.liveness_due)."""
+        """When the ticker next owes vitals work (monotonic): a changed snapshot's store, else
+        its refresh, and the next liveness transition (rules/ticks.liveness_due)."""
         live = self.liveness
+        changed = self._changed()
         return [
-            self._stored_at + SNAPSHOT_REFRESH_S,
+            ticks.frame_due(
+                self._seen_frame_at,
+                time.monotonic(),
+                self.settings.ntfy.keepalive_interval,
+                FRAME_SLACK_S,
+            ),
+            self._stored_at + (health_model.SNAPSHOT_EVERY if changed else SNAPSHOT_REFRESH_S),
             ticks.liveness_due(
                 started_at=live.started_at,
                 last_frame_at=live.last_frame_at,
@@ -328,8 +344,9 @@ class Vitals:
             ),
         ]
 
-    def write_health(self, *, final: bool = False) -> None:
-        """In the worker thread: refresh the queue counts and store the health snapshot."""
+    def write_health(self, *, final: bool = False) -> bool:
+        """In the worker thread: refresh the queue counts and store the health snapshot; True
+        when it was stored unchanged (the refresh `status` reads)."""
         conn = self._database.conn
         self._cached_counts = vitals_state.queue_counts(conn)
         snapshot = self.health_snapshot()
@@ -337,10 +354,12 @@ class Vitals:
             snapshot["state"] = "stopped"
         now = time.monotonic()
         lasting = {k: v for k, v in snapshot.items() if k not in _SNAPSHOT_VOLATILE}
-        if lasting == self._stored and now - self._stored_at < SNAPSHOT_REFRESH_S:
-            return
-        vitals_state.save_health(conn, snapshot)
+        unchanged = lasting == self._stored
+        if unchanged and now - self._stored_at < SNAPSHOT_REFRESH_S:
+            return False
+        vitals_state.save_health(conn, snapshot, ride=not final)
         self._stored, self._stored_at = lasting, now
+        return unchanged
 
     def metrics_snapshot(self) -> dict[str, Any]:
         now = time.monotonic()

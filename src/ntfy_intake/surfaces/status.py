@@ -17,8 +17,9 @@ from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import audit, db, escalations, expect_fold, leadership, nodes, summary
 
-# A health snapshot older than this means the daemon is not running (it writes one every 2 s).
-SNAPSHOT_STALE_AFTER = 15.0
+# A health snapshot older than this means the daemon is not running (it stores one when it
+# changes, and an unchanged one every 10 s: runtime/vitals.SNAPSHOT_REFRESH_S).
+SNAPSHOT_STALE_AFTER = 30.0
 
 
 def collect(conn: db.Connection, settings: Settings, now: float) -> dict[str, Any]:
