@@ -400,3 +400,17 @@ def test_burst_of_forged_presses_is_held_after_five_not_all_checked(world: World
     assert set(statuses) <= {403, 429, 503}
     assert statuses.count(403) <= 5
     assert len(world.records("owner_reply")) <= 5
+
+
+def test_credentials_in_public_url_never_reach_the_fallback_topic(world: World) -> None:
+    """Failure mode: an operator puts his reverse proxy's basic-auth user and password into
+    http.public_url; every button's URL carries them to the ntfy server's cache and to every
+    subscriber of the fallback topic."""
+    assert world.buttons is not None
+    port = world.url.rsplit(":", 1)[1]
+    world.buttons.public_url = f"http://henk:s3cret-pw@127.0.0.1:{port}"
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    [message] = world.published()
+    assert "s3cret-pw" not in str(message)
+    assert "actions" not in message  # no buttons rather than a leaked password

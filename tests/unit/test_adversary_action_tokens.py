@@ -72,7 +72,7 @@ def test_signed_versioned_payload_of_a_wrong_shape_is_refused(payload: bytes) ->
         "https://intake.example/",
         "https://intake.example/a,b;c=d/'q'/",
         "http://[fe80::1%25eth0]:8788/p/",
-        "https://user@intake.example:8443/x%22y",
+        "https://intake.example:8443/x%22y",
     ],
 )
 def test_actions_header_is_read_back_by_ntfys_parser_exactly(public_url: str) -> None:

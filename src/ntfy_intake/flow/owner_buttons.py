@@ -24,6 +24,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -61,6 +62,14 @@ _SAY_FIRING_OVER = (
     "that alert fired again (or got worse) since this message; nothing was acknowledged:"
     " use the newer message's button, a Signal reply or the console"
 )
+
+
+def _has_credentials(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.username is not None or parts.password is not None
 
 
 def _firing_over(conn: db.Connection, verdict: tokens.Verified) -> bool:
@@ -116,6 +125,10 @@ class OwnerButtons:
         return await self.run_db(self._headers, key)
 
     def _headers(self, key: str) -> dict[str, str]:
+        if _has_credentials(self.public_url):
+            # The URL goes to the ntfy server's cache and to every subscriber of the topic.
+            log.warning("owner_buttons.credentials_in_url", detail="http.public_url has a user")
+            return {}
         with db.write_txn(self.conn) as txn:
             incident = replies_store.incident_of(self.conn, key)
             state = None if incident is None else replies_store.incident_state(self.conn, incident)
