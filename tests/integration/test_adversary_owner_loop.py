@@ -24,7 +24,7 @@ import pytest
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.flow.owner_replies import OwnerReplies
 from ntfy_intake.rules import action_tokens
-from ntfy_intake.store import audit, db, migrations, rebuild
+from ntfy_intake.store import audit, db, leadership, migrations, postgres, rebuild
 from ntfy_intake.store import owner_replies as replies_store
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
@@ -500,3 +500,24 @@ def test_rebuilt_ack_holds_exactly_when_the_live_one_did(
     finally:
         second.close()
     assert rebuilt is holds
+
+
+def test_press_on_a_leader_whose_term_just_ended_is_a_503_not_a_500(world: World) -> None:
+    """Failure mode: a failover between the press's lease check and its write: the write is
+    fenced (rolled back, as it must be) and the phone got a 500 "internal" instead of the
+    standby's 503, with the failover logged as an unhandled error."""
+    if not isinstance(world.conn, postgres.PgConnection):
+        pytest.skip("leadership and its fence are PostgreSQL's")
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    ack = world.buttons_of("alerts:disk")["Ack"]
+    with world.lock:
+        term = leadership.claim(world.conn, "pi", "inst-a", 8.0).row.term
+        world.conn.execute("UPDATE leadership SET term = term + 1")  # another node took over
+        world.conn.term = term
+    answer = press(ack)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == "standby"
+    with world.lock:
+        world.conn.term = None
+    assert press(ack).status_code == 200  # the fenced press spent nothing

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ntfy_intake.errors import StoreError
+from ntfy_intake.errors import Fenced, StoreError
 from ntfy_intake.flow.owner_buttons import OwnerButtons
 from ntfy_intake.rules import action_tokens
 from ntfy_intake.surfaces.http_requests import (
@@ -96,6 +96,10 @@ def routes(
             pressed = await buttons.press(action, token, guard.address(request))
             if pressed.failed_login:
                 guard.failed(request)
+        except Fenced:
+            # A failover between the lease check and the write: rolled back, nothing spent.
+            message = "this node no longer leads; press again in a few seconds"
+            return error(503, "standby", message, Retry_After="5")
         except StoreError:
             log.warning("http.store_unavailable", endpoint="owner_button")
             return error(503, "store_unavailable", "the database is busy; retry", Retry_After="1")
