@@ -521,3 +521,25 @@ def test_press_on_a_leader_whose_term_just_ended_is_a_503_not_a_500(world: World
     with world.lock:
         world.conn.term = None
     assert press(ack).status_code == 200  # the fenced press spent nothing
+
+
+def test_press_whose_process_died_before_answering_acted_once_with_one_line(
+    world: World,
+) -> None:
+    """Failure mode: kill -9 after the press's COMMIT and before the audit flush and the answer:
+    the phone saw no answer and the owner presses again; the effect must not happen twice and
+    the audit log must still get the first press's line (from the journal, at the next start),
+    once."""
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    ack = world.buttons_of("alerts:disk")["Ack"]
+    assert world.buttons is not None
+    with world.lock:
+        done = world.buttons._press("ack", ack["body"], "127.0.0.1")  # committed, not flushed
+    assert done.status == 200
+    assert world.records("owner_reply") == []  # the process dies here: nothing in the files
+    asyncio.run(world.flush())  # the next start flushes the journal
+    again = press(ack)
+    assert again.status_code == 409
+    assert [r["result"] for r in world.records("owner_reply")] == ["acknowledged", "already_done"]
+    assert world.message("d2", "alerts:disk") == "suppressed"
