@@ -43,6 +43,7 @@ from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
 from ntfy_intake.store.transaction import Connection
 
+_STATUSES = ("firing", "resolved")
 FeedAppend = Callable[[Connection, str, dict[str, Any], str, float], None]
 Record = Mapping[str, Any]
 
@@ -149,7 +150,10 @@ class _Fold:
         if isinstance(record.get("expires"), int) and isinstance(record.get("time"), int):
             self.cursor_record = record
         incident = record.get("incident")
-        if isinstance(incident, str) and incident:
+        # A frame that decides nothing (a delete/clear: rules/cadence_records.action_record)
+        # names its incident but carries no status: live it merges into no incident (no
+        # version, severity, event count or last seen), so the fold passes it by too.
+        if isinstance(incident, str) and incident and record.get("status") in _STATUSES:
             self.incidents.setdefault(incident, []).append(record)
         key = record.get("delivery_key")
         if not isinstance(key, str):
