@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 from ntfy_intake import cli
 from ntfy_intake.rules import cadence
@@ -117,7 +118,43 @@ def _starts_something_slow(item: pytest.Item) -> bool:
     )
 
 
+# Tests whose bounds are a few seconds while two daemons, an emulator and PostgreSQL run (the
+# failovers and handovers), or that drive a whole drill: under pytest-xdist each group is one
+# unit of work, run on one worker one test at a time, so at most one test of each group shares
+# the cores with the lighter tests, never four handovers at once. First match of the path wins.
+SERIAL_GROUPS = (
+    ("tests/integration/two_nodes/test_handover_bounds.py", "handovers"),
+    ("tests/integration/two_nodes/test_yield.py", "handovers"),
+    ("tests/integration/two_nodes/test_standby.py", "handovers"),
+    ("tests/integration/two_nodes/", "two_nodes"),
+    ("tests/drills/test_drill_standby", "two_nodes"),
+    ("tests/drills/", "drills"),
+    ("tests/integration/test_storage_faults.py::test_storage_drill", "drills"),
+    ("tests/integration/test_surface_limits.py::test_slow_connection_flood", "drills"),
+)
+
+
+def serial_group(nodeid: str) -> str | None:
+    return next((name for prefix, name in SERIAL_GROUPS if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by SERIAL_GROUPS: xdist's own reads `xdist_group` marks from a node
+    id suffix that pytest 9 no longer lets a plugin set, so it would group nothing."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    return _PathGroups(config, log)
+
+
+class _PathGroups(LoadGroupScheduling):  # type: ignore[misc]
+    def _split_scope(self, nodeid: str) -> str:
+        return serial_group(nodeid) or nodeid
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the long serial groups start first, not last
+        items.sort(key=lambda item: serial_group(item.nodeid) is None)
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("engine") == "postgresql":
