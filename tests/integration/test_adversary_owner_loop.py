@@ -543,3 +543,39 @@ def test_press_whose_process_died_before_answering_acted_once_with_one_line(
     assert again.status_code == 409
     assert [r["result"] for r in world.records("owner_reply")] == ["acknowledged", "already_done"]
     assert world.message("d2", "alerts:disk") == "suppressed"
+
+
+def test_presses_while_the_store_waits_out_an_outage_are_503_not_parked(world: World) -> None:
+    """Failure mode: the daemon's store waits a PostgreSQL outage out for ever
+    (flow/database.py), and every press meanwhile was parked on it, unchecked by the throttle,
+    to act all at once when the store returns. The store's work runs in a worker thread, and
+    the outage is that thread blocked on the store."""
+
+    entered = threading.Event()
+
+    async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def locked() -> Any:
+            entered.set()
+            with world.lock:
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    assert world.message("d1", "alerts:disk") == "queued"
+    world.send()
+    buttons = world.buttons_of("alerts:disk")
+    assert world.buttons is not None
+    world.buttons.run_db = in_thread
+    first: list[int] = []
+    with world.lock:  # the outage begins
+        waiting = threading.Thread(target=lambda: first.append(press(buttons["Ack"]).status_code))
+        waiting.start()
+        assert entered.wait(10)  # the first press is in the store's thread, blocked
+        later = press(buttons["Silence 2h"])  # waits BUSY_WAIT for the first, then gives up
+        assert later.status_code == 503, later.text
+        assert later.json()["error"] == "busy"
+        assert first == []
+    waiting.join(30)  # the outage ends: the first press acts
+    assert first == [200]
+    assert world.records("silence") == []
+    assert press(buttons["Silence 2h"]).status_code == 200  # and the busy one spent nothing
