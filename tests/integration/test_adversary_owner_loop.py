@@ -333,12 +333,6 @@ def test_ack_survives_a_rebuild_when_a_clear_frame_followed_it(tmp_path: Path) -
     assert holds
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="flow/owner_replies.act acks the incident's current version whatever message was"
-    " quoted; the buttons check the firing their token names, a Signal quote does not (not the"
-    " buttons' file)",
-)
 def test_quoted_ack_of_an_old_message_does_not_ack_a_later_firing(
     conn: db.Connection, tmp_path: Path, signal: SignalHandle
 ) -> None:

@@ -18,7 +18,8 @@ from .. import harness
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("engine", ["postgresql"], indirect=True)]
 
 ROWS = {
-    "owner_signal_sent": [(1_764_470_000_123, "notify:tri_a", 1_764_470_000.0)],
+    # The last column: the firing the message showed (its incident's version when sent).
+    "owner_signal_sent": [(1_764_470_000_123, "notify:tri_a", 1_764_470_000.0, 2)],
     "owner_replies": [("+31600000001", 1_764_470_001_000, 1_764_470_002.0, "ack", "acknowledged")],
     "owner_acks": [("alerts:disk", 3, 1_764_470_002.0)],
 }

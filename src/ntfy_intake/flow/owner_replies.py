@@ -341,13 +341,17 @@ class OwnerReplies:
         if verb == "status":
             return "status", rules.confirmation("status", None, line=status_line), {}
         conn = self.conn
-        quoted = None
+        quoted = newest = None
         if envelope.quote_id is not None:
-            quoted = store.key_for_signal_ts(conn, envelope.quote_id)
-        newest = None
-        if envelope.quote_id is None:
+            quoted = store.message_for_signal_ts(conn, envelope.quote_id)
+        else:
             newest = store.newest_incident_message(conn, now - rules.NEWEST_WITHIN)
-        target = rules.match(envelope.quote_id, quoted, newest, now)
+        target = rules.match(
+            envelope.quote_id,
+            None if quoted is None else quoted[0],
+            None if newest is None else newest[:2],
+            now,
+        )
         if target is None:
             problem = (
                 "That quote is not one of my messages"
@@ -355,8 +359,14 @@ class OwnerReplies:
                 else "No message of mine about an incident in the last hour to apply that to"
             )
             return "unmatched", rules.confirmation("help", None, problem=problem), {}
+        # The firing the answered message showed (its incident's version when it went out).
+        shown = None
+        if quoted is not None and target.how == "quote":
+            shown = quoted[1]
+        elif newest is not None and target.how == "newest":
+            shown = newest[2]
         fields: dict[str, Any] = {"key": target.key, "matched": target.how}
-        result, reply = act(conn, self.queue, txn, command, now, fields, via="signal")
+        result, reply = act(conn, self.queue, txn, command, now, fields, via="signal", shown=shown)
         return result, reply, fields
 
 
@@ -369,12 +379,19 @@ def act(
     fields: dict[str, Any],
     *,
     via: str,
+    shown: int | None = None,
 ) -> tuple[str, str]:
     """The effect of `command` (ack, silence, unsilence, details) on the incident the owner
     message `fields["key"]` is about, in the caller's write transaction: (result, the words
     that confirm it). `fields` (the `owner_reply` audit line's) gains the incident and a
     silence's id. One effect for a Signal reply (`via` "signal") and a fallback-topic button
-    ("button", flow/owner_buttons.py) alike."""
+    ("button", flow/owner_buttons.py) alike.
+
+    `shown`: the incident's version when the message went out, the firing it showed. An ack of
+    a message whose firing is over (the incident fired again or its severity rose since) acts
+    on nothing (`firing_over`, as the Ack button of such a message: the button judges its
+    token's version before calling here): the owner acknowledges what he saw, never a firing
+    he has not seen. A silence names the incident and acts whatever firing it is in."""
     verb = command.verb
     key = str(fields["key"])
     incident = store.incident_of(conn, key)
@@ -383,7 +400,11 @@ def act(
         problem = "That message is not about an incident"
         return "unmatched", rules.confirmation("help", None, problem=problem)
     fields["incident"] = incident
+    over = rules.firing_over(shown, state[1], state[2])
     if verb == "ack":
+        if over:
+            quoted = fields.get("matched") == "quote"
+            return "firing_over", rules.ack_refused(incident, "quote" if quoted else "newest")
         store.ack(conn, incident, state[2], now, about=key, via=via)
         return "acknowledged", rules.confirmation("ack", incident)
     if verb == "silence":
@@ -394,7 +415,8 @@ def act(
         record = silences.silence_fields(silence_id, "incident", incident, until, why)
         queue.silence(txn, "silence", now, **record)
         fields["silence_id"] = silence_id
-        return "silenced", rules.confirmation("silence", incident, until=_hhmm(until))
+        words = rules.confirmation("silence", incident, until=_hhmm(until), fired_again=over)
+        return "silenced", words
     if verb == "unsilence":
         ended = 0
         for held in queue.state.silences.active(now):

@@ -154,7 +154,14 @@ def confirmation(verb: Verb, incident: str | None, **fields: Any) -> str:
     if verb == "ack":
         return f"Acknowledged {name}: no more messages about it until it resolves and fires again or its severity rises."
     if verb == "silence":
-        return f"Silenced {name} until {fields['until']}."
+        # A silence names the incident, not a firing: on an old message it still acts (as the
+        # Silence button does), and says what it covers.
+        since = (
+            " It fired again (or got worse) since that message; the silence covers it as it is now."
+            if fields.get("fired_again")
+            else ""
+        )
+        return f"Silenced {name} until {fields['until']}.{since}"
     if verb == "unsilence":
         ended = int(fields.get("ended", 0))
         return f"Unsilenced {name}." if ended else f"{name} was not silenced."
@@ -166,6 +173,27 @@ def confirmation(verb: Verb, incident: str | None, **fields: Any) -> str:
         return sanitize.one_line(str(fields.get("line", "")), CONFIRMATION_LIMIT)
     problem = fields.get("problem")
     return f"{problem}. {HELP}" if problem else HELP
+
+
+def firing_over(shown_version: int | None, status: str, version: int) -> bool:
+    """Whether the firing an owner message showed (its incident's version when it went out)
+    has ended at (`status`, `version`): the incident fired again or its severity rose, so an
+    ack of that message would hold a firing the owner has not seen (the same test as an ack's
+    end, `ack_current`; the fallback topic's Ack button asks it of its token's version). A
+    message whose version is not known (sent before versions were kept) counts as current."""
+    return shown_version is not None and not ack_current(shown_version, status, version)
+
+
+def ack_refused(incident: str, how: Literal["quote", "newest"]) -> str:
+    """The reply to an ack of a message whose firing is over (`firing_over`): nothing was
+    acknowledged, and how to acknowledge the firing that is on now."""
+    name = sanitize.one_line(incident, 120)
+    answered = "the message you quoted" if how == "quote" else "my newest message"
+    newer = "the newer message about it" if how == "quote" else "the newer message when it comes"
+    return (
+        f"{name} fired again (or got worse) since {answered}; nothing was acknowledged. "
+        f"Reply ack to {newer} (swipe to quote it), or use the console."
+    )
 
 
 def ack_current(acked_version: int, status: str, version: int) -> bool:

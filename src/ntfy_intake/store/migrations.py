@@ -249,6 +249,13 @@ SQLITE: tuple[Migration, ...] = (
             "CREATE INDEX owner_action_uses_at ON owner_action_uses(used_at)",
         ],
     ),
+    # The incident's version when an owner message went out over Signal (store/owner_replies.py):
+    # the firing it showed, so a reply quoting it cannot acknowledge a later firing. NULL for a
+    # message about no incident, and for one sent before this step (it acts as before).
+    (
+        "0013_owner_signal_sent_version",
+        ["ALTER TABLE owner_signal_sent ADD COLUMN incident_version INTEGER"],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

@@ -254,4 +254,9 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
             "CREATE INDEX owner_action_uses_at ON owner_action_uses(used_at)",
         ],
     ),
+    # The incident's version when an owner message went out over Signal (migrations.py says why).
+    (
+        "0013_owner_signal_sent_version",
+        ["ALTER TABLE owner_signal_sent ADD COLUMN incident_version BIGINT"],
+    ),
 )

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from ntfy_intake.store import db
+from ntfy_intake.store import db, owner_replies
 from ntfy_intake.store.db import Connection
 
 __all__ = ["Claim", "claim_due", "record_signal_sent", "settle"]
@@ -108,10 +108,11 @@ def settle(
 
 def record_signal_sent(conn: Connection, key: str, signal_ts: int, now: float) -> None:
     """Remember that the send of `key` Signal answered with `signal_ts`, inside the caller's
-    write transaction (the owner's reply quotes it: flow/owner_replies.py). A timestamp seen
-    again (the same answer settled twice) keeps its first row."""
+    write transaction (the owner's reply quotes it: flow/owner_replies.py), with the version of
+    its incident now: the firing the message showed. A timestamp seen again (the same answer
+    settled twice) keeps its first row."""
     conn.execute(
-        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at) VALUES (?, ?, ?)"
-        " ON CONFLICT (signal_ts) DO NOTHING",
-        (signal_ts, key, now),
+        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at, incident_version)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (signal_ts) DO NOTHING",
+        (signal_ts, key, now, owner_replies.shown_version(conn, key)),
     )

@@ -3,7 +3,9 @@
 - `owner_replies`: each received envelope once, by (source, envelope timestamp). `claim` inserts
   its row first in the effect's transaction: a replayed envelope finds the row and does nothing.
 - `owner_signal_sent` (written by the owner sender): which of our messages a quote names, and
-  the newest one about an incident.
+  the newest one about an incident; each with the incident's version when it went out
+  (`shown_version`, read in the sender's settle transaction), the firing the message showed:
+  a reply to it acknowledges that firing or nothing (flow/owner_replies.py).
 - `owner_acks`: an incident the owner acknowledged, with the incident's `version` then (the
   version changes exactly when the severity rises or the status flips: rules/incidents.merge).
   An ack holds while the version is unchanged, or changed once by the incident resolving; it
@@ -12,6 +14,8 @@
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ntfy_intake.rules import owner_replies as rules
 from ntfy_intake.store import feed
@@ -24,12 +28,13 @@ __all__ = [
     "confirmations_since",
     "incident_of",
     "incident_state",
-    "key_for_signal_ts",
     "last_events",
+    "message_for_signal_ts",
     "newest_incident_message",
     "queue_confirmation",
     "route_to_fallback",
     "settle",
+    "shown_version",
 ]
 
 # Owner messages about an incident: a triage reply to a request, or an escalation of one.
@@ -42,9 +47,9 @@ _CLAIM = (
 _TO_FALLBACK = "UPDATE owner_outbox SET channel = 'ntfy' WHERE key = ? AND state = 'pending'"
 _CONFIRMATIONS_SINCE = "SELECT count(*) FROM owner_outbox WHERE topic = 'reply' AND kind = 'notice' AND created_at >= ?"
 _SETTLE = "UPDATE owner_replies SET result = ? WHERE source = ? AND envelope_ts = ?"
-_KEY_FOR_TS = "SELECT key FROM owner_signal_sent WHERE signal_ts = ?"
+_MESSAGE_FOR_TS = "SELECT key, incident_version FROM owner_signal_sent WHERE signal_ts = ?"
 _NEWEST = (
-    "SELECT key, sent_at FROM owner_signal_sent"
+    "SELECT key, sent_at, incident_version FROM owner_signal_sent"
     " WHERE sent_at >= ? AND (key LIKE 'notify:%' OR key LIKE 'escalate:%')"
     " ORDER BY sent_at DESC, signal_ts DESC LIMIT 1"
 )
@@ -77,15 +82,30 @@ def settle(conn: Connection, source: str, ts: int, result: str) -> None:
     conn.execute(_SETTLE, (result, source, ts))
 
 
-def key_for_signal_ts(conn: Connection, signal_ts: int) -> str | None:
-    row = conn.execute(_KEY_FOR_TS, (signal_ts,)).fetchone()
-    return None if row is None else str(row[0])
+def message_for_signal_ts(conn: Connection, signal_ts: int) -> tuple[str, int | None] | None:
+    """The owner message Signal answered `signal_ts` for: (key, the incident's version when it
+    went out, None when not known)."""
+    row = conn.execute(_MESSAGE_FOR_TS, (signal_ts,)).fetchone()
+    return None if row is None else (str(row[0]), _int_or_none(row[1]))
 
 
-def newest_incident_message(conn: Connection, since: float) -> tuple[str, float] | None:
-    """Our newest message about an incident sent at or after `since`: (key, sent_at)."""
+def newest_incident_message(conn: Connection, since: float) -> tuple[str, float, int | None] | None:
+    """Our newest message about an incident sent at or after `since`: (key, sent_at, the
+    incident's version when it went out)."""
     row = conn.execute(_NEWEST, (since,)).fetchone()
-    return None if row is None else (str(row[0]), float(row[1]))
+    return None if row is None else (str(row[0]), float(row[1]), _int_or_none(row[2]))
+
+
+def shown_version(conn: Connection, key: str) -> int | None:
+    """The version of the incident the owner message `key` is about, as it stands (read when
+    the message goes out: the firing it shows); None for a message about no incident."""
+    incident = incident_of(conn, key)
+    state = None if incident is None else incident_state(conn, incident)
+    return None if state is None else state[2]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def incident_of(conn: Connection, key: str) -> str | None:

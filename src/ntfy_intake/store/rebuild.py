@@ -20,7 +20,9 @@ The audit log is the system of record. From it, before subscribing, come back:
   incident's, so an ack that ended before the loss is ended after it too). Silences need
   nothing here: they are audit records only, folded into the cadence state at every start.
 - the Signal timestamps of sent owner messages (`signal_ts` on their `owner_message` lines), so
-  a reply quoting a message sent before the loss still finds it.
+  a reply quoting a message sent before the loss still finds it, each with its incident's
+  version as the lines before it fold it (the firing the message showed, counted as the
+  rebuilt incident's: a quoted ack of a message whose firing ended is refused after it too).
 One `rebuilt_from_audit` record is staged; the caller adds the one owner notice.
 
 Known limit: a request still collecting when the database was lost is rebuilt from its event
@@ -114,7 +116,8 @@ class _Fold:
     requests: dict[str, _Request] = field(default_factory=dict)
     owner: dict[str, _OwnerMessage] = field(default_factory=dict)
     acks: dict[str, tuple[int, float]] = field(default_factory=dict)  # incident: (version, at)
-    signal_sent: dict[int, tuple[str, float]] = field(default_factory=dict)  # ts: (key, at)
+    # ts: (key, at, the incident's version then)
+    signal_sent: dict[int, tuple[str, float, int | None]] = field(default_factory=dict)
     cursor_record: Record | None = None
     last_event: Record | None = None
 
@@ -163,6 +166,14 @@ class _Fold:
         if key in self.requests:
             self.requests[key].events.append(event_id)
 
+    def _shown_version(self, key: str) -> int | None:
+        """The version of the incident the owner message `key` is about, as folded so far (the
+        live sender reads it in the transaction that stages the line: store/owner_replies)."""
+        prefix, _, delivery_key = key.partition(":")
+        request = self.requests.get(delivery_key) if prefix in ("notify", "escalate") else None
+        lines = None if request is None else self.incidents.get(request.incident)
+        return None if not lines else _version(lines)
+
     def _release(self, record: Record, seq: int) -> None:
         request = self.requests.get(str(record.get("delivery_key")))
         payload = record.get("payload")
@@ -182,7 +193,7 @@ class _Fold:
             return
         signal_ts = record.get("signal_ts")
         if isinstance(signal_ts, int) and not isinstance(signal_ts, bool):
-            self.signal_sent.setdefault(signal_ts, (key, ts))
+            self.signal_sent.setdefault(signal_ts, (key, ts, self._shown_version(key)))
         message = self.owner.get(key)
         if message is None:
             text = record.get("text")
@@ -350,12 +361,12 @@ def _acks(conn: Connection, acks: Mapping[str, tuple[int, float]]) -> None:
     )
 
 
-def _signal_sent(conn: Connection, sent: Mapping[int, tuple[str, float]]) -> None:
+def _signal_sent(conn: Connection, sent: Mapping[int, tuple[str, float, int | None]]) -> None:
     """The Signal timestamps of sent owner messages: what the owner's replies quote."""
     conn.executemany(
-        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at) VALUES (?, ?, ?)"
-        " ON CONFLICT (signal_ts) DO NOTHING",
-        [(signal_ts, key, at) for signal_ts, (key, at) in sent.items()],
+        "INSERT INTO owner_signal_sent(signal_ts, key, sent_at, incident_version)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (signal_ts) DO NOTHING",
+        [(signal_ts, *row) for signal_ts, row in sent.items()],
     )
 
 
