@@ -125,7 +125,7 @@ class Escalator:
             result, _ = self.queue.escalation(
                 txn,
                 key,
-                escalation.message(request, now),
+                escalation.message(request, now, feed_handle=self.policy.feed_handle),
                 now,
                 incident=request.incident_key,
                 topics=store.topics(self.conn, request.delivery_key),

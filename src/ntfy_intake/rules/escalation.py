@@ -140,15 +140,22 @@ def _clock(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def message(request: Pending, now: float) -> str:
-    """The owner message for `request`: one line, sanitized, at most `MESSAGE_LIMIT` characters."""
+def message(request: Pending, now: float, *, feed_handle: str | None = None) -> str:
+    """The owner message for `request`: one line, sanitized, at most `MESSAGE_LIMIT` characters.
+    `feed_handle`: the policy's (the agent feed alone): nothing was pushed to an agent that
+    could stay silent, so the message says what was waited for, the agent's ack on the feed."""
     # Whole minutes past the first (10m, 1h12m), whole seconds below it (a short escalate_after).
     seconds = max(0, int(quantize(now) - request.released_at))
     waited = format_duration(seconds if seconds < 60 else seconds // 60 * 60)
+    why = (
+        f"triage agent silent for {waited}"
+        if feed_handle is None
+        else f"triage agent has not taken it from the feed for {waited}"
+    )
     text = (
         f"[{sanitize.one_line(request.topic or '-', _TOPIC_LIMIT)}]"
         f" {sanitize.one_line(request.title or request.incident_key or '-', _TITLE_LIMIT)}"
-        f" (severity {int(request.severity)}) - triage agent silent for {waited}."
+        f" (severity {int(request.severity)}) - {why}."
         f" First seen {_clock(request.first_seen)}, last {_clock(request.last_seen)},"
         f" {int(request.events)} event{'s' if request.events != 1 else ''}."
     )
