@@ -216,11 +216,6 @@ def test_public_url_with_separators_is_read_back_by_ntfy_exactly(
 @pytest.mark.slow
 @pytest.mark.one_engine("store copy's target is PostgreSQL")
 @pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason="store/copy.py's TABLES leaves out owner_action_key and owner_action_uses (not the"
-    " buttons' file): after the move every button already on the phone is refused as forged",
-)
 def test_store_copy_keeps_the_buttons_key_and_spent_tokens(tmp_path: Path) -> None:
     """Failure mode: after `store copy` to PostgreSQL every button on the owner's phone is
     refused as "not a button token of this daemon" (and counted as a guess); copying the key

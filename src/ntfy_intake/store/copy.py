@@ -34,6 +34,10 @@ TABLES = (
     "owner_signal_sent",
     "owner_replies",
     "owner_acks",
+    # The fallback topic's buttons (store/action_tokens.py): without the key every button
+    # already on the phone is refused as forged; without the used tokens a spent one acts again.
+    "owner_action_key",
+    "owner_action_uses",
     "audit_journal",
     "feed_entries",
     "feed_cursors",
