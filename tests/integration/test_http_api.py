@@ -526,6 +526,8 @@ def test_metrics_exposition_parses_and_contains_the_documented_names(api: Api) -
             "owner_suppressed_total": 0,
             "owner_receive_last_ok_age_s": 4.5,
             "owner_receive_failures_total": 2,
+            "escalations_today": 1,
+            "escalations_held_today": 0,
             "feed_head": {"triage": 3},
             "leader": 1,
             "term": 1,

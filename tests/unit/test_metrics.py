@@ -40,6 +40,8 @@ FULL: dict[str, Any] = {
     "cluster_intake_live": False,
     "owner_receive_last_ok_age_s": 4.2,
     "owner_receive_failures_total": 1,
+    "escalations_today": 2,
+    "escalations_held_today": 1,
 }
 
 

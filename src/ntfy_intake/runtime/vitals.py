@@ -31,6 +31,7 @@ from ntfy_intake.runtime.clock import TrustedClock
 from ntfy_intake.runtime.sdnotify import Notifier
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import vitals_state
+from ntfy_intake.surfaces import metrics
 
 log = structlog.get_logger("ntfy_intake.daemon")
 
@@ -348,7 +349,10 @@ class Vitals:
         """In the worker thread: refresh the queue counts and store the health snapshot; True
         when it was stored unchanged (the refresh `status` reads)."""
         conn = self._database.conn
-        self._cached_counts = vitals_state.queue_counts(conn)
+        self._cached_counts = {
+            **vitals_state.queue_counts(conn),
+            **metrics.escalation_counts(conn, self.settings, time.time()),
+        }
         snapshot = self.health_snapshot()
         if final:
             snapshot["state"] = "stopped"

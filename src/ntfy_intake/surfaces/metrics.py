@@ -30,6 +30,8 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
         "owner_suppressed_total": 1,
         "owner_receive_last_ok_age_s": 4.2,  # with owner.receive on; None before the first
         "owner_receive_failures_total": 0,
+        "escalations_today": 1,            # with escalation on: let through on today's date
+        "escalations_held_today": 0,       # held on that day (cap, silence, ack, maintenance)
         "feed_head": {"triage": 12},       # channel -> highest seq
         "leader": 1, "term": 4, "failovers_total": 1,  # with a standby (PostgreSQL)
         "ready": True, "cluster_intake_live": True,     # readiness (PostgreSQL)
@@ -37,7 +39,9 @@ Values that are not numbers are skipped rather than failing the scrape. Example:
 
 `snapshot()` is called on the scraping thread (the HTTP app calls it on its event loop), once per
 scrape: keep it cheap and free of blocking I/O. If it raises, the scrape still succeeds with
-``ntfy_intake_metrics_snapshot_ok 0`` and nothing else from this collector.
+``ntfy_intake_metrics_snapshot_ok 0`` and nothing else from this collector. What the store holds
+(`escalation_counts`, like the queue counts) is read in the database thread when the daemon
+refreshes its snapshot (runtime/vitals.py), never at scrape time.
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ntfy_intake.rules import health
+from ntfy_intake.rules import escalation, health
+from ntfy_intake.settings import Settings
+from ntfy_intake.store import escalations
+from ntfy_intake.store.transaction import Connection
 
 __all__ = [
     "CONTENT_TYPE",
@@ -62,6 +69,7 @@ __all__ = [
     "SNAPSHOT_KEYS",
     "Snapshot",
     "SnapshotCollector",
+    "escalation_counts",
     "registry_for",
     "render",
     "snapshot_collector",
@@ -143,6 +151,21 @@ _SCALARS: Final[tuple[tuple[str, str, str, str], ...]] = (
         "owner_receive_failures_total",
         "counter",
         "Receives of the owner's replies that failed (this run).",
+    ),
+    # Escalations when the agent is silent (absent while escalation is off): the day's in
+    # `cadence.timezone`, from the overview `status` shows (surfaces/status.py).
+    (
+        "escalations_today",
+        "escalations_today",
+        "gauge",
+        "Escalations let through today (cadence.timezone): what relay.escalate_daily_cap counts.",
+    ),
+    (
+        "escalations_held_today",
+        "escalations_held_today",
+        "gauge",
+        "Escalations held today: by relay.escalate_daily_cap, a silence, an ack or a maintenance"
+        " window.",
     ),
     # The standby (PostgreSQL only; absent on one box).
     ("leader", "leader", "gauge", "1 while this node holds the lease and acts, 0 on a standby."),
@@ -276,6 +299,26 @@ def _state_families(
     for name in (*known, *(() if state in known else (state,))):
         family.add_metric([name], 1.0 if name == state else 0.0)
     yield family
+
+
+def escalation_counts(conn: Connection, settings: Settings, now: float) -> dict[str, Any]:
+    """The day's escalations for the snapshot (`escalations_today`, `escalations_held_today`),
+    counted by the overview `status` shows (rules/escalation.overview, on what
+    store/escalations.recorded reads); nothing while escalation is off. In the database
+    thread."""
+    relay = settings.relay
+    policy = escalation.configured(
+        relay.escalate_after,
+        relay.escalate_min_severity,
+        relay=relay.url is not None,
+        feed_handle=relay.escalate_handle,
+    )
+    if policy is None:
+        return {}
+    # Two days back covers today in any zone, whatever the offset (as `status`).
+    recorded = escalations.recorded(conn, since=now - 2 * 86400)
+    view = escalation.overview(policy, settings.cadence.timezone, recorded, (), now)
+    return {"escalations_today": view.today, "escalations_held_today": view.held_today}
 
 
 def snapshot_collector(snapshot: Snapshot) -> SnapshotCollector:
