@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from ntfy_intake.flow import writer as writer_module
+from ntfy_intake.runtime import ticker
+from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.runtime.sdnotify import Notifier
-from ntfy_intake.store import vitals_state
+from ntfy_intake.store import audit, storage, vitals_state
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
@@ -135,3 +137,24 @@ def drain(sock: socket.socket) -> list[str]:
             got.append(sock.recv(4096).decode())
         except TimeoutError:
             return got
+
+
+def test_a_storage_fault_being_waited_out_keeps_the_ticker_looking_each_second(
+    tmp_path: Path,
+) -> None:
+    """A storage episode's notice is owed when any caller's retry succeeds, which wakes no
+    ticker: asleep up to its snapshot refresh, it told the owner that much later."""
+    daemon = Daemon(settings_for("http://127.0.0.1:9", tmp_path))
+    daemon.recover()
+    try:
+        daemon.vitals.write_health()  # stored (and written): its refresh is 10 s away
+        audit.write_owed_mark(daemon.conn)
+        idle = daemon.ticker._wait()
+        daemon.storage.fault = storage.StorageFault(
+            "disk_full", "database", "No space left on device"
+        )
+        waiting = daemon.ticker._wait()
+    finally:
+        daemon.close()
+    assert idle > ticker.STORAGE_LOOK_S, idle
+    assert waiting <= ticker.STORAGE_LOOK_S, waiting

@@ -25,6 +25,8 @@ from ntfy_intake.rules import ticks
 from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
 from ntfy_intake.store import audit, db
 
+STORAGE_LOOK_S = 1.0
+
 
 class Ticker:
     """The pulse; `run` is its task, `wedge` the tests' stuck pass."""
@@ -90,6 +92,10 @@ class Ticker:
         due = self.writer.next_due(self.health.last_server_time, now, self.clock())
         if self.storage.notices_owed:
             due.append(now)
+        if self.storage.fault is not None:
+            # Its end (any caller's retry that succeeds) owes the owner a notice, and nothing
+            # wakes the ticker for it: a look a second while storage is being waited out.
+            due.append(now + STORAGE_LOOK_S)
         owed_since = db.owed_since(self.database.conn)  # an audit mark owed (PostgreSQL)
         if owed_since is not None:
             due.append(owed_since + MARK_OWED_AT_MOST)
