@@ -320,6 +320,26 @@ def test_a_steady_stream_saves_the_cursor_at_most_once_a_second_not_every_tick(
     assert settle_at(start + 2 * window + 1.1, at_once=True) == "steady000004"  # the drain's
 
 
+def test_a_steady_stream_wakes_the_ticker_to_settle_once_a_save_may_follow_not_per_event(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kills a ticker pass per live event: the settle was due at each event's reorder window
+    end, 0.2 s apart at 5 events a second, though the cursor is saved at most once a second.
+    The settle is due once a save may follow; the cursor lags no more than it did."""
+    now = frozen_monotonic(monkeypatch, 10_000.0)
+    window = daemon.settings.ntfy.reorder_window
+    start = now["t"]
+    for n, event in enumerate(["wake00000001", "wake00000002", "wake00000003"]):
+        item = intake.Received(make_message(event), start + n * 0.2, 0)
+        asyncio.run(daemon.writer.record([item]))
+    now["t"] = start + window
+    asyncio.run(daemon.writer.settle_cursor())  # quiet before: wake00000001 saved at once
+    assert cursor.load(daemon.conn) == cursor.Cursor.at_id("wake00000001", 1_764_470_000)
+    settle_due = daemon.writer.next_due(None, now["t"], 0.0)[0]
+    # The next event's window ends 0.2 s on; the next save may come 1 s on.
+    assert settle_due == start + window + writer_module.CURSOR_SAVE_EVERY
+
+
 def test_a_cursor_settled_before_ntfy_refused_it_is_not_saved_over_the_reset(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:

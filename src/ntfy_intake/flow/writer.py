@@ -366,12 +366,14 @@ class Writer:
 
     def next_due(self, seen: int | None, now: float, wall: float) -> list[float | None]:
         """The monotonic times the ticker's writer work next falls due: the reorder window's end
-        for the oldest unsettled event, a settled cursor's save, the last frame time's save
-        (`seen`: the server time last read), the next debounce window's close (wall clock
-        `wall` read at monotonic `now`)."""
+        for the oldest unsettled event (no sooner than the cursor may be saved again: settling
+        one event a pass while events flow woke the ticker once per event for nothing), a
+        settled cursor's save, the last frame time's save (`seen`: the server time last read),
+        the next debounce window's close (wall clock `wall` read at monotonic `now`)."""
         oldest = self.resume.oldest_read_at
+        saveable = self._cursor_saved_at + CURSOR_SAVE_EVERY
         return [
-            None if oldest is None else oldest + self.resume.reorder_window,
+            None if oldest is None else max(oldest + self.resume.reorder_window, saveable),
             None if self._settled is None else self._cursor_saved_at + CURSOR_SAVE_EVERY,
             None
             if seen is None or seen == self._saved_frame_time
