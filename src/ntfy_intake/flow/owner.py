@@ -308,14 +308,23 @@ class OwnerSender:
 
     async def _ntfy_leg(self, claim: Claim, text: str, legs: list[Leg]) -> Settlement:
         assert self.owner.fallback_topic is not None
-        headers = ntfy_headers(claim.kind, claim.topic, self.ntfy_token)
-        if self.buttons is not None:
-            headers.update(await self.buttons(claim.key))
+        url = f"{self.ntfy_url}/{self.owner.fallback_topic}"
+        plain = ntfy_headers(claim.kind, claim.topic, self.ntfy_token)
+        extra = {} if self.buttons is None else await self.buttons(claim.key)
         status, answer_headers, content, error = await self._post(
-            f"{self.ntfy_url}/{self.owner.fallback_topic}", text.encode("utf-8"), headers
+            url, text.encode("utf-8"), {**plain, **extra}
         )
         now = self.clock()
         outcome = classify_ntfy(status, answer_headers, content, error, now)
+        if extra and outcome.kind == "permanent":
+            # The buttons are a convenience; the message is what the owner needs. A server that
+            # refuses the buttons (40018, or any other 4xx) gets the message without them.
+            log.warning("owner.buttons_refused", key=claim.key, detail=redact(outcome.detail))
+            status, answer_headers, content, error = await self._post(
+                url, text.encode("utf-8"), plain
+            )
+            now = self.clock()
+            outcome = classify_ntfy(status, answer_headers, content, error, now)
         detail = redact(outcome.detail, self._known)
         attempt = claim.ntfy_attempts + 1
 
