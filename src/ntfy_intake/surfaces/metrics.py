@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ntfy_intake.flow import escalator
 from ntfy_intake.rules import escalation, health
 from ntfy_intake.settings import Settings
 from ntfy_intake.store import escalations
@@ -306,13 +307,7 @@ def escalation_counts(conn: Connection, settings: Settings, now: float) -> dict[
     counted by the overview `status` shows (rules/escalation.overview, on what
     store/escalations.recorded reads); nothing while escalation is off. In the database
     thread."""
-    relay = settings.relay
-    policy = escalation.configured(
-        relay.escalate_after,
-        relay.escalate_min_severity,
-        relay=relay.url is not None,
-        feed_handle=relay.escalate_handle,
-    )
+    policy = escalator.policy_for(settings.relay)
     if policy is None:
         return {}
     # Two days back covers today in any zone, whatever the offset (as `status`).

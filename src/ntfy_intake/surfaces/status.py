@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from ntfy_intake.flow import escalator
 from ntfy_intake.rules import escalation, expectations, health, maintenance, readiness
 from ntfy_intake.rules.durations import format_duration
 from ntfy_intake.settings import Settings
@@ -104,12 +105,7 @@ def _escalations(conn: db.Connection, settings: Settings, now: float) -> dict[st
     the agent's: the day's count against `relay.escalate_daily_cap`, how many were held, the
     newest, and the requests that escalate next if the agent stays silent."""
     relay = settings.relay
-    policy = escalation.configured(
-        relay.escalate_after,
-        relay.escalate_min_severity,
-        relay=relay.url is not None,
-        feed_handle=relay.escalate_handle,
-    )
+    policy = escalator.policy_for(relay)
     found: dict[str, Any] = {
         "enabled": policy is not None,
         "after": format_duration(relay.escalate_after),
