@@ -178,38 +178,33 @@ class OwnerButtons:
         conn = self.conn
         command = COMMANDS[action]
         now = self.clock()
+
+        def line(result: str, **fields: Any) -> None:
+            """The press's one `owner_reply` audit line, whatever became of it."""
+            fields.setdefault("address", address[:100])
+            audit.stage(
+                conn,
+                "owner_reply",
+                now,
+                command=command.verb,
+                result=result,
+                via="button",
+                **fields,
+            )
+
         with db.write_txn(conn) as txn:
             verdict = tokens.verify(self._signing_key(txn), token, action, now)
             if isinstance(verdict, tokens.Refused):
                 why = verdict.why
                 result = "expired" if why == "expired" else "refused"
-                audit.stage(
-                    conn,
-                    "owner_reply",
-                    now,
-                    command=command.verb,
-                    result=result,
-                    via="button",
-                    why=why,
-                    address=address[:100],
-                    key=verdict.key,
-                )
+                line(result, why=why, key=verdict.key)
                 txn.after_commit(lambda: log.warning("owner_buttons.refused", why=why))
                 said = {"error": result, "why": why, "message": _SAY[why]}
                 return Pressed(_STATUS[why], said, failed_login=True)
             used = tokens.token_id(verdict.key, verdict.action)
             if not store.claim(conn, used, now, now - 2 * self.ttl):
                 before = store.used_result(conn, used)
-                audit.stage(
-                    conn,
-                    "owner_reply",
-                    now,
-                    command=command.verb,
-                    result="already_done",
-                    via="button",
-                    key=verdict.key,
-                    address=address[:100],
-                )
+                line("already_done", key=verdict.key)
                 message = "that button was pressed before; nothing more was done"
                 # Counted like a refused token: a spent token (anyone who read the topic holds
                 # one) pressed without end would otherwise be an unthrottled write and audit line.
@@ -220,16 +215,7 @@ class OwnerButtons:
                 )
             if command.verb == "ack" and _firing_over(conn, verdict):
                 store.settle(conn, used, _FIRING_OVER)
-                audit.stage(
-                    conn,
-                    "owner_reply",
-                    now,
-                    command=command.verb,
-                    result=_FIRING_OVER,
-                    via="button",
-                    key=verdict.key,
-                    address=address[:100],
-                )
+                line(_FIRING_OVER, key=verdict.key)
                 return Pressed(409, {"error": _FIRING_OVER, "message": _SAY_FIRING_OVER})
             fields: dict[str, Any] = {
                 "key": verdict.key,
@@ -240,15 +226,7 @@ class OwnerButtons:
                 conn, self.queue, txn, command, now, fields, via="button"
             )
             store.settle(conn, used, result)
-            audit.stage(
-                conn,
-                "owner_reply",
-                now,
-                command=command.verb,
-                result=result,
-                via="button",
-                **fields,
-            )
+            line(result, **fields)
         body: dict[str, Any] = {
             "result": result,
             "incident": fields.get("incident"),
