@@ -18,7 +18,6 @@ import binascii
 import hashlib
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from hashlib import sha256
 from typing import Any, NamedTuple
@@ -203,7 +202,7 @@ def decode_line(line: bytes, topics: frozenset[str]) -> Frame:
     except UnicodeDecodeError:
         return Junk(line.decode("utf-8", "replace"), "not UTF-8")
     try:
-        obj: Any = _loads(text)
+        obj: Any = json.loads(text)
     except (ValueError, RecursionError):
         return Junk(text, "not JSON")
     if type(obj) is not dict:
@@ -222,20 +221,6 @@ def decode_line(line: bytes, topics: frozenset[str]) -> Frame:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-# json.loads without its per-call layers (same scanner, same objects): a line that the bare
-# scanner does not take whole (whitespace around it, extra data, an error) goes to json.loads,
-# which gives the same object or the same kind of error.
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _loads(text: str) -> Any:
-    try:
-        obj, end = _SCAN(text, 0)
-    except StopIteration:
-        return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return obj
 
 
 def decode_object(obj: dict[str, Any], text: str, topics: frozenset[str]) -> Frame:
