@@ -248,8 +248,9 @@ def test_storage_fault_after_the_commit_hands_no_row_over_twice(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The flush fails after the batch committed and the trip runs again: the rows it leased
-    are handed over once (a second hand-over would post them twice)."""
-    step = "mirror" if db.is_postgres(daemon.conn) else "_mark_flushed"
+    are handed over once (a second hand-over would post them twice). The fault: SQLite, the
+    read of the mark (the mark itself rides the next transaction); PostgreSQL, the mirror."""
+    step = "mirror" if db.is_postgres(daemon.conn) else "flushed_seq"
     real, calls = getattr(audit, step), {"n": 0}
 
     def failing_once(*args: Any, **kwargs: Any) -> Any:
