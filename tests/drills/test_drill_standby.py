@@ -94,10 +94,12 @@ def test_standby_drill_of_three_rounds_passes_with_every_figure(
     assert int(value(table, "events published").split()[0]) > 0
     for node in ("pi", "nas"):
         assert value(table, f"audit files of {node} == journal").startswith("equal above seq")
-    # The process faults each end in a failover to the other node, with its takeover notice.
-    assert value(table, "failovers (another node took a new term)").startswith(
-        f"{sum(k in ('kill9', 'sigstop', 'sigterm') for k in plan)} "
-    )
+    # The process faults each end in a failover to the other node, with its takeover notice. A
+    # PostgreSQL restart may end in one too: while the server is down no node renews, and on a
+    # loaded machine the standby can be the first back to find the lease expired (lease_ttl 3s).
+    failovers = int(value(table, "failovers (another node took a new term)").split()[0])
+    process_faults = sum(k in ("kill9", "sigstop", "sigterm") for k in plan)
+    assert process_faults <= failovers <= process_faults + plan.count("pg_restart"), table
     notices, taken = value(table, "takeover notices / terms seen taken from another node").split(
         " / "
     )
