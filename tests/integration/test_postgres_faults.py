@@ -92,8 +92,16 @@ def test_postgresql_not_answering_at_start_up_is_waited_out_not_an_exit(
     state = tmp_path / "state"
     env = env_for(emu.url, state)
     env["NTFY_INTAKE_STATE_DATABASE"] = via_port(harness.DATABASE, port)
-    with daemon_process(env) as proc:
-        time.sleep(3)  # several connection attempts refused
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as sink, daemon_process(env, stdout=sink) as proc:
+        # Its first attempt refused, said in its log: a fixed 3 s sleep was over before a
+        # daemon starting under the parallel suite's load had tried (no wait, no notice owed).
+        wait_until(
+            lambda: '"event": "storage.waiting"' in log.read_text(),
+            timeout=30,
+            what="the daemon waiting for the database",
+        )
+        time.sleep(2)  # more attempts refused (its backoff starts at 0.5 s)
         assert proc.poll() is None, "the daemon exited while PostgreSQL was down"
         assert emu.subscriber_count() == 0
         with forwarder(port, (real.hostname or "127.0.0.1", real.port or 5432)):
