@@ -14,6 +14,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from ntfy_intake.wire import owner_channels
+
 from ..servers import Server
 
 
@@ -104,6 +106,39 @@ def test_action_buttons_by_header_and_by_json(server: Server) -> None:
     }
     replayed = {e["id"]: e for e in server.poll("/t/json")}
     assert replayed[sent["id"]]["actions"][0]["label"] == "Open portal"
+
+
+@pytest.mark.parametrize(
+    "public_url",
+    [
+        "http://127.0.0.1:8788",
+        "https://pi.home.example/intake/",
+        "http://[fe80::1%25eth0]:8788/a,b;c=d'e",
+    ],
+)
+def test_owner_button_actions_header_is_read_back_unchanged(
+    server: Server, public_url: str
+) -> None:
+    """The daemon's own `Actions` header (flow/owner_buttons.py via wire/owner_channels): the
+    buttons' URLs and tokens as ntfy stores them, byte for byte, on both servers; a value it
+    cannot write so (a quote, non-ASCII) sends no header at all rather than a mangled one."""
+    token = "MQphY2sKMTc2NTAwMDAwMAp0cmk.AbC-_dEf"
+    buttons = [
+        (label, owner_channels.button_url(public_url, action), token)
+        for action, label in (("ack", "Ack"), ("silence_2h", "Silence 2h"))
+    ]
+    header = owner_channels.actions_header(buttons)
+    assert header is not None
+    sent = server.publish("buttons", "disk full", Actions=header)
+    got = [
+        (a["action"], a["label"], a["url"], a["method"], a["body"], a["clear"])
+        for a in sent["actions"]
+    ]
+    assert got == [("http", label, url, "POST", body, True) for label, url, body in buttons]
+    (polled,) = server.poll("/buttons/json", since="all")
+    assert polled["actions"] == sent["actions"]
+    assert owner_channels.actions_header([("Ack", 'http://x/"q', token)]) is None
+    assert owner_channels.actions_header([("Ack", "http://bücher.example/", token)]) is None
 
 
 def test_attachment_by_url_click_icon_and_markdown(server: Server) -> None:
