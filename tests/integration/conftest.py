@@ -1,13 +1,16 @@
-"""Fixtures several integration modules share: the owner tests' store and Signal stand-in."""
+"""Fixtures several integration modules share: the owner tests' store, the Signal stand-in and
+the reference triage receiver."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from ntfy_intake.store import db
-from ntfy_intake.testbed import signal_standin
+from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
 
@@ -29,3 +32,10 @@ def shared_signal() -> Iterator[SignalHandle]:
 def signal(shared_signal: SignalHandle) -> SignalHandle:
     shared_signal.reset()
     return shared_signal
+
+
+@pytest.fixture
+def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
+    """The reference triage receiver, answering 2xx, its receipts in the test's directory."""
+    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
+        yield handle

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake import settings
-from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
@@ -49,12 +49,6 @@ def emu() -> Iterator[NtfyEmulator]:
 @pytest.fixture
 def sig() -> Iterator[SignalHandle]:
     with signal_standin.running() as handle:
-        yield handle
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
         yield handle
 
 

@@ -8,26 +8,19 @@ Each test is named after the failure it kills.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from ntfy_intake import settings
-from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 
 from ..harness import DaemonThread, env_for, wait_until
 
 pytestmark = pytest.mark.engines
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
-        yield handle
 
 
 def sample(text: str, name: str) -> float | None:

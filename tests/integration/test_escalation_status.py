@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ from ntfy_intake.rules import cadence
 from ntfy_intake.store import db
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.surfaces import status
-from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 
@@ -104,12 +103,6 @@ def test_status_says_escalation_is_off_without_a_relay(
     report = status.collect(store, config, time.time())
     assert report["escalations"]["enabled"] is False
     assert re.search(r"\nescalations +off \(no relay nor", status.render(report))
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
-        yield handle
 
 
 def overview_card(base: str) -> str:

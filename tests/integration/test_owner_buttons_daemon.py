@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from ntfy_intake import settings
-from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 
@@ -32,12 +31,6 @@ FALLBACK = "owner-notices"
 def emu() -> Iterator[NtfyEmulator]:
     with NtfyEmulator(EmulatorConfig(keepalive_interval=0.5)).running() as emulator:
         yield emulator
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
-        yield handle
 
 
 def config(emu: NtfyEmulator, state: Path, triage: ReceiverHandle, port: int) -> Any:

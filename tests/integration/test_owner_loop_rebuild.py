@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ntfy_intake import settings
-from ntfy_intake.testbed import receiver, signal_standin
+from ntfy_intake.testbed import signal_standin
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
@@ -31,12 +31,6 @@ OWNER = "+31600000001"
 @pytest.fixture
 def sig() -> Iterator[SignalHandle]:
     with signal_standin.running() as handle:
-        yield handle
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
         yield handle
 
 

@@ -5,14 +5,12 @@ token the old leader signed works there, once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 
@@ -26,12 +24,6 @@ pytestmark = [
 ]
 
 FALLBACK = "owner-notices"
-
-
-@pytest.fixture
-def triage(tmp_path: Path) -> Iterator[ReceiverHandle]:
-    with receiver.running(tmp_path / "receiver.sqlite3") as handle:
-        yield handle
 
 
 def ack_button(emu: NtfyEmulator) -> dict[str, Any]:
