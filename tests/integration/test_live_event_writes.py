@@ -80,3 +80,57 @@ def test_a_live_event_costs_one_write_transaction_not_two(
     others = counts.counts["transactions"] - batches - cursors
     assert others <= 2, (dict(counts.counts), batches, cursors)
     assert counts.counts["durable commits"] <= batches + cursors + 2
+
+
+def _wal_frames(wal: Path) -> int:
+    """Frames in a WAL file since its last reset: those whose salt is the header's."""
+    data = wal.read_bytes()
+    if len(data) < 32:
+        return 0
+    page = int.from_bytes(data[8:12], "big")
+    salt, offset, frames = data[16:24], 32, 0
+    while offset + 24 + page <= len(data) and data[offset + 8 : offset + 16] == salt:
+        frames, offset = frames + 1, offset + 24 + page
+    return frames
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_a_live_event_writes_a_few_small_pages_not_a_dozen_large_ones(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Kills what an SD card was given per live event: about 13 WAL frames of 4 KiB (53 KiB,
+    3.9x the floor of one INSERT and an audit line). Each B-tree a batch touches is a frame:
+    two indexes written for rare reads, the outbox links' table and index of one key, the audit
+    mark in every batch; and each frame was a 4 KiB page for rows of a few hundred bytes. Read
+    from the WAL itself, checkpoints kept out: the bytes the events' commits appended."""
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config) as running:
+        daemon = running.daemon
+        assert daemon is not None
+        emu.wait_for_subscribers(1)
+        if db.is_postgres(daemon.conn):
+            pytest.skip("reads SQLite's WAL")
+        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
+        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
+        path = Path(daemon.conn.execute("PRAGMA database_list").fetchone()[2])
+        page = daemon.conn.execute("PRAGMA page_size").fetchone()[0]
+        probe = db.connect(path)
+        try:
+            # The WAL emptied, so every frame counted below is the events'.
+            wait_until(
+                lambda: probe.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0,
+                what="WAL reset",
+            )
+        finally:
+            probe.close()
+        start = time.monotonic()
+        ids = []
+        for i in range(EVENTS):
+            time.sleep(max(0.0, start + i / RATE - time.monotonic()))
+            ids.append(emu.publish("alerts", f"disk full {i}", title="disk full")["id"])
+        wait_until(lambda: set(ids) <= set(event_ids(tmp_path)), what="events recorded")
+        wait_until(lambda: db.owed_since(daemon.conn) is None, what="owed writes")
+        frames = _wal_frames(Path(f"{path}-wal"))
+    per_event = frames * (page + 24) / EVENTS
+    assert frames >= EVENTS  # each event's batch committed at least its inbox row
+    assert per_event <= 28 * 1024, (frames, page)

@@ -189,3 +189,26 @@ def test_both_engines_have_one_list_of_the_same_steps_in_the_same_order() -> Non
     for name, statements in POSTGRES:
         text = " ".join(statements).upper()
         assert "AUTOINCREMENT" not in text and " REAL" not in text, name
+
+
+@pytest.mark.sqlite_only(reason="the clustered outbox links are SQLite's (migrations 0014)")
+def test_the_outbox_links_survive_their_table_becoming_clustered(tmp_path: Path) -> None:
+    """Kills a 0014 that rebuilt `outbox_events` empty: a request collecting its events across
+    the upgrade would be sent without the ones linked before it."""
+    with store(tmp_path, "links.sqlite3") as conn:
+        steps = migrations.for_engine(conn)
+        migrations.apply(conn, steps[: NAMES.index("0014_fewer_pages_per_event")])
+        with db.write_txn(conn):
+            conn.execute(
+                "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+                " VALUES ('d1', 'alerts:x', 'first', 'collecting', 1, 1)"
+            )
+            conn.executemany(
+                "INSERT INTO outbox_events(delivery_key, event_id) VALUES ('d1', ?)",
+                [("e1",), ("e2",)],
+            )
+        assert migrations.apply(conn) == NAMES[NAMES.index("0014_fewer_pages_per_event") :]
+        rows = conn.execute("SELECT delivery_key, event_id FROM outbox_events ORDER BY 2")
+        assert [tuple(row) for row in rows] == [("d1", "e1"), ("d1", "e2")]
+        ((sql,),) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'outbox_events'")
+        assert "WITHOUT ROWID" in sql

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from pathlib import Path
 
-from ntfy_intake.store import postgres, transaction
+from ntfy_intake.store import db, postgres, transaction
 
 
 def test_owed_since_read_while_the_worker_thread_changes_the_riders_never_raises() -> None:
@@ -43,3 +45,36 @@ def test_owed_since_read_while_the_worker_thread_changes_the_riders_never_raises
         sys.setswitchinterval(switch)
     assert errors == []
     assert any(since is not None for since in found)
+
+
+def _sqlite_store(path: Path) -> transaction.SqliteConnection:
+    conn = db.connect(path)
+    assert isinstance(conn, transaction.SqliteConnection)
+    conn.execute("CREATE TABLE kv(name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    return conn
+
+
+_SAVE = "INSERT INTO kv VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value"
+
+
+def test_a_rider_owed_under_a_second_waits_for_a_later_transaction(tmp_path: Path) -> None:
+    """Kills the WAL page every batch wrote for the mark it replaced a moment later: on SQLite a
+    write transaction carries only what has been owed `RIDE_AFTER_S`."""
+    conn = _sqlite_store(tmp_path / "riders.sqlite3")
+    now = time.monotonic()
+    conn.riders["fresh"] = transaction.Rider(_SAVE, ("fresh", "1"), now)
+    conn.riders["due"] = transaction.Rider(_SAVE, ("due", "1"), now - transaction.RIDE_AFTER_S)
+    with transaction.write_txn(conn):
+        pass
+    assert [tuple(r) for r in conn.execute("SELECT name FROM kv")] == [("due",)]
+    assert list(conn.riders) == ["fresh"]
+
+
+def test_carry_all_writes_a_rider_owed_a_moment_ago(tmp_path: Path) -> None:
+    """The ticker's owed write and the one at stop leave nothing owed behind them."""
+    conn = _sqlite_store(tmp_path / "riders.sqlite3")
+    conn.riders["fresh"] = transaction.Rider(_SAVE, ("fresh", "1"), time.monotonic())
+    with transaction.write_txn(conn, carry_all=True):
+        pass
+    assert [tuple(r) for r in conn.execute("SELECT name FROM kv")] == [("fresh",)]
+    assert conn.riders == {}

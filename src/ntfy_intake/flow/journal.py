@@ -39,7 +39,9 @@ MIRROR_LIMIT = 5000
 
 # How long the audit mark may wait for a write transaction to ride: its readers
 # (status's "audit unflushed", retention) see it at most this much behind the files when idle.
-MARK_OWED_AT_MOST = 1.0
+# Past the second a batch waits before it carries a rider (transaction.RIDE_AFTER_S), so while
+# events flow a batch carries it and the ticker's own write is for when they stop.
+MARK_OWED_AT_MOST = 2.0
 
 
 class Journal:

@@ -350,7 +350,7 @@ def write_owed_mark(conn: Connection) -> bool:
     rides the connection goes with it."""
     if not isinstance(conn, postgres.PgConnection | SqliteConnection) or not conn.riders:
         return False
-    with db.commits_without_fsync(conn), db.write_txn(conn):
+    with db.commits_without_fsync(conn), db.write_txn(conn, carry_all=True):
         pass  # the owed mark rides this transaction's opening
     return True
 

@@ -133,7 +133,8 @@ _REQUEST_COLUMNS = (
     "delivery_key, incident_key, reason, state, attempts, due_at, last_error, created_at"
 )
 # The page of incidents: newest seen first, ties by rowid, those before the cursor `(?, ?)`;
-# served by incidents_last_seen (an index holds the rowid: no sort).
+# a scan and a sort of the incidents table (no index on last_seen: every event would write it,
+# migrations 0014; docs/performance.md has what a page costs).
 # (PostgreSQL's tables have a `rowid` identity column for this: migrations_pg 0006.)
 _PAGE_TEMPLATE = (
     "SELECT rowid, key, severity, status, first_seen, last_seen, events,"

@@ -97,6 +97,12 @@ def exists(target: Target | str) -> bool:
     return found is not None and found[0] is not None
 
 
+# A new store's page size. Each B-tree a commit touches is one page in the WAL, fsynced: a live
+# event touches about ten, each a few hundred bytes of rows, so on an SD card the page size is
+# what an event costs (docs/performance.md, "Per live event: bytes and CPU").
+PAGE_SIZE = 2048
+
+
 def connect(target: Target | str, *, readonly: bool = False) -> Connection:
     """Open the store with the settings every module relies on: a SQLite file, or a
     PostgreSQL database when `target` is a DSN (postgres.connect)."""
@@ -122,6 +128,7 @@ def connect(target: Target | str, *, readonly: bool = False) -> Connection:
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     if not readonly:
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file's; an existing one keeps its
         _enable_wal(conn)
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")

@@ -256,6 +256,24 @@ SQLITE: tuple[Migration, ...] = (
         "0013_owner_signal_sent_version",
         ["ALTER TABLE owner_signal_sent ADD COLUMN incident_version INTEGER"],
     ),
+    # Issue 36: every B-tree a live event's batch touches is a 4 KiB page in the WAL, on an SD
+    # card. Two indexes were written by every event for reads that are rare (retention's sweep,
+    # the console's list of incidents, a scan of a table a homelab keeps small), and the outbox's
+    # event links were a table and an index of the same key: a clustered table now.
+    (
+        "0014_fewer_pages_per_event",
+        [
+            "DROP INDEX inbox_received",
+            "DROP INDEX incidents_last_seen",
+            """CREATE TABLE outbox_events_clustered(
+                delivery_key TEXT NOT NULL REFERENCES outbox(delivery_key),
+                event_id TEXT NOT NULL,
+                PRIMARY KEY(delivery_key, event_id)) WITHOUT ROWID""",
+            "INSERT INTO outbox_events_clustered SELECT delivery_key, event_id FROM outbox_events",
+            "DROP TABLE outbox_events",
+            "ALTER TABLE outbox_events_clustered RENAME TO outbox_events",
+        ],
+    ),
 )
 
 # The names the steps had before issue 22 (schema.py's CORE, feed.py's FEED_MIGRATIONS, owner.py's

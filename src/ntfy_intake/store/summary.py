@@ -64,7 +64,7 @@ def read(conn: Connection) -> Summary:
     snapshot: dict[str, Any] = json.loads(row[0]) if row else {}
     found = conn.execute("SELECT kind, value, updated_at FROM cursor WHERE id = 1").fetchone()
     cursor = None if found is None else Cursor(found[0], found[1], float(found[2]))
-    last = _scalar(conn, "SELECT max(received_at) FROM inbox")
+    last = _scalar(conn, "SELECT (SELECT received_at FROM inbox ORDER BY seq DESC LIMIT 1)")
     return Summary(
         snapshot=snapshot,
         cursor=cursor,

@@ -25,7 +25,10 @@ Invariants owned here:
   also the last frame's time) may ride the connection's next write transaction instead of taking
   one of its own (`ride`): it runs after the opening (PostgreSQL: with no wait of its own), and
   stays owed until a transaction carrying it commits. On SQLite this is what keeps a live event
-  at one commit (docs/performance.md, "Per live event: bytes and CPU").
+  at one commit (docs/performance.md, "Per live event: bytes and CPU"). On SQLite a rider waits
+  `RIDE_AFTER_S` before a transaction carries it (`write_owed` carries every one at once): each
+  write to a table is a 4 KiB page in the WAL, and while events flow a rider replaced by every
+  batch (the mark) would otherwise cost a page in each of them, where once a second is enough.
 
 Callers outside the store reach these through `db` (`db.write_txn`, `db.Transaction`, ...):
 tests patch `db.write_txn` to fail chosen COMMITs, so every writer looks it up there.
@@ -108,15 +111,20 @@ class Transaction:
             effect()
 
 
+# SQLite: how long a rider is owed before a write transaction carries it.
+RIDE_AFTER_S = 1.0
+
+
 @contextlib.contextmanager
 def write_txn(
-    conn: Connection, *, before_commit: BeforeCommit | None = None
+    conn: Connection, *, before_commit: BeforeCommit | None = None, carry_all: bool = False
 ) -> Iterator[Transaction]:
     """BEGIN IMMEDIATE ... COMMIT, rolling back every table on any exception; then the
     transaction's `after_commit` effects, only if the COMMIT succeeded.
 
     `before_commit` exists for failure-mode tests: it runs after the body's last statement and
     before COMMIT, so a fault raised there must leave every table, and all memory, untouched.
+    `carry_all`: every write owed to `conn` rides this transaction, not only the due ones.
     """
     txn = Transaction(conn)
     if isinstance(conn, postgres.PgConnection):
@@ -140,7 +148,7 @@ def write_txn(
         return
     conn.execute("BEGIN IMMEDIATE")
     riders = conn.riders if isinstance(conn, SqliteConnection) else None
-    riding = dict(riders) if riders else {}
+    riding = _due(riders, carry_all) if riders else {}
     try:
         for rider in riding.values():
             conn.execute(rider.sql, rider.params)
@@ -163,6 +171,13 @@ class Rider(NamedTuple):
     sql: str
     params: tuple[Any, ...]
     since: float  # monotonic: when it was first owed
+
+
+def _due(riders: dict[str, Rider], carry_all: bool) -> dict[str, Rider]:
+    if carry_all:
+        return dict(riders)
+    due = time.monotonic() - RIDE_AFTER_S
+    return {name: rider for name, rider in tuple(riders.items()) if rider.since <= due}
 
 
 def _written(riders: dict[str, Rider], riding: dict[str, Rider]) -> None:
