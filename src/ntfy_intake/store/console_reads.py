@@ -132,39 +132,43 @@ _WHEN_PG = (
 _REQUEST_COLUMNS = (
     "delivery_key, incident_key, reason, state, attempts, due_at, last_error, created_at"
 )
-# The page of incidents: newest seen first, ties by rowid, those before the cursor `(?, ?)`;
-# a scan and a sort of the incidents table (no index on last_seen: every event would write it,
-# migrations 0014; docs/performance.md has what a page costs).
+# The page of incidents: newest seen first, ties by rowid, those before the cursor `(?, ?)`.
+# No index on last_seen (every event would write it: migrations 0014), so the incidents are
+# scanned: the sort keeps only (last_seen, rowid) for the LIMIT, and the page's rows are read
+# and formatted after it, once; its events and requests are looked up by the page's keys.
 # (PostgreSQL's tables have a `rowid` identity column for this: migrations_pg 0006.)
 _PAGE_TEMPLATE = (
     "SELECT rowid, key, severity, status, first_seen, last_seen, events,"
     " {first}, {last}"
-    " FROM incidents WHERE (last_seen, rowid) < (?, ?)"
-    " ORDER BY last_seen DESC, rowid DESC LIMIT ?"
+    " FROM incidents WHERE rowid IN (SELECT rowid FROM incidents"
+    " WHERE (last_seen, rowid) < (?, ?) ORDER BY last_seen DESC, rowid DESC LIMIT ?)"
+    " ORDER BY last_seen DESC, rowid DESC"
 )
 _PAGE = _PAGE_TEMPLATE.format(first=_WHEN.format("first_seen"), last=_WHEN.format("last_seen"))
 _PAGE_PG = _PAGE_TEMPLATE.format(
     first=_WHEN_PG.format("first_seen"), last=_WHEN_PG.format("last_seen")
 )
-# Each incident's newest events (inbox_incident) and newest requests (outbox_incident_created).
+# Each of the page's incidents (`{keys}`: one placeholder per key): its newest events
+# (inbox_incident) and newest requests (outbox_incident_created).
 _PAGE_EVENTS_TEMPLATE = (
-    "WITH page AS ({page}) SELECT e.incident_key, e.event_id, e.topic, e.time,"
-    " {when}, e.outcome, e.reason, e.raw FROM page p"
+    "SELECT e.incident_key, e.event_id, e.topic, e.time,"
+    " {when}, e.outcome, e.reason, e.raw FROM incidents p"
     " JOIN inbox e ON e.seq IN (SELECT s.seq FROM inbox s WHERE s.incident_key = p.key"
     " ORDER BY s.time DESC LIMIT ?)"
+    " WHERE p.key IN ({{keys}})"
     " ORDER BY e.incident_key, e.time DESC, e.seq DESC"
 )
-_PAGE_EVENTS = _PAGE_EVENTS_TEMPLATE.format(page=_PAGE, when=_WHEN.format("e.time"))
-_PAGE_EVENTS_PG = _PAGE_EVENTS_TEMPLATE.format(page=_PAGE_PG, when=_WHEN_PG.format("e.time"))
-_PAGE_REQUESTS_TEMPLATE = (
-    "WITH page AS ({page}) SELECT {columns}"
-    " FROM page p JOIN outbox o ON o.rowid IN (SELECT s.rowid FROM outbox s"
+_PAGE_EVENTS = _PAGE_EVENTS_TEMPLATE.format(when=_WHEN.format("e.time"))
+_PAGE_EVENTS_PG = _PAGE_EVENTS_TEMPLATE.format(when=_WHEN_PG.format("e.time"))
+_PAGE_REQUESTS = (
+    "SELECT {columns}"
+    " FROM incidents p JOIN outbox o ON o.rowid IN (SELECT s.rowid FROM outbox s"
     " WHERE s.incident_key = p.key ORDER BY s.created_at DESC LIMIT ?)"
+    " WHERE p.key IN ({{keys}})"
     " ORDER BY o.incident_key, o.created_at DESC"
 )
 _O_COLUMNS = ", ".join("o." + c for c in _REQUEST_COLUMNS.split(", "))
-_PAGE_REQUESTS = _PAGE_REQUESTS_TEMPLATE.format(page=_PAGE, columns=_O_COLUMNS)
-_PAGE_REQUESTS_PG = _PAGE_REQUESTS_TEMPLATE.format(page=_PAGE_PG, columns=_O_COLUMNS)
+_PAGE_REQUESTS = _PAGE_REQUESTS.format(columns=_O_COLUMNS)
 _FIRST_PAGE = (2**63 - 1, 2**63 - 1)
 
 
@@ -201,13 +205,14 @@ def incidents(
     found = conn.execute(_PAGE_PG if pg else _PAGE, page).fetchall()
     if not found:
         return []
+    keys = [str(r[1]) for r in found]
+    marks = ", ".join("?" for _ in keys)
     recent: dict[str, list[EventRow]] = {}
-    for r in conn.execute(_PAGE_EVENTS_PG if pg else _PAGE_EVENTS, (*page, EVENTS_PER_INCIDENT)):
+    events_sql = (_PAGE_EVENTS_PG if pg else _PAGE_EVENTS).format(keys=marks)
+    for r in conn.execute(events_sql, (EVENTS_PER_INCIDENT, *keys)):
         recent.setdefault(str(r[0]), []).append(_event(r))
     requests: dict[str, list[RequestRow]] = {}
-    for r in conn.execute(
-        _PAGE_REQUESTS_PG if pg else _PAGE_REQUESTS, (*page, EVENTS_PER_INCIDENT)
-    ):
+    for r in conn.execute(_PAGE_REQUESTS.format(keys=marks), (EVENTS_PER_INCIDENT, *keys)):
         requests.setdefault(str(r[1]), []).append(_request(r))
     return [
         IncidentRow(
