@@ -112,6 +112,8 @@ class Writer:
         self._boot_id = boot_id
         self._relay: RelayDoor | None = None
         self.subscribed = asyncio.Event()  # set when a subscription first opens
+        self._between_batches = asyncio.Event()  # clear while a batch is recorded (`batch_done`)
+        self._between_batches.set()
         self.cursor: Cursor | None = None  # the cursor last persisted
         self.next_release: float | None = None  # when the next debounce window closes
         self._saved_frame_time: int | None = None  # the last server time persisted
@@ -140,6 +142,7 @@ class Writer:
     async def run(self) -> None:
         while True:
             batch = [await self.queue.get()]
+            self._between_batches.clear()
             while len(batch) < MAX_BATCH and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             try:
@@ -160,10 +163,16 @@ class Writer:
             finally:
                 for _ in batch:
                     self.queue.task_done()
+                self._between_batches.set()
 
     async def wait_idle(self) -> None:
         """Until everything put on the queue so far is recorded."""
         await self.queue.join()
+
+    async def batch_done(self) -> None:
+        """Until the batch being recorded, if any, is: its events count for the cursor only once
+        the worker thread is back, after its audit line is on disk (a handover's cursor)."""
+        await self._between_batches.wait()
 
     def stopping(self) -> None:
         """The drain began: a storage fault being waited out is retried at once (Database.hurry)."""

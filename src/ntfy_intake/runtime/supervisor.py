@@ -124,7 +124,11 @@ class Supervisor:
         for while the stream still feeds it (under a steady stream its queue is rarely empty:
         1.4 to 1.8 s more). The next leader resumes from that cursor with its overlap backfill
         (at least the window + 10 s), which catches what a reorder would have delivered late;
-        what was committed after the cursor is read again there, a duplicate the inbox absorbs."""
+        what was committed after the cursor is read again there, a duplicate the inbox absorbs.
+        The batch being recorded is waited for (one commit): a stop right after its audit line
+        left the cursor before it, the join time after a first start, and the next leader then
+        resumed by time, with no gap probe after a cache loss."""
+        await writer.batch_done()
         await writer.settle_cursor(at_once=True, whole=True)
         self._phase("cursor")
         intake_stop.set()
