@@ -15,7 +15,8 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -29,7 +30,6 @@ from ..harness import (
     env_for,
     event_ids,
     notices,
-    store_exists,
     wait_until,
 )
 from ..real_ntfy import RealNtfy
@@ -64,6 +64,22 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     assert proc.wait(30) == 0
 
 
+@contextmanager
+def logged(environ: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The daemon, its log lines kept in `log` (read by the test, left for a failure's reader)."""
+    with log.open("ab") as out, daemon_process(environ, stdout=out) as proc:
+        yield proc
+
+
+def wait_subscribed(log: Path) -> None:
+    """Until the daemon has read its stream's `open` frame. Its store exists long before (on
+    PostgreSQL a node first stands by and wins its term): a message published then predates
+    the join time, and only the first start's backfill records it, which never makes it the
+    cursor (a cursor is a stream event's id). Stopped then, the daemon leaves the join time as
+    its cursor, and a resume by time has no message to probe: no gap is ever reported."""
+    wait_until(lambda: '"intake.connected"' in log.read_text(), CATCH_UP, "the stream's open")
+
+
 @pytest.mark.engines  # the daemon's store
 def test_real_server_every_message_is_recorded_once_across_sigterm_and_kill9(
     make_real_ntfy: MakeReal, tmp_path: Path
@@ -71,9 +87,8 @@ def test_real_server_every_message_is_recorded_once_across_sigterm_and_kill9(
     server = make_real_ntfy()
     state = tmp_path / "state"
     published: list[str] = []
-    with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: store_exists(state), what="daemon start")
-        time.sleep(0.5)  # joined at head: give the stream its open frame before publishing
+    with logged(env(server, state), tmp_path / "first.log") as proc:
+        wait_subscribed(tmp_path / "first.log")
         published += [server.publish("alerts", f"first #{n}")["id"] for n in range(10)]
         wait_until(recorded(state, published), CATCH_UP, "first batch")
         stop(proc)
@@ -110,9 +125,8 @@ def test_real_server_killed_mid_stream_and_restarted_with_its_cache_loses_nothin
             except Exception:  # the server is down for a moment: that message was never accepted
                 continue
 
-    with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: store_exists(state), what="daemon start")
-        time.sleep(0.5)
+    with logged(env(server, state), tmp_path / "first.log") as proc:
+        wait_subscribed(tmp_path / "first.log")
         publisher = threading.Thread(target=publish_steadily)
         publisher.start()
         try:
@@ -146,9 +160,8 @@ def test_real_server_restarted_without_its_cache_reports_the_gap_window(
 ) -> None:
     server = make_real_ntfy()
     state = tmp_path / "state"
-    with daemon_process(env(server, state)) as proc:
-        wait_until(lambda: store_exists(state), what="daemon start")
-        time.sleep(0.5)
+    with logged(env(server, state), tmp_path / "first.log") as proc:
+        wait_subscribed(tmp_path / "first.log")
         before = server.publish("alerts", "recorded before the loss")
         wait_until(recorded(state, [before["id"]]), CATCH_UP, "first message")
         stop(proc)
@@ -157,7 +170,7 @@ def test_real_server_restarted_without_its_cache_reports_the_gap_window(
     server.restart(keep_cache=False)
     time.sleep(1.1)  # the next message gets a later server second than the lost one
     after = server.publish("alerts", "published after the loss")
-    with daemon_process(env(server, state)) as proc:
+    with logged(env(server, state), tmp_path / "after.log") as proc:
         wait_until(recorded(state, [after["id"]]), CATCH_UP, "replay after the loss")
         wait_until(lambda: notices(state, "gap"), CATCH_UP, "gap notice")
         stop(proc)
@@ -177,15 +190,14 @@ def test_real_server_cache_expiry_while_the_daemon_is_down_reports_the_gap(
 ) -> None:
     server = make_real_ntfy(cache_duration="5s", extra={"manager-interval": "5s"})
     state = tmp_path / "state"
-    with daemon_process(env(server, state, ntfy_cache_duration="5s")) as proc:
-        wait_until(lambda: store_exists(state), what="daemon start")
-        time.sleep(0.5)
+    with logged(env(server, state, ntfy_cache_duration="5s"), tmp_path / "first.log") as proc:
+        wait_subscribed(tmp_path / "first.log")
         first = server.publish("alerts", "recorded, then expires")
         wait_until(recorded(state, [first["id"]]), CATCH_UP, "first message")
         stop(proc)
     expired = server.publish("alerts", "published while down, expires unseen")
     wait_until(lambda: not server_holds(server, expired["id"]), 30, "ntfy prunes it")
-    with daemon_process(env(server, state, ntfy_cache_duration="5s")) as proc:
+    with logged(env(server, state, ntfy_cache_duration="5s"), tmp_path / "after.log") as proc:
         wait_until(lambda: notices(state, "gap"), CATCH_UP, "gap notice")
         stop(proc)
     (gap,) = notices(state, "gap")
@@ -213,9 +225,8 @@ def test_real_server_auth_failure_keeps_the_cursor_and_backs_off(
     writer = server.add_token("publisher")
     state = tmp_path / "state"
     auth = {"Authorization": f"Bearer {writer}"}
-    with daemon_process(env(server, state, ntfy_token=good)) as proc:
-        wait_until(lambda: store_exists(state), what="daemon start")
-        time.sleep(0.5)
+    with logged(env(server, state, ntfy_token=good), tmp_path / "first.log") as proc:
+        wait_subscribed(tmp_path / "first.log")
         first = server.publish("alerts", "before the failure", **auth)
         wait_until(recorded(state, [first["id"]]), CATCH_UP, "first message")
         stop(proc)
