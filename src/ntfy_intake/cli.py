@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     for action in silence_cli.add_arguments(p):
         config_arg(action)
 
-    p = add("store", _cmd_store, "move the state into PostgreSQL (store copy --to DSN)")
+    p = add("store", _cmd_store, "move the state into PostgreSQL (store copy); store repage")
     for action in store_cli.add_arguments(p):
         config_arg(action)
 
@@ -290,6 +290,8 @@ def _cmd_store(args: argparse.Namespace) -> int:
 
     settings = _load_settings(args, need_ntfy=False)
     lock = StateLock(settings.state.dir / "daemon.lock")
+    if args.store_command == "repage":
+        return store_cli.repage(settings, lock)
     return store_cli.run(settings, store_cli.target_dsn(args), lock)
 
 

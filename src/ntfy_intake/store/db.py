@@ -41,6 +41,7 @@ from ntfy_intake.store.transaction import (
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "ERRORS",
+    "PAGE_SIZE",
     "BeforeCommit",
     "Connection",
     "Dsn",
@@ -57,7 +58,9 @@ __all__ = [
     "is_postgres",
     "migrate",
     "owed_since",
+    "page_size",
     "read_only",
+    "repage",
     "run_inline",
     "write_txn",
 ]
@@ -133,6 +136,25 @@ def connect(target: Target | str, *, readonly: bool = False) -> Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
+
+
+def page_size(conn: Connection) -> int:
+    """A SQLite store's page size in bytes."""
+    return int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+
+def repage(conn: Connection, size: int = PAGE_SIZE) -> None:
+    """Rewrite a SQLite store with `size`-byte pages (`store repage`), with no other connection
+    open: a page size holds from a file's creation and WAL mode keeps it, so the journal leaves
+    WAL for the VACUUM that rewrites every page, atomically (a failure, a full disk included,
+    leaves the file as it was), and comes back."""
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA journal_mode=DELETE")
+    try:
+        conn.execute(f"PRAGMA page_size={int(size)}")
+        conn.execute("VACUUM")
+    finally:
+        _enable_wal(conn)
 
 
 def _enable_wal(conn: Connection) -> None:

@@ -1,5 +1,6 @@
 """`ntfy-intake store copy --to DSN`: move a one-box state into an empty PostgreSQL database
-(store/copy.py; docs/postgresql.md).
+(store/copy.py; docs/postgresql.md). `ntfy-intake store repage`: rewrite a SQLite store made
+before 2 KiB pages with them (store/db.py `repage`; docs/performance.md says what it saves).
 
 The source is this config's state dir: its SQLite database when there is one, or else only its
 audit log (which the copy rebuilds into PostgreSQL, as a daemon would on an empty database).
@@ -23,7 +24,7 @@ from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.settings.schema import Dsn
 from ntfy_intake.store import audit, copy, db, migrations, rebuild, storage
 
-__all__ = ["add_arguments", "run", "target_dsn"]
+__all__ = ["add_arguments", "repage", "run", "target_dsn"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -39,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPars
         type=Path,
         metavar="FILE",
         help="a file holding the DSN (keeps a password off ps)",
+    )
+    actions.add_parser(
+        "repage",
+        help=f"rewrite this SQLite store with {db.PAGE_SIZE}-byte pages (the daemon stopped)",
     )
     return list(actions.choices.values())
 
@@ -76,6 +81,37 @@ def run(settings: Settings, dsn: Dsn, daemon_lock: Lock) -> int:
         return _copy(settings, dsn)
     finally:
         daemon_lock.release()
+
+
+def repage(settings: Settings, daemon_lock: Lock) -> int:
+    """`store repage`, holding the state dir's daemon lock (no daemon has the file open): one
+    line saying what was done; exit 2 with one line when there is no SQLite store or the
+    rewrite fails (the file is then as it was)."""
+    if settings.state.database is not None:
+        raise StartupError("store repage: the store is PostgreSQL; pages are a SQLite file's")
+    source = settings.state.database_file
+    if not source.exists():
+        raise StartupError(f"store repage: no database {source}")
+    daemon_lock.acquire()
+    try:
+        conn = db.connect(source)
+        try:
+            before = db.page_size(conn)
+            if before == db.PAGE_SIZE:
+                print(f"{source} has {before}-byte pages already: nothing to do")
+                return 0
+            started = time.monotonic()
+            db.repage(conn)
+            after = db.page_size(conn)
+        finally:
+            conn.close()
+    except db.ERRORS as exc:
+        raise storage.startup_error(exc, source) from None
+    finally:
+        daemon_lock.release()
+    took = time.monotonic() - started
+    print(f"rewrote {source}: {before}-byte pages -> {after}-byte pages in {took:.1f} s")
+    return 0
 
 
 def _copy(settings: Settings, dsn: Dsn) -> int:
