@@ -193,8 +193,9 @@ def test_both_engines_have_one_list_of_the_same_steps_in_the_same_order() -> Non
 
 @pytest.mark.sqlite_only(reason="the clustered outbox links are SQLite's (migrations 0014)")
 def test_the_outbox_links_survive_their_table_becoming_clustered(tmp_path: Path) -> None:
-    """Kills a 0014 that rebuilt `outbox_events` empty: a request collecting its events across
-    the upgrade would be sent without the ones linked before it."""
+    """Kills a 0014 that rebuilt `outbox_events` empty (a request collecting its events across
+    the upgrade would be sent without the ones linked before it), or that failed on a link to
+    no request (every start would fail)."""
     with store(tmp_path, "links.sqlite3") as conn:
         steps = migrations.for_engine(conn)
         migrations.apply(conn, steps[: NAMES.index("0014_fewer_pages_per_event")])
@@ -207,6 +208,10 @@ def test_the_outbox_links_survive_their_table_becoming_clustered(tmp_path: Path)
                 "INSERT INTO outbox_events(delivery_key, event_id) VALUES ('d1', ?)",
                 [("e1",), ("e2",)],
             )
+        conn.execute("PRAGMA foreign_keys=OFF")  # a link to no request, as a hand edit leaves
+        with db.write_txn(conn):
+            conn.execute("INSERT INTO outbox_events(delivery_key, event_id) VALUES ('gone', 'e3')")
+        conn.execute("PRAGMA foreign_keys=ON")
         assert migrations.apply(conn) == NAMES[NAMES.index("0014_fewer_pages_per_event") :]
         rows = conn.execute("SELECT delivery_key, event_id FROM outbox_events ORDER BY 2")
         assert [tuple(row) for row in rows] == [("d1", "e1"), ("d1", "e2")]
