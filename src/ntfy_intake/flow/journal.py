@@ -128,12 +128,10 @@ class Journal:
             # The mark of what the files hold rides the next write transaction (the next
             # batch's when live): losing it costs nothing (lines are found by seq in the files,
             # never written twice). No transaction of its own per event (`write_owed_mark`
-            # writes it, without an fsync, when no write came to carry it).
-            with db.commits_without_fsync(conn):
-                audit.flush(conn, self._audit, mark_rides=True)
+            # writes it, without an fsync, when no write came to carry it), so none here.
+            audit.flush(conn, self._audit, mark_rides=True)
             if self._note_replaced_audit_files():
-                with db.commits_without_fsync(conn):
-                    audit.flush(conn, self._audit, mark_rides=True)
+                audit.flush(conn, self._audit, mark_rides=True)
         except AuditWriteError as exc:
             failure = str(exc)
         else:
