@@ -22,3 +22,18 @@ def test_a_due_time_stuck_in_the_past_never_spins() -> None:
 
 def test_a_far_due_time_waits_only_the_ceiling() -> None:
     assert ticks.wait(100.0, [160.0], floor=0.05, ceiling=1.0) == 1.0
+
+
+def test_a_batch_wakes_the_ticker_only_for_a_due_time_before_its_wake_up() -> None:
+    # Asleep until 101.0: the batch's cursor save at 101.0 (the deadline it set, read again a
+    # hair sooner) and a later one wake nothing; a debounce window closing at 100.4 does.
+    assert not ticks.sooner(100.0, [None, 101.0, 102.0], 101.0, floor=0.05)
+    assert not ticks.sooner(100.0, [100.9999], 101.0, floor=0.05)
+    assert ticks.sooner(100.0, [None, 100.4, 102.0], 101.0, floor=0.05)
+    assert not ticks.sooner(100.0, [None, None], 101.0, floor=0.05)
+
+
+def test_a_due_time_already_past_wakes_a_ticker_asleep_for_longer_than_the_floor() -> None:
+    assert ticks.sooner(100.0, [99.0], 101.0, floor=0.05)
+    # A pass running (no wake-up set: -inf) is never woken: its own look sees the batch.
+    assert not ticks.sooner(100.0, [99.0], float("-inf"), floor=0.05)

@@ -120,9 +120,12 @@ class Writer:
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
         self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
-        # Set after each committed batch: the ticker sleeping until the next due time looks
-        # again (a new reorder window to wait out, a debounce window that closes sooner).
+        # Set after a committed batch that brings a due time before the sleeping ticker wakes
+        # anyway (`wakes_ticker`, the ticker's): it looks again (a new reorder window to wait
+        # out, a debounce window that closes sooner). Woken on every batch, it cost a wake-up
+        # and a look at every due time per event.
         self.due_changed = asyncio.Event()
+        self.wakes_ticker: Callable[[], bool] = lambda: True
         # Told each committed batch's records, in the event loop (the expectations' watch):
         # in-memory state changes only after COMMIT, so a rolled-back batch is never seen.
         self.on_committed: Callable[[list[dict[str, Any]]], None] | None = None
@@ -204,11 +207,11 @@ class Writer:
         if result.recorded:
             self._counters.last_event_wall = self._clock()
             self.next_release = write.next_release
-            self.due_changed.set()
             if self.on_committed is not None:
                 self.on_committed(result.records)
         self._journal.wake_owner()
         if not write.audit_written:
+            self._due_moved(result)
             return result  # latched: the cursor stays frozen for the life of the process
         self._crash.hit("after_audit_write")
         # The cursor: only over events whose audit line is durable, and only stream events
@@ -224,7 +227,14 @@ class Writer:
                 read_at=item.read_at,
                 generation=item.generation,
             )
+        self._due_moved(result)
         return result
+
+    def _due_moved(self, result: inbox_batch.BatchResult) -> None:
+        """Once the batch's events await their reorder window: wake the ticker if it must look
+        sooner than it would (`due_changed`)."""
+        if result.recorded and self.wakes_ticker():
+            self.due_changed.set()
 
     def _write_batch(self, write: _BatchWrite, loop: asyncio.AbstractEventLoop) -> None:
         """In the worker thread: the batch's transaction, then the audit flush. The database

@@ -24,6 +24,16 @@ def wait(now: float, due: Iterable[float | None], *, floor: float, ceiling: floa
     return min(ceiling, max(floor, soonest - now))
 
 
+def sooner(now: float, due: Iterable[float | None], deadline: float, *, floor: float) -> bool:
+    """Whether the earliest of `due` (None: nothing) comes before `deadline`, the ticker's
+    wake-up already set: a committed batch wakes the ticker only then (a pass a second while
+    events flow, not a wake-up per batch). The ticker keeps no finer time than `floor`: a time
+    within it of `now` counts as `now + floor` (`wait` sleeps that long), one within it of
+    `deadline` as the deadline itself (the due time the deadline was set for, read again)."""
+    soonest = min((at for at in due if at is not None), default=None)
+    return soonest is not None and max(soonest, now + floor) < deadline - floor
+
+
 def liveness_due(
     *,
     started_at: float,

@@ -3,7 +3,9 @@
 A pass: owed storage notices, clock-jump notices, the cursor settle, the last frame's server
 time, liveness, closed debounce windows, an owed audit mark (PostgreSQL), the stored health
 snapshot when it changed (or its refresh is due). Each has a due time (rules/ticks.py); the
-ticker sleeps until the earliest, woken sooner by a committed batch (`Writer.due_changed`).
+ticker sleeps until the earliest, woken sooner by a committed batch (`Writer.due_changed`) only
+when the batch brings a due time before that (`Writer.wakes_ticker`): while events flow, the
+cursor's save a second sets the pace, not each batch.
 
 Its heartbeat is a promise, not a beat a second: going to sleep it says when it will be back
 (`Heartbeat.until`), so the systemd watchdog and the dead-man's switch tell an idle ticker from a
@@ -53,6 +55,10 @@ class Ticker:
         self.clock = clock
         self._wedged = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # When the ticker, asleep, wakes next (monotonic); -inf while a pass runs (its own
+        # `_wait` sees what a batch brought meanwhile).
+        self._deadline = float("-inf")
+        writer.wakes_ticker = self._brought_sooner
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -89,6 +95,20 @@ class Ticker:
     def _wait(self) -> float:
         """Until the next due work (issue 36: no fixed tick, no heartbeat a second)."""
         now = time.monotonic()
+        due = self._due(now) + self.vitals.next_due()
+        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+
+    def _brought_sooner(self) -> bool:
+        """In the event loop, after a committed batch: whether what it may have brought (a
+        reorder window to wait out, a debounce window, the changed snapshot, an owed mark) falls
+        due before the sleeping ticker wakes anyway. Cheap: no snapshot is built."""
+        now = time.monotonic()
+        due = self._due(now)
+        due.append(self.vitals.changed_due())
+        return ticks.sooner(now, due, self._deadline, floor=TICK_SECONDS)
+
+    def _due(self, now: float) -> list[float | None]:
+        """The due times besides the vitals' (`Vitals.next_due`)."""
         due = self.writer.next_due(self.health.last_server_time, now, self.clock())
         if self.storage.notices_owed:
             due.append(now)
@@ -99,22 +119,24 @@ class Ticker:
         owed_since = db.owed_since(self.database.conn)  # an audit mark owed (PostgreSQL)
         if owed_since is not None:
             due.append(owed_since + MARK_OWED_AT_MOST)
-        due += self.vitals.next_due()
-        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+        return due
 
     async def _nap(self, wait: float) -> None:
         """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
-        deadline = time.monotonic() + wait
+        self._deadline = time.monotonic() + wait
         changed = self.writer.due_changed
-        while (left := deadline - time.monotonic()) > 0:
-            changed.clear()
-            try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                return
-            if self._wedged:
-                return  # test hook: the pass that hangs
-            deadline = min(deadline, time.monotonic() + self._wait())
+        try:
+            while (left := self._deadline - time.monotonic()) > 0:
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), left)
+                except TimeoutError:
+                    return
+                if self._wedged:
+                    return  # test hook: the pass that hangs
+                self._deadline = min(self._deadline, time.monotonic() + self._wait())
+        finally:
+            self._deadline = float("-inf")
 
     def wedge(self, wedged: bool) -> None:
         """Test hook (Daemon.wedge_for_test), from the test's thread: the ticker, asleep until

@@ -322,6 +322,11 @@ class Vitals:
         snapshot = self.health_snapshot()
         return {k: v for k, v in snapshot.items() if k not in _SNAPSHOT_VOLATILE} != self._stored
 
+    def changed_due(self) -> float:
+        """When a changed snapshot may next be stored (monotonic): what a committed batch brings
+        the ticker (it changes the snapshot), known without building one (`_changed`)."""
+        return self._stored_at + health_model.SNAPSHOT_EVERY
+
     def next_due(self) -> list[float | None]:
         """When the ticker next owes vitals work (monotonic): a changed snapshot's store, else
         its refresh, and the next liveness transition (rules/ticks.liveness_due)."""
