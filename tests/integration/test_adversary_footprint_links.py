@@ -1,0 +1,75 @@
+"""Adversary of migration 0014 (fcc7d4e/4eb0b82: SQLite's outbox_events a WITHOUT ROWID table,
+links to no request left out): the links a collecting triage request holds must survive a
+rebuild from the audit log (both engines) and `store copy` from a 0014 SQLite store into
+PostgreSQL, so the request still names every event it collected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ntfy_intake.store import copy, db
+from ntfy_intake.testbed import receiver
+from ntfy_intake.testbed.emulator import NtfyEmulator
+
+from .. import harness
+from ..harness import DaemonThread, event_ids, query, settings_for, wait_until, wipe_store
+
+LINKS = "SELECT delivery_key, event_id FROM outbox_events ORDER BY delivery_key, event_id"
+
+
+def collect(emu: NtfyEmulator, state: Path, relay_url: str, **extra: str) -> set[tuple[str, str]]:
+    """Two incidents, each collecting events in a long debounce window: links, no delivery."""
+    config = settings_for(emu.url, state, relay_url=relay_url, cadence_debounce="1h", **extra)
+    ids = []
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1)
+        for i in range(6):
+            title = "disk full" if i % 2 else "nas down"
+            ids.append(emu.publish("alerts", f"{title} {i}", title=title)["id"])
+        wait_until(lambda: set(ids) <= set(event_ids(state)), what="events in the files")
+    links = {(str(d), str(e)) for d, e in query(state, LINKS)}
+    assert {e for _, e in links} == set(ids), links
+    assert len({d for d, _ in links}) == 2
+    return links
+
+
+@pytest.mark.engines
+def test_a_rebuild_from_the_audit_log_restores_every_outbox_link(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "rx.sqlite3") as triage:
+        before = collect(emu, state, triage.url)
+        wipe_store(state)
+        config = settings_for(emu.url, state, relay_url=triage.url, cadence_debounce="1h")
+        with DaemonThread(config):
+            emu.wait_for_subscribers(1)  # after the rebuild: it comes before subscribing
+            wait_until(lambda: query(state, "SELECT count(*) FROM outbox") == [(2,)])
+    after = {(str(d), str(e)) for d, e in query(state, LINKS)}
+    assert after == before
+    assert query(state, "SELECT count(*) FROM outbox WHERE state = 'collecting'") == [(2,)]
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_store_copy_of_a_0014_store_keeps_every_outbox_link(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    dsn = harness.DATABASE
+    assert dsn is not None
+    harness.DATABASE = None  # the one-box SQLite store first
+    try:
+        with receiver.running(tmp_path / "rx.sqlite3") as triage:
+            before = collect(emu, state, triage.url)
+    finally:
+        harness.DATABASE = dsn
+    target = db.connect(dsn)
+    try:
+        copied = copy.copy_file(state / "intake.sqlite3", target, audit_top=0)
+        assert copied.rows["outbox_events"] == len(before)
+        after = {(str(d), str(e)) for d, e in target.execute(LINKS)}
+    finally:
+        target.close()
+    assert after == before
