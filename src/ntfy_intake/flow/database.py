@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import contextvars
+import queue
+import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import structlog
 
@@ -71,6 +75,7 @@ class Database:
         self._degraded = degraded
         self._heartbeat = heartbeat
         self._lock = asyncio.Lock()
+        self._worker: _Worker | None = None
         self._conn: db.Connection | None = None
         self._failed_call: object = None
         # Set by a stop (`hurry`): a fault being waited out is tried again at once, then at the
@@ -96,6 +101,9 @@ class Database:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._worker is not None:
+            self._worker.stop()  # after the call it may be running: the calls go in order
+            self._worker = None
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` in the worker thread, waiting out a transient storage fault (module doc). A
@@ -104,8 +112,12 @@ class Database:
         delay = STORAGE_RETRY_BASE
         while True:
             async with self._lock:
+                if self._worker is None:
+                    self._worker = _Worker(self)
+                call = _Call(asyncio.get_running_loop(), fn, args, kwargs)
+                self._worker.put(call)
                 try:
-                    result = await _until_done(asyncio.to_thread(fn, *args, **kwargs))
+                    result = await _until_done(call)
                 except Fenced:
                     self._on_fenced()
                     raise
@@ -162,19 +174,85 @@ class Database:
         )
 
 
-async def _until_done(work: Awaitable[T]) -> T:
-    """Await `work` to its end even if the caller is cancelled meanwhile, then let the cancel
+class _Worker:
+    """The worker thread: calls run in the order put, each one's end told to the event loop
+    that waits for it. One thread and a queue instead of asyncio.to_thread, whose executor,
+    Task and chained futures per call were most of a live event's hop to the store."""
+
+    def __init__(self, owner: object) -> None:
+        self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
+        thread = threading.Thread(target=_serve, args=(self._calls,), name="database")
+        thread.daemon = True  # a Database dropped unclosed (`finalize`) ends it; so does exit
+        thread.start()
+        weakref.finalize(owner, self._calls.put, None)
+
+    def put(self, call: _Call[Any]) -> None:
+        self._calls.put(call)
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+
+def _serve(calls: queue.SimpleQueue[_Call[Any] | None]) -> None:
+    while (call := calls.get()) is not None:
+        call.run()
+
+
+class _Call(Generic[T]):
+    """One call on its way through the worker thread; `waiter` resolves (in the event loop)
+    once it returned or raised."""
+
+    __slots__ = ("args", "context", "error", "finished", "fn", "kwargs", "loop", "value", "waiter")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.loop = loop
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.context = contextvars.copy_context()  # as asyncio.to_thread does
+        self.waiter: asyncio.Future[None] = loop.create_future()
+        self.finished = False
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """In the worker thread."""
+        try:
+            self.value = self.context.run(self.fn, *self.args, **self.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the caller's, as an executor's future
+            self.error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        self.finished = True
+        if not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def result(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)
+
+
+async def _until_done(call: _Call[T]) -> T:
+    """Await `call` to its end even if the caller is cancelled meanwhile, then let the cancel
     through: a thread cannot be stopped, and the lock it runs under must stay held until it
     returns, or the next user would start a transaction on the same connection mid-way."""
-    future = asyncio.ensure_future(work)
     cancelled = False
-    while not future.done():
+    while not call.finished:
         try:
-            await asyncio.wait((future,))  # never cancels `future`, never raises its error
+            await call.waiter
         except asyncio.CancelledError:
             cancelled = True
+            if not call.finished:  # the cancel took the waiter: a fresh one for the end
+                call.waiter = call.loop.create_future()
     if cancelled:
-        if not future.cancelled():
-            future.exception()  # retrieved: the caller is gone, its cancel wins
-        raise asyncio.CancelledError
-    return future.result()
+        raise asyncio.CancelledError  # the caller is gone, its cancel wins
+    return call.result()
