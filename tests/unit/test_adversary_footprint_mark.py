@@ -4,12 +4,13 @@ value written directly meanwhile must not be moved back by the older rider."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
-from ntfy_intake.store import audit, db, migrations
+from ntfy_intake.store import audit, db, migrations, vitals_state
 
 pytestmark = pytest.mark.sqlite_only(reason="SQLite's riders wait RIDE_AFTER_S")
 
@@ -19,14 +20,11 @@ def _record(conn: db.Connection, n: int) -> None:
         audit.stage(conn, "notice", time.time(), notice=f"n{n}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a mark owed under RIDE_AFTER_S is left out of _mark_flushed's transaction and then"
-    " written by write_owed_mark (carry_all) over the newer mark: the mark goes back (the files"
-    " hold 2, the store says 1; status counts a line the files hold as unflushed). The path:"
-    " Journal.flush_at_stop when latched (audit.flush without mark_rides, then write_owed_mark)",
-)
 def test_an_owed_mark_never_moves_a_newer_mark_back(tmp_path: Path) -> None:
+    """Kills the mark going back (the files hold 2, the store said 1, and status counted a line
+    the files hold as unflushed): a mark owed under RIDE_AFTER_S was left out of
+    `_mark_flushed`'s transaction, then written over the newer mark by `write_owed_mark`. The
+    path: `Journal.flush_at_stop` when latched."""
     conn = db.connect(tmp_path / "intake.sqlite3")
     migrations.apply(conn)
     log = audit.AuditLog(tmp_path / "audit", time.time)
@@ -40,4 +38,20 @@ def test_an_owed_mark_never_moves_a_newer_mark_back(tmp_path: Path) -> None:
         assert audit.flushed_seq(conn) == log.last_seq == 2
     finally:
         log.close()
+        conn.close()
+
+
+def test_an_owed_snapshot_never_replaces_the_final_one(tmp_path: Path) -> None:
+    """Kills `status` reading a stopped daemon as running: the final snapshot (`stopped`) is
+    written at once, and a snapshot owed a moment before it, written later by the owed write
+    at stop, replaced it."""
+    conn = db.connect(tmp_path / "intake.sqlite3")
+    migrations.apply(conn)
+    try:
+        vitals_state.save_health(conn, {"state": "running"}, ride=True)
+        vitals_state.save_health(conn, {"state": "stopped"})
+        audit.write_owed_mark(conn)
+        row = conn.execute("SELECT value FROM kv WHERE name = ?", (vitals_state.HEALTH_KEY,))
+        assert json.loads(row.fetchone()[0]) == {"state": "stopped"}
+    finally:
         conn.close()

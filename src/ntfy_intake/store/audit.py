@@ -274,7 +274,9 @@ def flushed_seq(conn: Connection) -> int:
 
 
 def _mark_flushed(conn: Connection, seq: int) -> None:
-    with db.write_txn(conn):
+    # Every owed write goes first (carry_all): an owed mark, older than this one, left owed
+    # and written later would move the mark back.
+    with db.write_txn(conn, carry_all=True):
         if dialect.is_postgres(conn):
             # Forward only, and the journal kept: the other nodes still mirror those rows.
             mark_forward(conn, FLUSHED_KEY, seq)

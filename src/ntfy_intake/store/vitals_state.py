@@ -54,5 +54,7 @@ def save_health(conn: Connection, snapshot: dict[str, Any], *, ride: bool = Fals
     if ride and isinstance(conn, PgConnection | SqliteConnection):
         transaction.ride(conn, HEALTH_KEY, _SAVE, params)
         return
-    with db.write_txn(conn):
+    # Every owed write goes first (carry_all): an owed snapshot, older than this one (the final
+    # `stopped`), left owed and written later would replace it.
+    with db.write_txn(conn, carry_all=True):
         conn.execute(_SAVE, params)
