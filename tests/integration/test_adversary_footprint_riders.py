@@ -18,6 +18,7 @@ import pytest
 
 from ntfy_intake.flow.journal import MARK_OWED_AT_MOST
 from ntfy_intake.store import audit
+from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from .. import harness
@@ -140,3 +141,39 @@ def test_a_mark_owed_when_events_stop_is_written_within_its_bound(
             lag = time.monotonic() - in_files
             assert lag <= MARK_OWED_AT_MOST + SLACK_S, lag
             time.sleep(0.5)
+
+
+def test_a_mark_owed_by_a_relay_delivery_is_written_within_its_bound(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """The last line of a burst is often not the event's but the triage delivery's, recorded
+    by the relay after the batch (no batch wakes the ticker for it): its mark too must reach
+    the store within MARK_OWED_AT_MOST, not at the next snapshot refresh or idle tick."""
+    with receiver.running(tmp_path / "rx.sqlite3") as triage:
+        config = settings_for(
+            emu.url,
+            tmp_path / "state",
+            ntfy_keepalive_interval="45s",
+            relay_url=triage.url,
+            cadence_debounce="0s",
+        )
+        state = tmp_path / "state"
+        with DaemonThread(config) as running:
+            daemon = running.daemon
+            assert daemon is not None
+            emu.wait_for_subscribers(1)
+            wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up")
+            emu.publish("alerts", "disk full", title="disk full")
+            wait_until(
+                lambda: any(r["kind"] == "delivery" for r in audit_records(state)),
+                what="the delivery's line",
+            )
+            in_files = time.monotonic()
+            lags = []
+            while time.monotonic() - in_files < 12:
+                if stored_mark(state) >= files_top(state):
+                    break
+                time.sleep(0.05)
+            lags.append(time.monotonic() - in_files)
+            kinds = [(r["seq"], r["kind"]) for r in audit_records(state)]
+    assert lags[0] <= MARK_OWED_AT_MOST + SLACK_S, (lags, kinds)
