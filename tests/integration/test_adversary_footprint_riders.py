@@ -105,6 +105,8 @@ def test_a_stop_right_after_an_event_leaves_nothing_owed(emu: NtfyEmulator, tmp_
         wait_until(lambda: event in event_ids(tmp_path), what="the event's line")
         running.stop()  # at once: what the event left owed is a fraction of a second old
     assert stored_mark(tmp_path) == files_top(tmp_path)
+    # DESIGN section 3: a graceful stop leaves an id cursor once any event was recorded.
+    assert query(tmp_path, "SELECT kind, value FROM cursor") == [("id", event)]
     env = env_for(emu.url, tmp_path)
     assert status_json(env)["audit"]["unflushed"] == 0
     snapshot = query(tmp_path, "SELECT value FROM kv WHERE name = 'health'")
@@ -177,3 +179,35 @@ def test_a_mark_owed_by_a_relay_delivery_is_written_within_its_bound(
             lags.append(time.monotonic() - in_files)
             kinds = [(r["seq"], r["kind"]) for r in audit_records(state)]
     assert lags[0] <= MARK_OWED_AT_MOST + SLACK_S, (lags, kinds)
+
+
+def test_status_and_check_right_after_events_see_them_and_a_running_daemon(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """The snapshot `status` and `check` read now waits up to a second or two to be written:
+    right after a burst they must still count every event and see the daemon running."""
+    env = env_for(emu.url, tmp_path)
+    with daemon_process(env) as proc:
+        emu.wait_for_subscribers(1)
+        wait_until(
+            lambda: query(tmp_path, "SELECT count(*) FROM kv WHERE name = 'health'") == [(1,)],
+            what="the first snapshot",
+        )
+        ids = [emu.publish("alerts", f"disk full {i}", title="disk full")["id"] for i in range(3)]
+        wait_until(lambda: set(ids) <= set(event_ids(tmp_path)), what="events in the files")
+        found = status_json(env)
+        full = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+        full.update(env)
+        checked = subprocess.run(
+            [sys.executable, "-m", "ntfy_intake", "check"],
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert found["inbox"]["events"] == 3
+    assert found["daemon"]["running"] is True
+    assert checked.returncode == 0, (checked.stdout, checked.stderr)
