@@ -55,3 +55,27 @@ def test_an_owed_snapshot_never_replaces_the_final_one(tmp_path: Path) -> None:
         assert json.loads(row.fetchone()[0]) == {"state": "stopped"}
     finally:
         conn.close()
+
+
+def test_the_daemons_flush_commits_nothing_so_it_needs_no_relaxed_sync(tmp_path: Path) -> None:
+    """d2565b0 dropped commits_without_fsync around flush_sync because the riding flush commits
+    nothing: were it to commit (the mark or the trim in a transaction of its own), each live
+    event would pay a durable fsync again. Every statement of the flush is watched."""
+    conn = db.connect(tmp_path / "intake.sqlite3")
+    migrations.apply(conn)
+    log = audit.AuditLog(tmp_path / "audit", time.time)
+    statements: list[str] = []
+    try:
+        for n in range(3):
+            _record(conn, n)
+            conn.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+            try:
+                assert audit.flush(conn, log, mark_rides=True) == 1
+            finally:
+                conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert log.last_seq == 3
+    finally:
+        log.close()
+        conn.close()
+    writes = [s for s in statements if s.split()[0].upper() in {"BEGIN", "COMMIT", "PRAGMA"}]
+    assert writes == [], writes
