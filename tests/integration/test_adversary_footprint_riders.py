@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,37 @@ def test_status_and_check_right_after_events_see_them_and_a_running_daemon(
     assert found["inbox"]["events"] == 3
     assert found["daemon"]["running"] is True
     assert checked.returncode == 0, (checked.stdout, checked.stderr)
+
+
+def test_kill9_with_the_mark_owed_rehydrates_one_request_per_incident(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Start-up folds the files, then the journal's rows above the stored mark (recovery's
+    `_rehydrate_cadence`). Killed while the mark is owed, those rows are in the files as well:
+    folded twice, they must still leave one collecting request per incident, which the next
+    event of the incident joins (no second request, no second delivery key)."""
+    state = tmp_path / "state"
+    with receiver.running(tmp_path / "rx.sqlite3") as triage:
+        env = env_for(emu.url, state, relay_url=triage.url, cadence_debounce="1h")
+        ids: list[str] = []
+        with daemon_process(env) as proc:
+            emu.wait_for_subscribers(1)
+            for i in range(4):
+                ids.append(emu.publish("alerts", f"nas down {i}", title="nas down")["id"])
+            wait_until(lambda: set(ids) <= set(event_ids(state)), what="events in the files")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        owed = stored_mark(state) < files_top(state)
+        with daemon_process(env) as proc:
+            emu.wait_for_subscribers(1)
+            later = emu.publish("alerts", "nas down again", title="nas down")["id"]
+            wait_until(lambda: later in event_ids(state), what="the later event")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+    events = [r for r in audit_records(state) if r["kind"] == "event"]
+    outcomes = {r["event_id"]: (r["outcome"], r.get("delivery_key")) for r in events}
+    first_key = outcomes[ids[0]][1]
+    assert outcomes[ids[0]][0] == "triage_requested"
+    assert outcomes[later] == ("joined", first_key), (owed, outcomes)
+    assert query(state, "SELECT count(*) FROM outbox") == [(1,)]
+    assert Counter(r["event_id"] for r in events) == Counter([*ids, later])
