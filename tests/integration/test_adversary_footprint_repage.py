@@ -314,3 +314,24 @@ def test_a_store_made_before_0014_repaged_then_migrated_keeps_its_outbox_links(
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     finally:
         conn.close()
+
+
+def test_repage_on_a_postgresql_store_says_so_without_the_password(tmp_path: Path) -> None:
+    """Pages are a SQLite file's: one line, exit 2, and the DSN's password never printed."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
+    env["NTFY_INTAKE_STATE_DIR"] = str(state)
+    env["NTFY_INTAKE_STATE_DATABASE"] = "postgresql://intake:s3cr%40t-pw@127.0.0.1:9/intake"
+    done = subprocess.run(
+        [sys.executable, "-m", "ntfy_intake", "store", "repage"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    one_line(done)
+    assert "PostgreSQL" in done.stderr
+    assert "s3cr" not in done.stderr + done.stdout
