@@ -5,16 +5,25 @@ PostgreSQL, so the request still names every event it collected."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from ntfy_intake.store import copy, db
+from ntfy_intake.store import copy, db, migrations
 from ntfy_intake.testbed import receiver
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from .. import harness
-from ..harness import DaemonThread, event_ids, query, settings_for, wait_until, wipe_store
+from ..harness import (
+    DaemonThread,
+    daemon_process,
+    event_ids,
+    query,
+    settings_for,
+    wait_until,
+    wipe_store,
+)
 
 LINKS = "SELECT delivery_key, event_id FROM outbox_events ORDER BY delivery_key, event_id"
 
@@ -73,3 +82,53 @@ def test_store_copy_of_a_0014_store_keeps_every_outbox_link(
     finally:
         target.close()
     assert after == before
+
+
+@pytest.mark.sqlite_only(reason="the clustered outbox links are SQLite's (migrations 0014)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="0014 copies outbox_events into a PRIMARY KEY table without DISTINCT / OR IGNORE:"
+    " a store whose links table lost its key (hand-rebuilt) and holds a link twice fails"
+    " every start with 'UNIQUE constraint failed: outbox_events_clustered...' and exit 1"
+    " (storage error, taken as transient: systemd restarts it forever), not migrated as"
+    " 4eb0b82 does for orphan links, nor refused with exit 2",
+)
+def test_a_link_held_twice_neither_fails_every_start_nor_loops(tmp_path: Path) -> None:
+    """A link held twice names one link: migrate it once (as 4eb0b82 leaves an orphan out),
+    or else refuse for good (exit 2, one line): never a transient failure on every start."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    path = state / "intake.sqlite3"
+    conn = db.connect(path)
+    names = [name for name, _ in migrations.SQLITE]
+    migrations.apply(conn, migrations.SQLITE[: names.index("0014_fewer_pages_per_event")])
+    with db.write_txn(conn):
+        conn.execute(
+            "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+            " VALUES ('d1', 'alerts:x', 'new', 'collecting', 1, 1)"
+        )
+        conn.execute("DROP TABLE outbox_events")
+        conn.execute(
+            "CREATE TABLE outbox_events(delivery_key TEXT NOT NULL"
+            " REFERENCES outbox(delivery_key), event_id TEXT NOT NULL)"
+        )
+        conn.executemany("INSERT INTO outbox_events VALUES ('d1', ?)", [("e1",), ("e1",), ("e2",)])
+    conn.close()
+    env = {
+        "NTFY_INTAKE_STATE_DIR": str(state),
+        "NTFY_INTAKE_NTFY_URL": "http://127.0.0.1:9",
+        "NTFY_INTAKE_NTFY_TOPICS": "alerts",
+        "NTFY_INTAKE_HTTP_LISTEN": "127.0.0.1:0",
+    }
+    with daemon_process(env) as proc:
+        try:
+            code: int | None = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            code = None  # running: it migrated
+        stderr = b"" if code is None else proc.stderr.read() if proc.stderr else b""
+    if code is None:
+        links = query(state, "SELECT delivery_key, event_id FROM outbox_events ORDER BY 2")
+        assert links == [("d1", "e1"), ("d1", "e2")]
+    else:
+        assert code == 2, stderr
+        assert len(stderr.decode().strip().splitlines()) == 1
