@@ -258,11 +258,6 @@ def read_only(directory: Path) -> Iterator[None]:
         subprocess.run(["umount", str(directory)], check=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store repage on a read-only state dir prints a Python traceback (OSError EROFS"
-    " from StateLock.acquire, outside repage's `except db.ERRORS`), not one line",
-)
 def test_repage_on_a_read_only_state_dir_says_so_in_one_line(tmp_path: Path) -> None:
     """A state dir mounted read-only (a Pi's SD card remounted ro after errors): one line, no
     traceback, the file unchanged."""

@@ -179,7 +179,13 @@ def parse_cursor(text: str | None) -> tuple[int, int] | None:
     seen, dot, rowid = text.partition(".")
     if not dot or not seen.removeprefix("-").isdigit() or not rowid.isdigit():
         return None
-    return int(seen), int(rowid)
+    # Held to 64 bits, where every stored value lies (SQLite's driver refuses a number past
+    # them): a cursor beyond the newest row pages from it, one below the oldest finds nothing.
+    return _int64(int(seen)), _int64(int(rowid))
+
+
+def _int64(n: int) -> int:
+    return max(-(2**63), min(2**63 - 1, n))
 
 
 def _request(r: Any) -> RequestRow:

@@ -271,7 +271,9 @@ SQLITE: tuple[Migration, ...] = (
                 PRIMARY KEY(delivery_key, event_id)) WITHOUT ROWID""",
             # A link whose request is gone (only writes made with foreign keys off leave one)
             # would fail the copy, and with it every start: it names nothing, so it stays out.
-            "INSERT INTO outbox_events_clustered SELECT delivery_key, event_id FROM outbox_events"
+            # A link held twice (a table rebuilt by hand without its key) is one link.
+            "INSERT OR IGNORE INTO outbox_events_clustered"
+            " SELECT delivery_key, event_id FROM outbox_events"
             " WHERE delivery_key IN (SELECT delivery_key FROM outbox)",
             "DROP TABLE outbox_events",
             "ALTER TABLE outbox_events_clustered RENAME TO outbox_events",

@@ -259,10 +259,15 @@ POSTGRES: tuple[tuple[str, Sequence[str]], ...] = (
         "0013_owner_signal_sent_version",
         ["ALTER TABLE owner_signal_sent ADD COLUMN incident_version BIGINT"],
     ),
-    # Two indexes every event wrote for rare reads (migrations.py says why). A PostgreSQL table
-    # has no clustered form: its outbox links stay a heap and a key.
+    # The indexes every event wrote for rare reads (migrations.py says why; here also the
+    # console's (last_seen, rowid) of 0006). A PostgreSQL table has no clustered form: its
+    # outbox links stay a heap and a key.
     (
         "0014_fewer_pages_per_event",
-        ["DROP INDEX inbox_received", "DROP INDEX incidents_last_seen"],
+        [
+            "DROP INDEX inbox_received",
+            "DROP INDEX incidents_last_seen",
+            "DROP INDEX incidents_last_seen_rowid",
+        ],
     ),
 )

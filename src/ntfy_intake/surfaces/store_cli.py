@@ -76,23 +76,33 @@ def run(settings: Settings, dsn: Dsn, daemon_lock: Lock) -> int:
     """Copy, holding the state dir's daemon lock: no daemon writes the source meanwhile."""
     if not settings.state.dir.is_dir():
         raise StartupError(f"nothing to copy: no state dir {settings.state.dir}")
-    daemon_lock.acquire()
+    _lock(daemon_lock, settings.state.dir, "store copy")
     try:
         return _copy(settings, dsn)
     finally:
         daemon_lock.release()
 
 
+def _lock(daemon_lock: Lock, state_dir: Path, command: str) -> None:
+    """The daemon lock, or one line: a state dir that refuses the lock file (read-only, not
+    ours) is a StartupError, not a traceback."""
+    try:
+        daemon_lock.acquire()
+    except OSError as exc:
+        raise StartupError(f"{command}: cannot lock {state_dir}: {exc.strerror}") from None
+
+
 def repage(settings: Settings, daemon_lock: Lock) -> int:
     """`store repage`, holding the state dir's daemon lock (no daemon has the file open): one
-    line saying what was done; exit 2 with one line when there is no SQLite store or the
-    rewrite fails (the file is then as it was)."""
+    line saying what was done. One line and exit 2 when there is no SQLite store or its dir
+    cannot be locked (read-only); exit 1 when the rewrite fails for want of room or while a
+    daemon runs (the file is then as it was, and a retry may pass)."""
     if settings.state.database is not None:
         raise StartupError("store repage: the store is PostgreSQL; pages are a SQLite file's")
     source = settings.state.database_file
     if not source.exists():
         raise StartupError(f"store repage: no database {source}")
-    daemon_lock.acquire()
+    _lock(daemon_lock, settings.state.dir, "store repage")
     try:
         conn = db.connect(source)
         try:
