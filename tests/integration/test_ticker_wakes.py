@@ -4,11 +4,13 @@ Woken by every batch, the ticker looked at every due time once per event."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
 import pytest
 
+from ntfy_intake.flow import writer as writer_module
 from ntfy_intake.runtime import ticker
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
@@ -47,6 +49,36 @@ def test_events_flowing_do_not_wake_the_ticker_once_per_batch(
     # 2 s of events: a pass or two a second (the cursor's save, the frame time's, the
     # snapshot's), each one look; a wake-up per batch made 20 more.
     assert during <= EVENTS // 2, during
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_events_flowing_cost_the_ticker_one_pass_a_second_not_two(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor's save and the last frame time's, each at most once a second, fell due a
+    few ms apart: two passes a second while events flowed. The frame time now goes with the
+    cursor's save, and work due within the gather window waits for one pass."""
+    passes: list[float] = []
+    settle = writer_module.Writer.settle_cursor
+
+    async def counted(self: writer_module.Writer, **kwargs: bool) -> None:
+        passes.append(time.monotonic())
+        await settle(self, **kwargs)
+
+    monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    seconds = 4.0
+    with DaemonThread(config):
+        emu.wait_for_subscribers(1, timeout=30)
+        time.sleep(1.5)
+        start = time.monotonic()
+        for i in range(int(seconds * RATE)):
+            time.sleep(max(0.0, start + i / RATE - time.monotonic()))
+            emu.publish("alerts", f"flowing #{i}")
+        during = [at for at in passes if at >= start + 1.0]  # past the first save's phase
+    # About one a second over the last 3 s (the snapshot's every 2 s rides along); two a
+    # second made 6 or more.
+    assert len(during) <= 4, [round(b - a, 3) for a, b in itertools.pairwise(during)]
 
 
 def cursor_value(state_dir: Path) -> str | None:

@@ -37,3 +37,34 @@ def test_a_due_time_already_past_wakes_a_ticker_asleep_for_longer_than_the_floor
     assert ticks.sooner(100.0, [99.0], 101.0, floor=0.05)
     # A pass running (no wake-up set: -inf) is never woken: its own look sees the batch.
     assert not ticks.sooner(100.0, [99.0], float("-inf"), floor=0.05)
+
+
+def test_work_due_just_after_the_earliest_is_served_by_the_same_pass() -> None:
+    # A cursor save at 100.30, a snapshot at 100.36: one wake-up at 100.36, not two.
+    slept = ticks.wait(100.0, [100.30, None, 100.36, 101.0], floor=0.05, ceiling=30, gather=0.1)
+    assert abs(slept - 0.36) < 1e-9
+    # Beyond the gather window the earliest is not held back.
+    slept = ticks.wait(100.0, [100.30, 100.45], floor=0.05, ceiling=30, gather=0.1)
+    assert abs(slept - 0.30) < 1e-9
+
+
+def test_lazy_work_waits_up_to_its_lag_for_the_pass_that_comes_anyway() -> None:
+    # A frame time save due at 100.2 and a cursor save at 100.9: one pass, at 100.9.
+    slept = ticks.wait(100.0, [100.9], floor=0.05, ceiling=30, lazy=[100.2], lag=1.0)
+    assert abs(slept - 0.9) < 1e-9
+    # No pass within its lag (nothing else due, or too far): it wakes the ticker itself.
+    assert (
+        abs(ticks.wait(100.0, [None], floor=0.05, ceiling=30, lazy=[100.2], lag=1.0) - 0.2) < 1e-9
+    )
+    slept = ticks.wait(100.0, [101.5], floor=0.05, ceiling=30, lazy=[100.2], lag=1.0)
+    assert abs(slept - 0.2) < 1e-9
+    # Due after the earliest pass: its own wake-up (or the gather's).
+    slept = ticks.wait(100.0, [100.3], floor=0.05, ceiling=30, lazy=[100.7, None], lag=1.0)
+    assert abs(slept - 0.3) < 1e-9
+
+
+def test_a_batch_bringing_lazy_work_the_coming_pass_serves_wakes_nothing() -> None:
+    # Asleep until 100.9 (a cursor save): a frame time save due at 100.2 waits for it.
+    assert not ticks.sooner(100.0, [], 100.9, floor=0.05, lazy=[100.2], lag=1.0)
+    # Asleep until 102.0: the same save would lag too long, so it wakes the ticker.
+    assert ticks.sooner(100.0, [], 102.0, floor=0.05, lazy=[100.2], lag=1.0)

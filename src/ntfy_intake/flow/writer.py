@@ -120,12 +120,11 @@ class Writer:
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
         self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
-        # Set after a committed batch that brings a due time before the sleeping ticker wakes
-        # anyway (`wakes_ticker`, the ticker's): it looks again (a new reorder window to wait
-        # out, a debounce window that closes sooner). Woken on every batch, it cost a wake-up
-        # and a look at every due time per event.
-        self.due_changed = asyncio.Event()
-        self.wakes_ticker: Callable[[], bool] = lambda: True
+        self._cursor_just_saved = False  # by the ticker's pass that asks `save_frame_time` next
+        # Told after each committed batch that recorded events (the ticker's `batch_committed`):
+        # the ticker looks again if the batch brings a due time before it wakes anyway (a new
+        # reorder window to wait out, a debounce window that closes sooner).
+        self.due_moved: Callable[[], None] = lambda: None
         # Told each committed batch's records, in the event loop (the expectations' watch):
         # in-memory state changes only after COMMIT, so a rolled-back batch is never seen.
         self.on_committed: Callable[[list[dict[str, Any]]], None] | None = None
@@ -231,10 +230,9 @@ class Writer:
         return result
 
     def _due_moved(self, result: inbox_batch.BatchResult) -> None:
-        """Once the batch's events await their reorder window: wake the ticker if it must look
-        sooner than it would (`due_changed`)."""
-        if result.recorded and self.wakes_ticker():
-            self.due_changed.set()
+        """Once the batch's events await their reorder window: tell the ticker (`due_moved`)."""
+        if result.recorded:
+            self.due_moved()
 
     def _write_batch(self, write: _BatchWrite, loop: asyncio.AbstractEventLoop) -> None:
         """In the worker thread: the batch's transaction, then the audit flush. The database
@@ -287,6 +285,7 @@ class Writer:
             return
         await self._database.run(save_cursor, self._database.conn, cursor, self._clock())
         self.cursor, self._settled, self._cursor_saved_at = cursor, None, now
+        self._cursor_just_saved = True
         self._counters.cursor_moves += 1
 
     # -- a backfill poll, a refused subscription -----------------------------------------------------
@@ -373,11 +372,17 @@ class Writer:
     # -- what the ticker moves besides the cursor ----------------------------------------------------
 
     async def save_frame_time(self, seen: int | None) -> None:
-        """Persist the server time of the last frame (at most once a second): where the window
-        of a possible gap starts after a disconnect, a crash included. Lagging only widens it,
-        so it rides the next write transaction (no trip to the worker thread of its own)."""
+        """Persist the server time of the last frame (at most once a second, but with a cursor
+        save): where the window of a possible gap starts after a disconnect, a crash included.
+        Lagging only widens it, so it rides the next write transaction (no trip to the worker
+        thread of its own)."""
         now = time.monotonic()
-        if seen is None or seen == self._saved_frame_time or now - self._frame_time_saved_at < 1:
+        # With the cursor's save it goes sooner: the two are then due together, one pass a
+        # second while events flow instead of two a few ms apart.
+        joins, self._cursor_just_saved = self._cursor_just_saved, False
+        if seen is None or seen == self._saved_frame_time:
+            return
+        if now - self._frame_time_saved_at < 1 and not joins:
             return
         if not owe_last_frame_time(self._database.conn, seen):
             await self._database.run(save_last_frame_time, self._database.conn, seen)
@@ -387,18 +392,22 @@ class Writer:
         """The monotonic times the ticker's writer work next falls due: the reorder window's end
         for the oldest unsettled event (no sooner than the cursor may be saved again: settling
         one event a pass while events flow woke the ticker once per event for nothing), a
-        settled cursor's save, the last frame time's save (`seen`: the server time last read),
-        the next debounce window's close (wall clock `wall` read at monotonic `now`)."""
+        settled cursor's save, the next debounce window's close (wall clock `wall` read at
+        monotonic `now`). The last frame time's is `lazy_due`."""
         oldest = self.resume.oldest_read_at
         saveable = self._cursor_saved_at + CURSOR_SAVE_EVERY
         return [
             None if oldest is None else max(oldest + self.resume.reorder_window, saveable),
             None if self._settled is None else self._cursor_saved_at + CURSOR_SAVE_EVERY,
-            None
-            if seen is None or seen == self._saved_frame_time
-            else self._frame_time_saved_at + 1,
             None if self.next_release is None else now + (self.next_release - wall),
         ]
+
+    def lazy_due(self, seen: int | None) -> float | None:
+        """When the last frame time's save falls due (`seen`: the server time last read): work
+        that may lag to share a pass with the cursor's (rules/ticks.wait, `lazy`)."""
+        if seen is None or seen == self._saved_frame_time:
+            return None
+        return self._frame_time_saved_at + 1
 
     async def release_due(self) -> None:
         """Debounce windows that closed with no new event: freeze and release their requests."""

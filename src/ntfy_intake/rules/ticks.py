@@ -15,22 +15,55 @@ import math
 from collections.abc import Iterable
 
 
-def wait(now: float, due: Iterable[float | None], *, floor: float, ceiling: float) -> float:
+def wait(
+    now: float,
+    due: Iterable[float | None],
+    *,
+    floor: float,
+    ceiling: float,
+    gather: float = 0.0,
+    lazy: Iterable[float | None] = (),
+    lag: float = 0.0,
+) -> float:
     """Seconds to sleep from `now` until the earliest of `due` (None: nothing due), within
-    [floor, ceiling]."""
-    soonest = min((at for at in due if at is not None), default=None)
-    if soonest is None:
+    [floor, ceiling]; until the last of those due within `gather` after the earliest, so that
+    one pass serves them all. A `lazy` time (work that may lag) falls due on its own only when
+    no `due` one comes within `lag` after it: the pass that comes anyway serves it. (A cursor
+    save, a frame time save and a snapshot store, each at most once a second or two, fell due
+    at phases of their own: two or three passes a second while events flowed.)"""
+    firm = [at for at in due if at is not None]
+    soonest = min(firm, default=None)
+    times = sorted(
+        firm
+        + [
+            at
+            for at in lazy
+            if at is not None and (soonest is None or not at <= soonest <= at + lag)
+        ]
+    )
+    if not times:
         return ceiling
-    return min(ceiling, max(floor, soonest - now))
+    wake = max(at for at in times if at - times[0] <= gather)
+    return min(ceiling, max(floor, wake - now))
 
 
-def sooner(now: float, due: Iterable[float | None], deadline: float, *, floor: float) -> bool:
+def sooner(
+    now: float,
+    due: Iterable[float | None],
+    deadline: float,
+    *,
+    floor: float,
+    lazy: Iterable[float | None] = (),
+    lag: float = 0.0,
+) -> bool:
     """Whether the earliest of `due` (None: nothing) comes before `deadline`, the ticker's
     wake-up already set: a committed batch wakes the ticker only then (a pass a second while
     events flow, not a wake-up per batch). The ticker keeps no finer time than `floor`: a time
     within it of `now` counts as `now + floor` (`wait` sleeps that long), one within it of
-    `deadline` as the deadline itself (the due time the deadline was set for, read again)."""
-    soonest = min((at for at in due if at is not None), default=None)
+    `deadline` as the deadline itself (the due time the deadline was set for, read again). A
+    `lazy` time counts only when the deadline is not within `lag` after it (as in `wait`)."""
+    waits = [at for at in lazy if at is not None and not at <= deadline <= at + lag]
+    soonest = min((at for at in (*due, *waits) if at is not None), default=None)
     return soonest is not None and max(soonest, now + floor) < deadline - floor
 
 

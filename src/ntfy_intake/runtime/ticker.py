@@ -3,9 +3,9 @@
 A pass: owed storage notices, clock-jump notices, the cursor settle, the last frame's server
 time, liveness, closed debounce windows, an owed audit mark (PostgreSQL), the stored health
 snapshot when it changed (or its refresh is due). Each has a due time (rules/ticks.py); the
-ticker sleeps until the earliest, woken sooner by a committed batch (`Writer.due_changed`) only
-when the batch brings a due time before that (`Writer.wakes_ticker`): while events flow, the
-cursor's save a second sets the pace, not each batch.
+ticker sleeps until the earliest, woken sooner by a committed batch (`Writer.due_moved`) only
+when the batch brings a due time before that: while events flow, the cursor's save a second
+sets the pace, not each batch.
 
 Its heartbeat is a promise, not a beat a second: going to sleep it says when it will be back
 (`Heartbeat.until`), so the systemd watchdog and the dead-man's switch tell an idle ticker from a
@@ -28,6 +28,10 @@ from ntfy_intake.runtime.vitals import IDLE_TICK_S, TICK_SECONDS, Vitals
 from ntfy_intake.store import audit, db
 
 STORAGE_LOOK_S = 1.0
+# Work falling due this soon after the earliest waits for it: one pass, not two in a row.
+GATHER_S = 2 * TICK_SECONDS
+# The frame time's save and the snapshot's may lag this long to share the cursor's pass.
+LAG_S = 1.0
 
 
 class Ticker:
@@ -56,9 +60,11 @@ class Ticker:
         self._wedged = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # When the ticker, asleep, wakes next (monotonic); -inf while a pass runs (its own
-        # `_wait` sees what a batch brought meanwhile).
+        # `_wait` sees what a batch brought meanwhile). `_waiter`: its sleep, resolved True
+        # when woken sooner, False at the deadline.
         self._deadline = float("-inf")
-        writer.wakes_ticker = self._brought_sooner
+        self._waiter: asyncio.Future[bool] | None = None
+        writer.due_moved = self._batch_committed
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -95,17 +101,37 @@ class Ticker:
     def _wait(self) -> float:
         """Until the next due work (issue 36: no fixed tick, no heartbeat a second)."""
         now = time.monotonic()
-        due = self._due(now) + self.vitals.next_due()
-        return ticks.wait(now, due, floor=TICK_SECONDS, ceiling=IDLE_TICK_S)
+        return ticks.wait(
+            now,
+            self._due(now) + self.vitals.next_due(),
+            floor=TICK_SECONDS,
+            ceiling=IDLE_TICK_S,
+            gather=GATHER_S,
+            lazy=(self.writer.lazy_due(self.health.last_server_time), self.vitals.lazy_due()),
+            lag=LAG_S,
+        )
+
+    def _batch_committed(self) -> None:
+        if self._brought_sooner():
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(True)
 
     def _brought_sooner(self) -> bool:
         """In the event loop, after a committed batch: whether what it may have brought (a
         reorder window to wait out, a debounce window, the changed snapshot, an owed mark) falls
         due before the sleeping ticker wakes anyway. Cheap: no snapshot is built."""
         now = time.monotonic()
-        due = self._due(now)
-        due.append(self.vitals.changed_due())
-        return ticks.sooner(now, due, self._deadline, floor=TICK_SECONDS)
+        return ticks.sooner(
+            now,
+            self._due(now),
+            self._deadline,
+            floor=TICK_SECONDS,
+            lazy=(self.writer.lazy_due(self.health.last_server_time), self.vitals.changed_due()),
+            lag=LAG_S,
+        )
 
     def _due(self, now: float) -> list[float | None]:
         """The due times besides the vitals' (`Vitals.next_due`)."""
@@ -122,18 +148,23 @@ class Ticker:
         return due
 
     async def _nap(self, wait: float) -> None:
-        """Sleep `wait` seconds, or less when a committed batch brings a due time sooner."""
+        """Sleep `wait` seconds, or less when a committed batch brings a due time sooner.
+
+        A future and a timer, not asyncio.wait_for on an Event: its task per nap, and the
+        cancel of that task awaited at each timeout, cost more than the pass it waited for."""
+        loop = asyncio.get_running_loop()
         self._deadline = time.monotonic() + wait
-        changed = self.writer.due_changed
         try:
             while (left := self._deadline - time.monotonic()) > 0:
-                changed.clear()
+                waiter = self._waiter = loop.create_future()
+                timer = loop.call_later(left, _timed_out, waiter)
                 try:
-                    await asyncio.wait_for(changed.wait(), left)
-                except TimeoutError:
-                    return
-                if self._wedged:
-                    return  # test hook: the pass that hangs
+                    woken = await waiter
+                finally:
+                    timer.cancel()
+                    self._waiter = None
+                if not woken or self._wedged:
+                    return  # the deadline; or the test hook: the pass that hangs
                 self._deadline = min(self._deadline, time.monotonic() + self._wait())
         finally:
             self._deadline = float("-inf")
@@ -143,4 +174,9 @@ class Ticker:
         its next due work, is woken into the pass that hangs."""
         self._wedged = wedged
         if wedged and self._loop is not None:
-            self._loop.call_soon_threadsafe(self.writer.due_changed.set)
+            self._loop.call_soon_threadsafe(self._wake)
+
+
+def _timed_out(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)

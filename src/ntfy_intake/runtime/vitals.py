@@ -327,11 +327,16 @@ class Vitals:
         the ticker (it changes the snapshot), known without building one (`_changed`)."""
         return self._stored_at + health_model.SNAPSHOT_EVERY
 
-    def next_due(self) -> list[float | None]:
-        """When the ticker next owes vitals work (monotonic): a changed snapshot's store, else
-        its refresh, and the next liveness transition (rules/ticks.liveness_due)."""
-        live = self.liveness
+    def lazy_due(self) -> float:
+        """When the ticker next owes the snapshot's store (monotonic): a changed one's, else its
+        refresh; work that may lag to share a pass (rules/ticks.wait, `lazy`)."""
         changed = self._changed()
+        return self._stored_at + (health_model.SNAPSHOT_EVERY if changed else SNAPSHOT_REFRESH_S)
+
+    def next_due(self) -> list[float | None]:
+        """When the ticker next owes vitals work (monotonic): the frame time `status` reads, and
+        the next liveness transition (rules/ticks.liveness_due). The snapshot's is `lazy_due`."""
+        live = self.liveness
         return [
             ticks.frame_due(
                 self._seen_frame_at,
@@ -339,7 +344,6 @@ class Vitals:
                 self.settings.ntfy.keepalive_interval,
                 FRAME_SLACK_S,
             ),
-            self._stored_at + (health_model.SNAPSHOT_EVERY if changed else SNAPSHOT_REFRESH_S),
             ticks.liveness_due(
                 started_at=live.started_at,
                 last_frame_at=live.last_frame_at,
