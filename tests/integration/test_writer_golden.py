@@ -233,7 +233,15 @@ def _table(conn: db.Connection, table: str) -> list[list[Any]]:
         names = [column.name for column in cursor.description]
         keep = [i for i, name in enumerate(names) if name != "rowid"]
         return _sorted([[row[i] for i in keep] for row in cursor])
-    return [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
+    order = "rowid"
+    if conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name = ? AND sql LIKE '%WITHOUT ROWID%'", (table,)
+    ).fetchone():
+        # A WITHOUT ROWID table (outbox_events, migrations 0014) has no insertion order: its
+        # primary key's.
+        columns = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        order = ", ".join(c[1] for c in sorted(columns, key=lambda c: c[5]) if c[5])
+    return [list(row) for row in conn.execute(f"SELECT * FROM {table} ORDER BY {order}")]
 
 
 def _sorted(rows: list[list[Any]]) -> list[list[Any]]:
