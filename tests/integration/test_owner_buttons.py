@@ -356,14 +356,22 @@ def test_wrong_action_is_refused_and_changes_nothing(world: World) -> None:
 
 
 def test_refused_tokens_count_as_failed_logins_so_they_cannot_be_guessed(world: World) -> None:
+    """Also kills the ntfy web app's fetch() seeing a network error where the daemon said
+    "held, retry in N s" (429) or "no such button" (404): those answers lacked the CORS header
+    the others carry, so a browser hid them from the page."""
     assert world.message("d1", "alerts:disk") == "queued"
     world.send()
     ack = world.buttons_of("alerts:disk")["Ack"]
-    statuses = [press(ack, body=f"guess{i}.AAAA").status_code for i in range(5)]
-    assert statuses == [403] * 5
+    refused = [press(ack, body=f"guess{i}.AAAA") for i in range(5)]
+    assert [answer.status_code for answer in refused] == [403] * 5
     held = press(ack)  # the right token, but the address is held: not even looked at
     assert held.status_code == 429
     assert int(held.headers["retry-after"]) > 0
+    unknown = press(ack, url=ack["url"].rsplit("/", 1)[0] + "/reboot")
+    assert unknown.status_code == 404
+    for answer in (*refused, held, unknown):
+        assert answer.headers["access-control-allow-origin"] == "*"
+        assert answer.headers["cache-control"] == "no-store"
     assert world.message("d2", "alerts:disk") == "queued"
     assert len(world.records("owner_reply")) == 5  # a held press writes nothing
 

@@ -65,6 +65,14 @@ def routes(
     one_at_a_time = asyncio.Lock()
 
     async def press(request: Request) -> Response:
+        # Every answer, a refusal too (404, 429, 503): the web app's fetch() reads none that
+        # lacks the header, and a held or refused press would look like a network error.
+        answer = await act(request)
+        for name, value in _HEADERS.items():
+            answer.headers.setdefault(name, value)
+        return answer
+
+    async def act(request: Request) -> Response:
         action = action_tokens.action_named(str(request.path_params["action"]))
         if action is None:
             return error(404, "not_found")
