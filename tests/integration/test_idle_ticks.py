@@ -18,7 +18,7 @@ from ntfy_intake.flow import writer as writer_module
 from ntfy_intake.runtime import ticker
 from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.runtime.sdnotify import Notifier
-from ntfy_intake.store import audit, storage, vitals_state
+from ntfy_intake.store import audit, db, storage, vitals_state
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
@@ -115,8 +115,15 @@ def test_idle_ticker_does_not_beat_every_second_yet_the_watchdog_keeps_pinging(
         systemd.settimeout(0.05)
         config = settings_for(emu.url, tmp_path / "state", ntfy_keepalive_interval="45s")
         notifier = Notifier(str(tmp_path / "notify.sock"))
-        with DaemonThread(config, notifier=notifier, watchdog_interval=0.25):
+        with DaemonThread(config, notifier=notifier, watchdog_interval=0.25) as running:
+            daemon = running.daemon
+            assert daemon is not None
             emu.wait_for_subscribers(1, timeout=30)
+            # Idle means after start-up's own work: the overlap poll a moment after the stream
+            # opens, and the writes it leaves owed (a fixed 1.5 s sleep measured that poll's
+            # passes too on a slow run: 3 passes, about 1 run in 4 on either code).
+            wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
+            wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes")
             time.sleep(1.5)
             before = len(passes)
             drain(systemd)
