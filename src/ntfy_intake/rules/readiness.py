@@ -151,6 +151,27 @@ class WorkState:
     since: float | None = None
 
 
+LATCHED = "the audit log could not be written (latched until this process restarts)"
+
+
+def latch_reason(work: WorkState, *, last_term_latched: bool) -> str | None:
+    """Why this node could not do the work because of its audit log, or None.
+
+    A latched daemon cannot write the audit log it owes, and a latch lasts until the daemon
+    restarts: so a leader latched now is not ready, and neither is a standby whose last term
+    in this process ended latched (a yield for the latch, a lost lease, a stop): before this,
+    such a yielder said ready again once the other node held the lease, and counted as the
+    ready peer that a node in its cool-off held off for and another leader yielded to. A new
+    term runs a new daemon, which tries the audit log afresh: its own state decides then.
+
+    The reason is soft (runtime/readiness `hold_off`): a latched leader still records and
+    relays every event (only its audit lines and the cursor's advance wait), so with no other
+    node ready it still leads: nothing better exists (DESIGN.md section 11)."""
+    if work.intake == "latched" or (work.intake == "standby" and last_term_latched):
+        return LATCHED
+    return None
+
+
 def fresh_within(probe_every: float) -> float:
     """How old a row may be and still count as seen within the last two probes.
 

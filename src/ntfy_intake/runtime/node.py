@@ -15,7 +15,8 @@ backfill owed. A term ends four ways:
 - a yield (DESIGN.md section 11, runtime/yielding.py): the term's work dead or latched while
   another node is ready, the owner's notice recorded under the term, the daemon drains as at
   SIGTERM, its row says it yielded (not ready), the lease is released with a NOTIFY, and the
-  node stands by in a cool-off.
+  node stands by in a cool-off. A term whose audit log latched leaves the node not ready
+  until its process restarts (or it leads again: nobody else was ready), whatever ended it.
 
 A standby LISTENs for the release before its first read of the lease (runtime/cluster.py): a
 release that came between the two went unheard, and a standby that had just started took
@@ -146,7 +147,9 @@ async def serve(
             )
             failed, yielded = await _lead(leader, member, holding, stop, watch)
             work.leading(None)
-            prober.stand_by()
+            # A term that ended latched (a yield for it, a lost lease, a stop): this process
+            # could not do the work, and its row says so from now on (rules/readiness).
+            prober.stand_by(latched=leader.journal.latched)
             taken = None if stop.is_set() else await member.name_taken()
             if taken is not None:  # fenced by a second process under this name: exit 2
                 raise StartupError(taken)

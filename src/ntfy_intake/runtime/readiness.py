@@ -20,8 +20,10 @@ What follows from a probe:
   leader's is a StartupError naming the differing keys (exit 2, one line);
 - later: not ready, and `hold_off` keeps the node from campaigning. A "hard" reason (a schema
   it does not know, a different work, its name in use) holds it off always; a "soft" one (ntfy
-  unreachable from here, the database failing the probe) only while another node is ready: with
-  nobody better, a node that cannot reach ntfy still leads (it resumes the moment ntfy answers);
+  unreachable from here, the database failing the probe, its audit log latched in this term or
+  in this process's last one) only while another node is ready: with nobody better, a node that
+  cannot reach ntfy still leads (it resumes the moment ntfy answers), and a latched one still
+  records and relays;
 - another live instance keeps reporting under this node's name (seen renewed, as the lease's
   collision rule): a StartupError, raised by `hold_off` at the next campaign step; a crashed
   predecessor of this state directory (`directory_prefix`) is reclaimed at once;
@@ -31,7 +33,8 @@ What follows from a probe:
   FIRST (`leaving`): the node that wakes on the release NOTIFY reads the rows again before it
   decides (`campaign_peers`, when the lease is free), so it does not count the leaver as a
   ready peer for up to two probes (a cool-off that waited lease_ttl + renew_every: 10 s at the
-  defaults). A yielder's row says so until a probe sees another node holding the lease.
+  defaults). A yielder's row says so until a probe sees another node holding the lease; one
+  that yielded for its latch stays not ready after that (`stand_by`).
 
 Invariants owned here:
 - nothing a probe does can block the lease thread or the loop beyond its budget
@@ -187,6 +190,8 @@ class Prober:
         # Why this node gives the work up (a stop, a yield), written into its row (`leaving`).
         self._leaving: str | None = None
         self._peek: Any = None  # the lease thread's connection for `campaign_peers`' reads
+        # This process's last term ended with its audit log latched (`stand_by`): not ready.
+        self._latched_term = False
 
     # -- what the rest of the node asks --------------------------------------------------------------
 
@@ -393,6 +398,11 @@ class Prober:
             )
         if ntfy is not None:
             reasons.append((ntfy, False))
+        latched = readiness.latch_reason(work, last_term_latched=self._latched_term)
+        if latched is not None:
+            # Soft: a latched node still records and relays, so with nobody else ready it
+            # still leads (rules/readiness.latch_reason says why; DESIGN.md section 11).
+            reasons.append((latched, False))
         reason = "; ".join(text for text, _ in reasons) or None
         hard = any(h for _, h in reasons)
         since = work.since
@@ -492,19 +502,24 @@ class Prober:
 
     def lead(self, leader: object) -> None:
         """A term begins: this node reports its daemon's intake, and tells the owner of nodes
-        whose work differs (through that daemon's journal)."""
+        whose work differs (through that daemon's journal). A new daemon tries the audit log
+        afresh: an older term's latch no longer says anything (`stand_by`)."""
         assess = getattr(leader, "assess_health", None)
         journal = getattr(leader, "journal", None)
         self._leaving = None
+        self._latched_term = False
         if callable(assess) and self._given_work is None:
             self.work_state = WorkWatch(assess, self._monotonic)
         if journal is not None and callable(getattr(journal, "note", None)):
             self.tell_owner = journal.note
 
-    def stand_by(self) -> None:
-        """The term is over: this node reports "standby" again."""
+    def stand_by(self, *, latched: bool = False) -> None:
+        """The term is over: this node reports "standby" again; not ready while the term's
+        daemon ended `latched` (its audit log could not be written), until this process
+        restarts or leads again (rules/readiness.latch_reason)."""
         self.work_state = self._given_work or WorkState
         self.tell_owner = None
+        self._latched_term = latched
 
     # -- plumbing ------------------------------------------------------------------------------------
 
