@@ -20,9 +20,10 @@ from ntfy_intake.testbed.drill_standby_parts import LABELS, WORK_FAULTS, build_p
 from .. import engines
 from .test_drill import children_of, value
 
-# Audit full first: a latched yielder still reports ready, so a node in its cool-off (it yielded
-# the round before) holds off for it and the lease may return to the latched node (docs/standby.md,
-# "Failover times at the defaults"); the route faults after it leave their node not ready.
+# One round of each fault, in this seed's order (audit_full, stream_silent, route_cut). The order no
+# longer matters for the latch: a latched node's row says not ready until its process restarts
+# (docs/standby.md, "When the leader cannot do the work"), so no node holds off for it or yields
+# back to it, and with the other node ready it never takes the lease back itself.
 SEED = 1
 YIELD_AFTER, PROBE_EVERY = 4, 1  # the drill's defaults for the yield
 BOUND = YIELD_AFTER + 3 + 1 + 5  # yield_after + the drill's lease_ttl + renew_every + 5 s
