@@ -335,7 +335,7 @@ def test_a_steady_stream_wakes_the_ticker_to_settle_once_a_save_may_follow_not_p
     now["t"] = start + window
     asyncio.run(daemon.writer.settle_cursor())  # quiet before: wake00000001 saved at once
     assert cursor.load(daemon.conn) == cursor.Cursor.at_id("wake00000001", 1_764_470_000)
-    settle_due = daemon.writer.next_due(None, now["t"], 0.0)[0]
+    settle_due = daemon.writer.next_due(now["t"], 0.0)[0]
     # The next event's window ends 0.2 s on; the next save may come 1 s on.
     assert settle_due == start + window + writer_module.CURSOR_SAVE_EVERY
 

@@ -388,7 +388,7 @@ class Writer:
             await self._database.run(save_last_frame_time, self._database.conn, seen)
         self._saved_frame_time, self._frame_time_saved_at = seen, now
 
-    def next_due(self, seen: int | None, now: float, wall: float) -> list[float | None]:
+    def next_due(self, now: float, wall: float) -> list[float | None]:
         """The monotonic times the ticker's writer work next falls due: the reorder window's end
         for the oldest unsettled event (no sooner than the cursor may be saved again: settling
         one event a pass while events flow woke the ticker once per event for nothing), a

@@ -135,7 +135,7 @@ class Ticker:
 
     def _due(self, now: float) -> list[float | None]:
         """The due times besides the vitals' (`Vitals.next_due`)."""
-        due = self.writer.next_due(self.health.last_server_time, now, self.clock())
+        due = self.writer.next_due(now, self.clock())
         if self.storage.notices_owed:
             due.append(now)
         if self.storage.fault is not None:
