@@ -6,7 +6,6 @@ rewritten whole, never half; a refusal is one line, never a traceback."""
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import sqlite3
 import subprocess
@@ -23,28 +22,9 @@ from ntfy_intake.settings import load
 from ntfy_intake.store import db, migrations
 from ntfy_intake.surfaces import store_cli
 
-from .test_store_repage import old_store
+from .test_store_repage import old_store, repage
 
 pytestmark = pytest.mark.sqlite_only(reason="pages are a SQLite file's")
-
-
-def repage(state: Path, *, fsize: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
-    env["NTFY_INTAKE_STATE_DIR"] = str(state)
-
-    def limit() -> None:
-        if fsize is not None:  # what a full disk is to a writer: EFBIG past it
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    return subprocess.run(
-        [sys.executable, "-m", "ntfy_intake", "store", "repage"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        preexec_fn=limit,
-    )
 
 
 def contents(path: Path) -> tuple[int, str, str, int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -18,16 +19,24 @@ from ntfy_intake.store import db, migrations
 pytestmark = pytest.mark.sqlite_only(reason="pages are a SQLite file's")
 
 
-def repage(state: Path) -> subprocess.CompletedProcess[str]:
+def repage(state: Path, *, fsize: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`store repage` in a child process; `fsize`: its file size limit, what a full disk is to
+    a writer (EFBIG past it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NTFY_INTAKE_")}
     env["NTFY_INTAKE_STATE_DIR"] = str(state)
+
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
     return subprocess.run(
         [sys.executable, "-m", "ntfy_intake", "store", "repage"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
+        preexec_fn=limit,
     )
 
 
