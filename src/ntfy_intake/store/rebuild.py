@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from ntfy_intake.rules import cadence, timestamps
-from ntfy_intake.rules.batch_plan import REBUILT_UNKNOWN_SHA256
-from ntfy_intake.store import audit, audit_mirror, db, dialect
+from ntfy_intake.rules.batch_plan import DEVICE_ACTION_SCHEMA, REBUILT_UNKNOWN_SHA256
+from ntfy_intake.store import audit, audit_mirror, db, dialect, feed
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
 from ntfy_intake.store.transaction import Connection
@@ -91,6 +91,32 @@ class _OwnerMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class _DeviceNote:
+    """A delete/clear that reached agents (its `event` line carries `info_for`: the delivery
+    key of the request it came after, null when its message joined none). Lines written before
+    that field existed restore no entry: which request the planner found, and whether it was
+    still collecting, were read from the lost database and cannot be folded back."""
+
+    record: Record
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnerAck:
+    """The owner's ack (an `owner_reply` line, result `acknowledged`) at the incident's version
+    as the lines before it fold it; `record["key"]` the owner message it answered, `via` the
+    button's (a Signal reply's line names none)."""
+
+    incident: str
+    version: int
+    at: float
+    record: Record
+
+
+_Info = _DeviceNote | _OwnerAck
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     events: int
     requests: int
@@ -116,6 +142,8 @@ class _Fold:
     requests: dict[str, _Request] = field(default_factory=dict)
     owner: dict[str, _OwnerMessage] = field(default_factory=dict)
     acks: dict[str, tuple[int, float]] = field(default_factory=dict)  # incident: (version, at)
+    # The `incident_info` channel's entries, in the order they were written (`_info`).
+    info: list[_Info] = field(default_factory=list)
     # ts: (key, at, the incident's version then)
     signal_sent: dict[int, tuple[str, float, int | None]] = field(default_factory=dict)
     cursor_record: Record | None = None
@@ -142,7 +170,9 @@ class _Fold:
         elif kind == "owner_reply" and record.get("result") == "acknowledged":
             incident = record.get("incident")
             if isinstance(incident, str) and incident in self.incidents:
-                self.acks[incident] = (_version(self.incidents[incident]), ts)
+                version = _version(self.incidents[incident])
+                self.acks[incident] = (version, ts)
+                self.info.append(_OwnerAck(incident, version, ts, record))
 
     def _event(self, record: Record, ts: float) -> None:
         event_id = record.get("event_id")
@@ -150,6 +180,8 @@ class _Fold:
             return
         self.events[event_id] = record
         self.last_event = record
+        if "info_for" in record and isinstance(record.get("incident"), str):
+            self.info.append(_DeviceNote(record, ts))
         if isinstance(record.get("expires"), int) and isinstance(record.get("time"), int):
             self.cursor_record = record
         incident = record.get("incident")
@@ -238,6 +270,7 @@ def from_audit(
         )
         _owner(conn, fold.owner, now)
         _acks(conn, fold.acks)
+        feed_entries += _info(conn, fold.info)
         _signal_sent(conn, fold.signal_sent)
         _seq(conn, fold.top_seq)
     save_cursor(conn, cursor, now)
@@ -359,6 +392,53 @@ def _acks(conn: Connection, acks: Mapping[str, tuple[int, float]]) -> None:
         " ON CONFLICT (incident_key) DO NOTHING",
         [(incident, version, at) for incident, (version, at) in acks.items()],
     )
+
+
+def _info(conn: Connection, entries: list[_Info]) -> int:
+    """The `incident_info` channel as it was written, entry by entry in audit order (the order
+    of the transactions that wrote them), so each takes the seq it had and an agent's cursor
+    on the channel points where it did. Each entry is appended by the call and under the
+    idempotency key that wrote it live: a second ack in one episode appends nothing, as then.
+    `created_at` is the line's time, to the millisecond the audit log keeps."""
+    for entry in entries:
+        if isinstance(entry, _OwnerAck):
+            key, via = entry.record.get("key"), entry.record.get("via", "signal")
+            feed.append_owner_ack(
+                conn,
+                entry.incident,
+                entry.version,
+                entry.at,
+                about=key if isinstance(key, str) else None,
+                via=str(via),
+            )
+            continue
+        record = entry.record
+        event_id, incident, sequence = (
+            record["event_id"],
+            record["incident"],
+            record.get("sequence_id"),
+        )
+        payload: dict[str, object] = {
+            "schema": DEVICE_ACTION_SCHEMA,
+            "incident": incident,
+            "event": record.get("event"),
+            "id": event_id,
+            "sequence_id": sequence,
+            "topic": record.get("topic", ""),
+            "time": record.get("time"),
+            "delivery_key": record["info_for"],
+        }
+        feed.append_unread(
+            conn,
+            feed.INFO_CHANNEL,
+            payload,
+            delivery_key=event_id,
+            sender=feed.FEED_SENDER,
+            summary=f"{incident}: {record.get('event')} of {sequence}",
+            idempotency_key=event_id,
+            now=entry.at,
+        )
+    return feed.head_of(conn, feed.INFO_CHANNEL)
 
 
 def _signal_sent(conn: Connection, sent: Mapping[int, tuple[str, float, int | None]]) -> None:

@@ -1,0 +1,151 @@
+"""The feed's `incident_info` channel across a rebuild from the audit log (DESIGN.md sections 4
+and 13): a delete/clear of a message whose triage request already went out, and the owner's
+ack, reach the agent on that channel; when the store is lost and rebuilt from the audit log
+the agent finds the same entries, in the same order, under the same seqs. The real daemon on
+both engines, the emulator (ntfy 2.16+ deletes and clears), the reference triage receiver
+asking to tell the owner, the signal-cli-rest-api stand-in serving his reply; the feed read
+over the daemon's own HTTP surface, as an agent reads it.
+
+Each test is named after the failure it kills.
+"""
+
+# ruff: noqa: F811 - the fixture `sig` is imported by name, then requested
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ntfy_intake import settings
+from ntfy_intake.testbed.emulator import NtfyEmulator
+from ntfy_intake.testbed.receiver import ReceiverHandle
+from ntfy_intake.testbed.signal_standin import SignalHandle
+
+from ..harness import DaemonThread, env_for, query, wait_until, wipe_store
+from .test_owner_loop_rebuild import OWNER, SENDER, reply, sig  # noqa: F401
+
+pytestmark = pytest.mark.engines
+
+INFO = "incident_info"
+TOKEN = "agent-token-7Qx2-rebuild-feed-0042"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def config(emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle) -> Any:
+    return settings.load(
+        None,
+        env_for(
+            emu.url,
+            state,
+            http_token=TOKEN,
+            relay_url=triage.url,
+            cadence_debounce="0s",
+            owner_signal_url=sig.url,
+            owner_signal_number=SENDER,
+            owner_recipients=OWNER,
+            owner_receive="poll",
+            owner_receive_every="1s",
+        ),
+    )
+
+
+def base(daemon: DaemonThread) -> str:
+    """The daemon's HTTP surface, once it listens (after start-up's own work)."""
+    running = daemon.daemon
+    assert running is not None
+    wait_until(lambda: running.http_port is not None, timeout=30, what="the HTTP surface")
+    return f"http://127.0.0.1:{running.http_port}"
+
+
+def feed(daemon: DaemonThread, path: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{base(daemon)}{path}", headers=AUTH, timeout=10)
+    answer.raise_for_status()
+    entries = answer.json()
+    assert isinstance(entries, list)
+    return entries
+
+
+def ack(daemon: DaemonThread, handle: str, seq: int) -> None:
+    answer = httpx.post(
+        f"{base(daemon)}/v1/feed/{handle}/ack",
+        json={"channel": INFO, "seq": seq},
+        headers=AUTH,
+        timeout=10,
+    )
+    answer.raise_for_status()
+
+
+def history(daemon: DaemonThread, handle: str, channel: str = INFO) -> list[dict[str, Any]]:
+    """The whole channel as a handle that never read it sees it (it joins at the start)."""
+    return feed(daemon, f"/v1/feed/{handle}?channel={channel}&at=start")
+
+
+def same_entries(after: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
+    """Equal but for `created_at`, which the audit log keeps to the millisecond."""
+    assert [{**e, "created_at": None} for e in after] == [{**e, "created_at": None} for e in before]
+    for rebuilt, live in zip(after, before, strict=True):
+        assert math.isclose(rebuilt["created_at"], live["created_at"], abs_tol=0.0011)
+
+
+def test_rebuild_restores_incident_info_entries_with_their_seqs(
+    emu: NtfyEmulator, tmp_path: Path, triage: ReceiverHandle, sig: SignalHandle
+) -> None:
+    """Failure mode: the store is lost and rebuilt from the audit log; the triage entries come
+    back but the `incident_info` channel comes back empty, so the agent never learns that the
+    owner acknowledged the incident or that its message was deleted, keeps escalating, and a
+    cursor it holds on the channel points past entries that are no longer there (the next
+    entry written takes seq 1 again, one the agent already acked)."""
+    state = tmp_path / "state"
+    settings_ = config(emu, state, triage, sig)
+    with DaemonThread(settings_) as first:
+        emu.wait_for_subscribers(1, timeout=30)
+        original = emu.publish("alerts", "Disk full number 1", title="Disk full", priority=5)["id"]
+        wait_until(
+            lambda: query(state, "SELECT state FROM outbox") == [("delivered",)],
+            timeout=30,
+            what="the triage request delivered",
+        )
+        httpx.delete(f"{emu.url}/alerts/{original}").raise_for_status()
+        wait_until(lambda: len(history(first, "probe1")) == 1, timeout=30, what="the delete")
+        reply(sig, "Disk full", "ack", "Acknowledged")
+        httpx.put(f"{emu.url}/alerts/{original}/clear").raise_for_status()
+        wait_until(lambda: len(history(first, "probe2")) == 3, timeout=30, what="the clear")
+        history(first, "agent")  # the agent reads the channel
+        ack(first, "agent", 1)  # the agent handled the delete
+        before = history(first, "reader")
+        triage_before = history(first, "reader", "triage")
+    assert [e["payload"].get("event") or e["payload"]["schema"] for e in before] == [
+        "message_delete",
+        "ntfy-intake.owner-ack/1",
+        "message_clear",
+    ]
+    assert [e["seq"] for e in before] == [1, 2, 3]
+    wipe_store(state)
+    with DaemonThread(settings_) as second:
+        emu.wait_for_subscribers(1, timeout=30)
+        wait_until(
+            lambda: len(history(second, "waiter", "triage")) == 1, timeout=30, what="the rebuild"
+        )
+        after = history(second, "reader")
+        # The agent resumes from the seq it holds, as its cursor cannot be known.
+        resumed = feed(second, f"/v1/feed/agent?channel={INFO}&after=1&limit=100")
+        triage_after = history(second, "reader", "triage")
+        # The owner acks again in the same episode: one entry per episode, as live.
+        confirmations = sum(m.message.startswith("Acknowledged") for m in sig.messages())
+        sent = next(m for m in sig.messages() if "Disk full" in m.message)
+        sig.inbox.inject(SENDER, OWNER, "ack", quote=sent.timestamp)
+        wait_until(
+            lambda: (
+                sum(m.message.startswith("Acknowledged") for m in sig.messages()) > confirmations
+            ),
+            timeout=30,
+            what="the second ack's confirmation",
+        )
+        again = history(second, "reader2")
+    same_entries(after, before)
+    same_entries(resumed, before[1:])
+    assert [e["seq"] for e in triage_after] == [e["seq"] for e in triage_before]
+    assert [e["seq"] for e in again] == [1, 2, 3]
