@@ -19,9 +19,11 @@ that a leader reaches the database; these rules look at the work itself:
   with no ready peer it keeps leading (nothing better exists), and health says so;
 - `cooloff`: after a yield, this node does not campaign for `cluster.yield_cooloff` while
   another node is ready, so the node it yielded to takes the lease, not itself again. The
-  cool-off never leaves the work undone: it gives way at once when no other node is ready, and
-  when the lease has stayed free for `grace` (lease_ttl + renew_every: the ready node should
-  have taken it by then, and two nodes that each yielded within a cool-off must not both wait).
+  cool-off never leaves the work undone: it gives way at once when no other node is ready
+  (but the lease it released is left to the node it yielded to for `grace`: that node's row may
+  only be late), and when the lease has stayed free for `grace` (lease_ttl + renew_every: the
+  ready node should have taken it by then, and two nodes that each yielded within a cool-off
+  must not both wait).
   A node that gives the work up (a graceful stop, a yield back) writes its row as not ready
   before it releases, and the caller reads the rows again when the lease is free
   (runtime/readiness, `campaign_peers`): so the node it yielded to, stopping or yielding in
@@ -121,14 +123,23 @@ def cooloff(
     peers: Sequence[NodeSeen],
     lease_free_for: float | None,
     grace: float,
+    handed_to: str | None = None,
 ) -> str | None:
     """Why this node does not campaign now, after a yield (module doc), or None. `until` is
     the end of its cool-off (monotonic, None: never yielded); `lease_free_for` how long the
-    lease has been free (None: it is held)."""
-    if until is None or now >= until or not peers:
+    lease has been free (None: it is held); `handed_to` the node it yielded to, while the free
+    lease is still the term it released. That node was ready when the yield was decided: a
+    row of it gone stale since says a busy box (two late probes), not a node that cannot take
+    the work, so it has the grace to take the lease before "nobody else is ready" counts (the
+    standby drill on one CPU: the yielder took its own released lease back 65 ms later)."""
+    if until is None or now >= until:
         return None
     if lease_free_for is not None and lease_free_for >= grace:
         return None
+    if not peers:
+        if handed_to is None or lease_free_for is None:
+            return None
+        return f"it yielded the work to {handed_to}: the free lease is left to it for a while"
     # No countdown in the text: the campaign logs each new reason, once.
     node = peers[0].node
     return f"it yielded the work: no campaign during cluster.yield_cooloff while {node} is ready"

@@ -160,7 +160,7 @@ async def serve(
                 # NOTIFY, to the ready node (whose cool-off, if any, no longer counts this one).
                 await prober.leaving(f"yielded the work to {yielded.to}")
                 await member.release()
-                cooloff.began()
+                cooloff.began(yielded.to, holding.term)
                 log.warning("cluster.yielded", node=member.node, term=holding.term, to=yielded.to)
                 notifier.status(f"standby: yielded term {holding.term} to {yielded.to}")
                 continue

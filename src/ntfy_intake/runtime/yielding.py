@@ -165,19 +165,28 @@ class Cooloff:
         # after a whole ttl more was not taken by it, and must not stay free.
         self._grace = member.ttl + member.renew_every
         self.until: float | None = None
+        self._handed: tuple[str, int] | None = None  # (to whom, the term it released)
 
-    def began(self) -> None:
+    def began(self, to: str | None = None, term: int | None = None) -> None:
+        """The cool-off starts, after a yield of `term` to node `to` (rules/yielding.cooloff:
+        that node has the grace to take the released lease even if its row looks stale)."""
         self.until = self._monotonic() + self._cooloff
+        self._handed = None if to is None or term is None else (to, term)
 
     def __call__(self) -> str | None:
         if self.until is None:
             return None
-        remaining = self._member.view()["lease_remaining_s"]
+        view = self._member.view()
+        remaining = view["lease_remaining_s"]
         free_for = None if remaining is None or remaining > 0 else -float(remaining)
+        handed = self._handed
+        # Still the term it released (no node took a newer one): the node it yielded to.
+        to = handed[0] if handed is not None and view.get("term") == handed[1] else None
         return rules.cooloff(
             self._monotonic(),
             self.until,
             peers=self._peers(),
             lease_free_for=free_for,
             grace=self._grace,
+            handed_to=to,
         )
