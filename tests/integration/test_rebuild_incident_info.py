@@ -12,6 +12,7 @@ Each test is named after the failure it kills.
 # ruff: noqa: F811 - the fixture `sig` is imported by name, then requested
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from ntfy_intake import settings
+from ntfy_intake.store import audit, db, migrations, rebuild
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
@@ -149,3 +151,113 @@ def test_rebuild_restores_incident_info_entries_with_their_seqs(
     same_entries(resumed, before[1:])
     assert [e["seq"] for e in triage_after] == [e["seq"] for e in triage_before]
     assert [e["seq"] for e in again] == [1, 2, 3]
+
+
+# -- the fold, from the lines as the writer and the owner's paths stage them -------------------
+
+NOW = 1_764_470_000.0
+
+
+def write_log(tmp_path: Path, lines: list[tuple[str, dict[str, Any]]]) -> Path:
+    """`lines` staged one transaction each, in order, and flushed to the audit files."""
+    first = db.connect(tmp_path / "first.sqlite3")
+    migrations.apply(first)
+    for n, (kind, fields) in enumerate(lines):
+        with db.write_txn(first):
+            audit.stage(first, kind, NOW + n, **fields)
+    with audit.AuditLog(tmp_path / "audit", lambda: NOW) as log:
+        audit.flush(first, log)
+    first.close()
+    return tmp_path / "audit"
+
+
+def event(event_id: str, status: str, outcome: str = "recorded", **extra: Any) -> Any:
+    fields = {"event_id": event_id, "incident": "alerts:disk", "severity": 4, "status": status}
+    return "event", {**fields, "outcome": outcome, "reason": "r", "time": int(NOW), **extra}
+
+
+def action(event_id: str, kind: str, **extra: Any) -> Any:
+    """What cadence_records.action_record writes for a delete/clear of message e1."""
+    fields = {"event_id": event_id, "event": kind, "incident": "alerts:disk", "sequence_id": "e1"}
+    return "event", {**fields, "outcome": "noted", "reason": kind, "topic": "alerts", **extra}
+
+
+def ack_line(**extra: Any) -> Any:
+    fields = {"command": "ack", "result": "acknowledged", "key": "notify:d1"}
+    return "owner_reply", {**fields, "incident": "alerts:disk", **extra}
+
+
+def info_rows(conn: db.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT seq, delivery_key, summary, idempotency_key, created_at, payload"
+        " FROM feed_entries WHERE channel = 'incident_info' ORDER BY seq"
+    ).fetchall()
+    names = ("seq", "delivery_key", "summary", "idempotency_key", "created_at")
+    return [{**dict(zip(names, r[:5], strict=True)), "payload": json.loads(r[5])} for r in rows]
+
+
+def test_rebuild_of_a_log_from_before_info_for_restores_its_acks_and_skips_its_notes(
+    conn: db.Connection, tmp_path: Path
+) -> None:
+    """Failure mode: a log written before delete/clear lines said which request they reached
+    (`info_for`) stops the rebuild, or gets entries made up for them (the request and whether
+    it was still collecting were read from the lost database); or an ack repeated in one
+    episode comes back twice, and one of a later firing at the wrong version."""
+    released = {"delivery_key": "d1", "payload": {"schema": "x"}, "summary": "alerts:disk"}
+    audit_dir = write_log(
+        tmp_path,
+        [
+            event("e1", "firing", "triage_requested", delivery_key="d1", sequence_id="e1"),
+            ("release", released),
+            action("e2", "message_delete", time=int(NOW) + 1, info_for="d1"),
+            ack_line(matched="quote", envelope_ts=1, confirmed=True),
+            ack_line(matched="quote", envelope_ts=2, confirmed=True),  # the same episode
+            action("e3", "message_clear"),  # written before `info_for` existed
+            event("e4", "resolved"),
+            event("e5", "firing"),
+            ack_line(via="button", matched="token"),
+            action("e6", "message_clear", info_for=""),  # its message joined no request
+        ],
+    )
+    summary = rebuild.from_audit(
+        conn, audit_dir, NOW + 60, debounce=0.0, relay_enabled=True, feed_append=None
+    )
+    assert summary is not None and summary.feed_entries == 4
+    delete, first_ack, second_ack, clear = info_rows(conn)
+    assert {k: v for k, v in delete.items() if k != "payload"} == {
+        "seq": 1,
+        "delivery_key": "e2",
+        "summary": "alerts:disk: message_delete of e1",
+        "idempotency_key": "e2",
+        "created_at": NOW + 2,
+    }
+    assert delete["payload"] == {
+        "schema": "ntfy-intake.device-action/1",
+        "incident": "alerts:disk",
+        "event": "message_delete",
+        "id": "e2",
+        "sequence_id": "e1",
+        "topic": "alerts",
+        "time": int(NOW) + 1,
+        "delivery_key": "d1",
+    }
+    assert (first_ack["seq"], first_ack["idempotency_key"]) == (2, "ack:alerts:disk:1")
+    assert (first_ack["delivery_key"], first_ack["created_at"]) == ("d1", NOW + 3)
+    assert first_ack["payload"] == {
+        "schema": "ntfy-intake.owner-ack/1",
+        "incident": "alerts:disk",
+        "acknowledged": True,
+        "version": 1,
+        "at": "2025-11-30T02:33:23Z",
+        "via": "signal",
+        "message": "notify:d1",
+        "delivery_key": "d1",
+    }
+    assert (second_ack["seq"], second_ack["idempotency_key"]) == (3, "ack:alerts:disk:3")
+    assert (second_ack["payload"]["version"], second_ack["payload"]["via"]) == (3, "button")
+    assert (clear["seq"], clear["idempotency_key"], clear["summary"]) == (
+        4,
+        "e6",
+        "alerts:disk: message_clear of e1",
+    )
+    assert clear["payload"]["delivery_key"] is None and clear["payload"]["time"] is None

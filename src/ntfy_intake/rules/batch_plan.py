@@ -386,9 +386,10 @@ class Planner:
         note = self._late_note(event, incident)
         if note is not None:
             self.plan.asides.append(Aside(note, len(self.plan.records)))
-            # Its audit line says so, with the request it reached (null: none), which the line
-            # cannot be folded back to: a rebuild restores the entry from it (store/rebuild.py).
-            self.plan.records[-1]["info_for"] = note.payload["delivery_key"]
+            # Its audit line says so, with the request it reached ("": none; a None is dropped
+            # from a line), which the line cannot be folded back to: a rebuild restores the
+            # entry from it (store/rebuild.py).
+            self.plan.records[-1]["info_for"] = note.payload["delivery_key"] or ""
 
     def ignored(self, index: int, event: Unknown) -> None:
         """An event of a kind the daemon does not know: outcome `ignored`, never junk."""

@@ -19,6 +19,10 @@ The audit log is the system of record. From it, before subscribing, come back:
   at the incident's version as the lines before it fold it (the same count as the rebuilt
   incident's, so an ack that ended before the loss is ended after it too). Silences need
   nothing here: they are audit records only, folded into the cadence state at every start.
+- the feed's `incident_info` channel, entry by entry in audit order, so each keeps its seq: the
+  owner's acks (from those `owner_reply` lines) and the deletes/clears that came after their
+  request went out (their `event` lines carry `info_for`, the request's key; lines written
+  before that field restore no entry: `_DeviceNote`),
 - the Signal timestamps of sent owner messages (`signal_ts` on their `owner_message` lines), so
   a reply quoting a message sent before the loss still finds it, each with its incident's
   version as the lines before it fold it (the firing the message showed, counted as the
@@ -93,7 +97,7 @@ class _OwnerMessage:
 @dataclass(frozen=True, slots=True)
 class _DeviceNote:
     """A delete/clear that reached agents (its `event` line carries `info_for`: the delivery
-    key of the request it came after, null when its message joined none). Lines written before
+    key of the request it came after, "" when its message joined none). Lines written before
     that field existed restore no entry: which request the planner found, and whether it was
     still collecting, were read from the lost database and cannot be folded back."""
 
@@ -426,7 +430,7 @@ def _info(conn: Connection, entries: list[_Info]) -> int:
             "sequence_id": sequence,
             "topic": record.get("topic", ""),
             "time": record.get("time"),
-            "delivery_key": record["info_for"],
+            "delivery_key": record["info_for"] or None,
         }
         feed.append_unread(
             conn,
