@@ -184,7 +184,7 @@ class _Fold:
             return
         self.events[event_id] = record
         self.last_event = record
-        if "info_for" in record and isinstance(record.get("incident"), str):
+        if isinstance(record.get("info_for"), str) and isinstance(record.get("incident"), str):
             self.info.append(_DeviceNote(record, ts))
         if isinstance(record.get("expires"), int) and isinstance(record.get("time"), int):
             self.cursor_record = record
