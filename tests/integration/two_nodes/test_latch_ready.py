@@ -41,9 +41,11 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
     cluster: Cluster, routes: dict[str, NtfyRoute]
 ) -> None:
     """The standby drill's audit_full round: the latched leader yielded, then its row said ready
-    again once the other node held the lease, and the lease came back to it (the drill's "took
-    the lease back itself"). Now its row, its /healthz and `status` name the latch for as long as
-    the process runs; and when the other node stops, with no node ready, it still leads."""
+    again once the other node held the lease, and it stayed a ready peer (to yield back to, to
+    hold off for). Now its row, its /healthz and `status` name the latch for as long as the
+    process runs; and when the other node stops, with no node ready, it still leads (latched
+    again: the disk is still full) and records. Its audit file is put back only once that
+    process is gone (a file swapped under a live reader is no disk a real box has)."""
     if not Path("/dev/full").exists():
         pytest.skip("/dev/full is not available")
     alpha, beta, lease = start_pair(cluster, routes)
@@ -55,35 +57,49 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
             taken, _took = cluster.failover(fault, lease.term, YIELD_BOUND)
             assert taken.node == "beta"
             assert alpha.events("audit.latched"), "the fault did not latch the leader"
-        # The disk takes writes again, but this process latched: a person restarts it.
-        wait_until(lambda: role(alpha) == "standby", 30, "alpha's standby surface answering")
-        seen = []
-        until = time.monotonic() + WATCHED_PROBES * PROBE_EVERY
-        while time.monotonic() < until:
-            seen.append(row_of(cluster, "alpha"))
-            time.sleep(PROBE_EVERY / 4)
-        assert all(not ready for ready, _, _ in seen), seen
-        assert seen[-1] == (False, LATCHED, "standby"), seen
-        answer = alpha.healthz()
-        assert answer is not None and answer[0] == 503, answer
-        assert answer[1]["status"] == "not_ready" and LATCHED in answer[1]["reason"], answer
-        cluster_view = alpha.status()["cluster"]
-        assert cluster_view["ready"] is False and cluster_view["not_ready"] == LATCHED
-        (mine,) = (n for n in cluster_view["nodes"] if n["node"] == "alpha")
-        assert mine["reason"] == LATCHED, mine
-        # No other node ready (beta stops): the latched node still leads, within the graceful
-        # bound, and its new term's daemon, whose audit log takes writes, is ready again.
-        now = cluster.lease()
-        assert now is not None and now.node == "beta"
-        stopped, code = beta.terminate()
-        assert code == 0
-        back, took = cluster.failover(cluster.fault(beta, "beta stopped", stopped), now.term, 2.0)
-        assert back.node == "alpha"
-        wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
-        wait_until(lambda: row_of(cluster, "alpha")[0], 10, "alpha's new term ready")
+            wait_until(lambda: role(alpha) == "standby", 30, "alpha's standby surface answering")
+            seen = []
+            until = time.monotonic() + WATCHED_PROBES * PROBE_EVERY
+            while time.monotonic() < until:
+                seen.append(row_of(cluster, "alpha"))
+                time.sleep(PROBE_EVERY / 4)
+            assert all(not ready for ready, _, _ in seen), seen
+            assert seen[-1] == (False, LATCHED, "standby"), seen
+            answer = alpha.healthz()
+            assert answer is not None and answer[0] == 503, answer
+            assert answer[1]["status"] == "not_ready" and LATCHED in answer[1]["reason"], answer
+            cluster_view = alpha.status()["cluster"]
+            assert cluster_view["ready"] is False and cluster_view["not_ready"] == LATCHED
+            (mine,) = (n for n in cluster_view["nodes"] if n["node"] == "alpha")
+            assert mine["reason"] == LATCHED, mine
+            # No other node ready (beta stops): the latched node still leads, within the
+            # graceful bound, and records, its new term's daemon latched again.
+            now = cluster.lease()
+            assert now is not None and now.node == "beta"
+            stopped, code = beta.terminate()
+            assert code == 0
+            stop = cluster.fault(beta, "beta stopped", stopped)
+            back, took = cluster.failover(stop, now.term, 2.0)
+            assert back.node == "alpha"
+            wait_until(lambda: serving_as_leader(alpha), 30, "alpha serving as the leader")
+            count = cluster.recorded()
+            wait_until(lambda: cluster.recorded() >= count + 30, 30, "alpha recording")
+            wait_until(
+                lambda: row_of(cluster, "alpha") == (False, LATCHED, "latched"),
+                10,
+                "alpha's row saying its new term latched",
+            )
+            _at, code = alpha.terminate()
+            assert code == 0
+        # The disk takes writes again, and alpha's process is restarted, as its notice advises.
+        alpha.start()
+        wait_until(lambda: serving_as_leader(alpha), 30, "alpha, restarted, leading")
+        wait_until(lambda: row_of(cluster, "alpha")[0], 10, "alpha's row saying ready")
+        beta.start()
+        wait_until(lambda: role(beta) == "standby", 30, "beta standing by")
         count = cluster.recorded()
-        wait_until(lambda: cluster.recorded() >= count + 30, 30, "alpha recording again")
+        wait_until(lambda: cluster.recorded() >= count + 30, 30, "alpha recording")
     finally:
         published = stream.stop()
-    settle(cluster, published, beta)
+    settle(cluster, published)
     print(f"{len(published)} published; the latched node led again {took:.2f} s after the stop")
