@@ -30,8 +30,6 @@ from typing import Any
 
 import httpx
 import structlog
-import websockets
-from websockets.asyncio.client import connect
 
 from ntfy_intake.rules import notices, sanitize, silences
 from ntfy_intake.rules import owner_replies as rules
@@ -125,6 +123,11 @@ class OwnerReplies:
         base = (self.owner.signal_url or "").rstrip("/")
         url = "ws" + base.removeprefix("http") + f"/v1/receive/{self.owner.signal_number}"
         self.stats.receives += 1
+        # Imported here: the polling mode and every daemon without owner replies never load it
+        # (docs/performance.md, Memory: peak RSS).
+        import websockets  # noqa: PLC0415
+        from websockets.asyncio.client import connect  # noqa: PLC0415
+
         try:
             async with connect(
                 url,
