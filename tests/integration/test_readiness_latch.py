@@ -42,6 +42,9 @@ def test_a_node_whose_term_ended_latched_says_not_ready_and_leads_only_when_nobo
     nas = prober_for(tmp_path, emu.url, "nas", ntfy_token=GOOD)
     try:
         for prober in (pi, nas):
+            # Rows fresh for 25 s, not 2.5: a busy box must not age a row out between two
+            # steps here (the staleness rule has tests of its own).
+            prober.probe_every = 10.0
             asyncio.run(prober.probe(first=True))
         assert stored(pi).ready and stored(nas).ready
         # pi leads and its audit log latches: its own row says so at its next probe.
