@@ -94,9 +94,12 @@ def test_one_incident_resolved_once_across_kill9_of_the_daemon(tmp_path: Path) -
             emu.wait_for_subscribers(1, timeout=30)
             wait_until(lambda: len(event_ids(state)) == 2, timeout=30, what="the resolve recorded")
             kill9(proc)
-        # Once more from the same cursor: nothing is recorded twice.
+        # Once more from the same cursor: nothing is recorded twice. The killed daemon's stream
+        # may still count as a subscriber: wait for this one's own subscribe, or the SIGTERM
+        # can land before its handler is installed (exit -15 on a busy box).
+        subscribes = len(emu.subscribe_log)
         with daemon_process(env) as proc:
-            emu.wait_for_subscribers(1, timeout=30)
+            wait_until(lambda: len(emu.subscribe_log) > subscribes, 30, "its own subscribe")
             time.sleep(2)  # a catch-up and a keepalive or two
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
