@@ -68,3 +68,15 @@ def test_a_batch_bringing_lazy_work_the_coming_pass_serves_wakes_nothing() -> No
     assert not ticks.sooner(100.0, [], 100.9, floor=0.05, lazy=[100.2], lag=1.0)
     # Asleep until 102.0: the same save would lag too long, so it wakes the ticker.
     assert ticks.sooner(100.0, [], 102.0, floor=0.05, lazy=[100.2], lag=1.0)
+
+
+def test_a_cursor_never_saved_due_at_minus_infinity_does_not_crash_the_ticker() -> None:
+    """A journal latched before the first cursor save left the save due at -inf (never saved +
+    the save interval): the gather's `at - times[0]` was nan for every time, `max()` of nothing
+    raised, the ticker task died and the daemon exited 1 (the standby drill's audit_full round).
+    A time long past is due now: the floor, as any past due time."""
+    inf = float("inf")
+    for due in ([-inf], [-inf, 11.0], [None, -inf, 10.5]):
+        assert ticks.wait(10.0, due, floor=1.0, ceiling=30.0, gather=2.0) == 1.0
+    assert ticks.wait(10.0, [-inf], floor=1.0, ceiling=30.0, lazy=[-inf], lag=1.0) == 1.0
+    assert ticks.sooner(10.0, [-inf], 20.0, floor=1.0)

@@ -31,15 +31,10 @@ def wait(
     no `due` one comes within `lag` after it: the pass that comes anyway serves it. (A cursor
     save, a frame time save and a snapshot store, each at most once a second or two, fell due
     at phases of their own: two or three passes a second while events flowed.)"""
-    firm = [at for at in due if at is not None]
+    firm = _times(now, due)
     soonest = min(firm, default=None)
     times = sorted(
-        firm
-        + [
-            at
-            for at in lazy
-            if at is not None and (soonest is None or not at <= soonest <= at + lag)
-        ]
+        firm + [at for at in _times(now, lazy) if soonest is None or not at <= soonest <= at + lag]
     )
     if not times:
         return ceiling
@@ -62,9 +57,17 @@ def sooner(
     within it of `now` counts as `now + floor` (`wait` sleeps that long), one within it of
     `deadline` as the deadline itself (the due time the deadline was set for, read again). A
     `lazy` time counts only when the deadline is not within `lag` after it (as in `wait`)."""
-    waits = [at for at in lazy if at is not None and not at <= deadline <= at + lag]
-    soonest = min((at for at in (*due, *waits) if at is not None), default=None)
+    waits = [at for at in _times(now, lazy) if not at <= deadline <= at + lag]
+    soonest = min((*_times(now, due), *waits), default=None)
     return soonest is not None and max(soonest, now + floor) < deadline - floor
+
+
+def _times(now: float, times: Iterable[float | None]) -> list[float]:
+    """The due times that name one: a time that never came (-inf: e.g. "never saved" plus the
+    save interval) is due now; one that never comes (+inf, nan) is none. The gather's
+    `at - times[0]` is nan against -inf: every time fell out of it and `max()` of nothing raised,
+    the ticker's task died with it (a journal latched before the first cursor save)."""
+    return [now if at == -math.inf else at for at in times if at is not None and at < math.inf]
 
 
 def liveness_due(
