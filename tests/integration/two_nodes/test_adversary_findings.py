@@ -210,4 +210,7 @@ def test_a_standby_on_its_own_ntfy_behind_the_same_url_text_is_not_ready(
         answer = beta.healthz()
         print(f"\nbeta on its own ntfy: {answer}")
         assert answer is not None and answer[1].get("ready") is False, answer
+        # Not ready for the finding's sake, not because a probe ran out of time on a busy box
+        # (an unexpected pass of this xfail under load, the whole suite beside drills).
+        assert "no answer within" not in str(answer[1].get("reason")), answer
         beta.terminate()
