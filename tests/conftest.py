@@ -17,7 +17,7 @@ from xdist.scheduler import LoadGroupScheduling
 
 from ntfy_intake import cli
 from ntfy_intake.rules import cadence
-from ntfy_intake.store import db, migrations
+from ntfy_intake.store import db, migrations, postgres
 from ntfy_intake.store.owner_queue import OwnerQueue
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 from ntfy_intake.wire.frames import Message, decode_line
@@ -25,6 +25,10 @@ from ntfy_intake.wire.frames import Message, decode_line
 from . import engines, harness
 from .harness import Child
 from .real_ntfy import RealNtfy
+
+# The test process may open PostgreSQL at any point, and some tests name db.ERRORS before their
+# first connection: load the driver as a daemon does at its first DSN (a no-op without it).
+postgres.load_driver()
 
 TOPICS = frozenset({"alerts", "backups"})
 

@@ -4,6 +4,7 @@ and the start-up line a refused login becomes."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,12 @@ def test_a_dsn_without_the_postgres_extra_says_what_to_install(
 ) -> None:
     """Failure mode: a one-box install that sets a DSN without psycopg gets an ImportError
     traceback instead of one line."""
-    monkeypatch.setattr(postgres, "psycopg", None)
-    with pytest.raises(StartupError, match=r"install ntfy-intake\[postgres\]") as refused:
-        postgres.connect(Dsn("postgresql://intake:hunter2@nas.lan/alerts"))
+    monkeypatch.setattr(postgres, "DRIVER_ERRORS", ())  # not loaded yet
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what a missing extra is to an import
+    postgres._driver.cache_clear()
+    try:
+        with pytest.raises(StartupError, match=r"install ntfy-intake\[postgres\]") as refused:
+            postgres.connect(Dsn("postgresql://intake:hunter2@nas.lan/alerts"))
+    finally:
+        postgres._driver.cache_clear()
     assert "hunter2" not in str(refused.value)

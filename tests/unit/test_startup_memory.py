@@ -21,3 +21,14 @@ def test_a_daemon_without_websocket_replies_does_not_load_websockets() -> None:
     if loaded_after("import websockets.asyncio.client", ("websockets",)) != ["websockets"]:
         raise AssertionError("precondition: the probe sees websockets when it is imported")
     assert loaded_after(DAEMON_IMPORTS, ("websockets",)) == []
+
+
+def test_a_sqlite_daemon_does_not_load_the_postgresql_driver() -> None:
+    """Failure mode: psycopg (libpq and its libraries, 113 modules: ~10 MB of peak RSS, 61 ms of
+    start-up) loaded at import by store/postgres.py in every process, a SQLite daemon's too
+    (37536c0). It loads when a DSN is opened (postgres.load_driver)."""
+    if loaded_after("import psycopg", ("psycopg",)) != ["psycopg"]:
+        raise AssertionError("precondition: the probe sees psycopg when it is imported")
+    assert loaded_after(DAEMON_IMPORTS, ("psycopg",)) == []
+    opened = "from ntfy_intake.store import postgres; postgres.load_driver()"
+    assert loaded_after(opened, ("psycopg",)) == ["psycopg"]

@@ -74,9 +74,12 @@ from ntfy_intake.store import db, leadership, migrations, nodes, postgres
 log = structlog.get_logger("ntfy_intake.readiness")
 
 NOT_PROBED = "readiness not probed yet"
-# What the leaving write may meet: its bound, a pool already shut down (RuntimeError), the
-# database. None of them stops the release that follows.
-_LEAVING_FAULTS: tuple[type[Exception], ...] = (TimeoutError, RuntimeError, *db.ERRORS)
+
+
+def _leaving_faults() -> tuple[type[Exception], ...]:
+    """What the leaving write may meet: its bound, a pool already shut down (RuntimeError), the
+    database (db.ERRORS as it is now). None of them stops the release that follows."""
+    return (TimeoutError, RuntimeError, *db.ERRORS)
 
 
 # Test hooks (never set in production): the URLs a node's fingerprint names in place of its
@@ -347,7 +350,7 @@ class Prober:
                         self._connection(), node=me.node, instance=me.instance, reason=reason
                     ),
                 )
-        except _LEAVING_FAULTS as exc:
+        except _leaving_faults() as exc:
             log.warning("readiness.leaving_not_written", node=me.node, error=type(exc).__name__)
 
     def _set(self, reason: str | None, *, hard: bool) -> None:

@@ -34,9 +34,12 @@ from ntfy_intake.store import audit, db
 
 log = structlog.get_logger("ntfy_intake.standby")
 
-# What a mirror step may meet: the database gone, the audit directory refusing writes. Both
-# are waited out (the next step goes on after the files' last whole line).
-_MIRROR_FAULTS: tuple[type[Exception], ...] = (*db.ERRORS, OSError, AuditWriteError)
+
+def _mirror_faults() -> tuple[type[Exception], ...]:
+    """What a mirror step may meet: the database gone (db.ERRORS as it is now), the audit
+    directory refusing writes. Both are waited out (the next step goes on after the files'
+    last whole line)."""
+    return (*db.ERRORS, OSError, AuditWriteError)
 
 
 class Standby:
@@ -81,7 +84,7 @@ class Standby:
                 self._conn = db.connect(self.settings.state.store, readonly=True)
             self.mirrored += audit.mirror(self._conn, self._log)
             self.mirror_problem = None
-        except _MIRROR_FAULTS as exc:
+        except _mirror_faults() as exc:
             text = " ".join(str(exc).split()) or type(exc).__name__
             if text != self.mirror_problem:
                 log.warning("standby.mirror_failed", error=text)

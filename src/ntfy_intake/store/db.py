@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import ParamSpec, Protocol, TypeVar
 
 from ntfy_intake.settings.schema import Dsn, is_dsn
-from ntfy_intake.store import migrations, postgres
+from ntfy_intake.store import migrations, postgres, transaction
 from ntfy_intake.store.migrations import Migration
 from ntfy_intake.store.storage import startup_error as storage_error
 from ntfy_intake.store.transaction import (
-    ERRORS,
     BeforeCommit,
     Connection,
     Effect,
@@ -40,7 +39,6 @@ from ntfy_intake.store.transaction import (
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
-    "ERRORS",
     "PAGE_SIZE",
     "BeforeCommit",
     "Connection",
@@ -71,6 +69,14 @@ BUSY_TIMEOUT_MS = 10_000
 Target = Path | Dsn
 
 
+def __getattr__(name: str) -> tuple[type[Exception], ...]:
+    """`db.ERRORS`: transaction.errors() as it is now (the PostgreSQL driver's exceptions join it
+    when it is loaded; a copy bound at import would lack them)."""
+    if name == "ERRORS":
+        return transaction.errors()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def target_of(value: Path | Dsn | str) -> Target:
     """A path or a DSN string as the store's `Target`."""
     if isinstance(value, Dsn | Path):
@@ -95,7 +101,7 @@ def exists(target: Target | str) -> bool:
             found = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
         finally:
             conn.close()
-    except ERRORS as exc:
+    except transaction.errors() as exc:
         raise storage_error(exc, target) from None
     return found is not None and found[0] is not None
 

@@ -35,8 +35,8 @@ from typing import Any
 
 from ntfy_intake.rules.lease import Seen
 from ntfy_intake.settings.schema import Dsn
-from ntfy_intake.store import postgres
-from ntfy_intake.store.transaction import ERRORS, Connection
+from ntfy_intake.store import postgres, transaction
+from ntfy_intake.store.transaction import Connection
 
 # What every statement returns, as `lease.Seen` reads it: the server's instant of expiry, and
 # how far it is from the server's now() (negative once expired).
@@ -180,7 +180,7 @@ def _waited_out(exc: BaseException) -> bool:
 def _end_old_term(conn: postgres.PgConnection, expired: Seen) -> None:
     """End the transactions of the term whose lease `expired` still holding the row (module
     doc). Outside a transaction; a failure (no right to end them) changes nothing."""
-    with contextlib.suppress(*ERRORS):
+    with contextlib.suppress(*transaction.errors()):
         conn.execute(_OLD_TERM, (expired.expires_at,))
 
 
@@ -221,7 +221,7 @@ class ReleaseListener:
         try:
             for _ in self.conn.raw.notifies(timeout=timeout, stop_after=1):
                 return True
-        except ERRORS:
+        except transaction.errors():
             # The session broke while waiting: the next statement reconnects; wake the poll.
             self.conn.execute("SELECT 1")
             self._reconnects = self.conn.reconnects
@@ -259,5 +259,5 @@ def _seen(row: Any) -> Seen:
 def _rollback(conn: postgres.PgConnection) -> None:
     if conn.in_transaction:
         # A broken session took the transaction with it: nothing left to roll back.
-        with contextlib.suppress(*ERRORS):
+        with contextlib.suppress(*transaction.errors()):
             conn.execute("ROLLBACK")

@@ -29,7 +29,7 @@ Invariants owned here:
   included, fenced or not.
 
 psycopg is an optional dependency (`ntfy-intake[postgres]`): this module imports it only when a
-DSN is opened, and says how to install it when it is missing.
+DSN is opened (`load_driver`), and says how to install it when it is missing.
 """
 
 from __future__ import annotations
@@ -38,29 +38,51 @@ import contextlib
 import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ntfy_intake.errors import Fenced, StartupError
 from ntfy_intake.settings import dsn as dsn_rules
 from ntfy_intake.settings.schema import Dsn
 
-try:
+if TYPE_CHECKING:
     import psycopg
     import psycopg.sql
-    from psycopg import pq
-except ImportError:  # pragma: no cover - the postgres extra is not installed
-    psycopg = None  # type: ignore[assignment]
-
-# The driver's exceptions (none when it is not installed): part of `db.ERRORS`.
-DRIVER_ERRORS: tuple[type[Exception], ...] = () if psycopg is None else (psycopg.Error,)
 
 
 class _Absent(Exception):
-    """Stands in for the driver's classes when it is not installed (nothing raises it)."""
+    """Stands in for the driver's classes until it is loaded (nothing raises it)."""
 
 
-DRIVER_ERROR: type[Exception] = _Absent if psycopg is None else psycopg.Error
-DRIVER_OPERATIONAL: type[Exception] = _Absent if psycopg is None else psycopg.OperationalError
+# The driver's exceptions, part of `db.ERRORS` once `load_driver` ran (none before: nothing of
+# the driver can raise then). Read as this module's attributes at the moment they are caught.
+DRIVER_ERRORS: tuple[type[Exception], ...] = ()
+DRIVER_ERROR: type[Exception] = _Absent
+DRIVER_OPERATIONAL: type[Exception] = _Absent
+
+
+@functools.cache
+def _driver() -> Any:
+    import psycopg  # noqa: PLC0415 - a SQLite process never loads the driver (below)
+    import psycopg.sql  # noqa: PLC0415
+
+    return psycopg
+
+
+def load_driver() -> bool:
+    """Import psycopg, once, before the first connection: a SQLite daemon never pays for it
+    (libpq and its libraries, 113 modules: 10 MB of peak RSS, 60 ms of start-up; docs/
+    performance.md, "Memory"). The driver's exceptions join `db.ERRORS` here. False: the
+    postgres extra is not installed."""
+    global DRIVER_ERRORS, DRIVER_ERROR, DRIVER_OPERATIONAL  # noqa: PLW0603 - once, before use
+    if DRIVER_ERRORS:
+        return True
+    try:
+        driver = _driver()
+    except ImportError:
+        return False
+    DRIVER_ERROR, DRIVER_OPERATIONAL = driver.Error, driver.OperationalError
+    DRIVER_ERRORS = (driver.Error,)
+    return True
 
 
 class Row(Sequence[Any]):
@@ -268,8 +290,8 @@ class PgConnection:
         raw = self._usable()
         begin = self._begins.get(fenced)
         if begin is None:
-            key = psycopg.sql.Literal(self.lock_key).as_string(raw)
-            channel = psycopg.sql.Literal(self.channel).as_string(raw)
+            key = _driver().sql.Literal(self.lock_key).as_string(raw)
+            channel = _driver().sql.Literal(self.channel).as_string(raw)
             fence = ", (SELECT term FROM leadership WHERE id = 1 FOR KEY SHARE)" if fenced else ""
             lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
             begin = f"BEGIN; SELECT {lock}{fence}"
@@ -308,8 +330,8 @@ class PgConnection:
         opening = self._openings.get((fenced, relaxed))
         if opening is None:
             # The literals quoted by the driver, then `%` doubled: the statement has a parameter.
-            key = psycopg.sql.Literal(self.lock_key).as_string(raw).replace("%", "%%")
-            channel = psycopg.sql.Literal(self.channel).as_string(raw).replace("%", "%%")
+            key = _driver().sql.Literal(self.lock_key).as_string(raw).replace("%", "%%")
+            channel = _driver().sql.Literal(self.channel).as_string(raw).replace("%", "%%")
             lock = f"pg_advisory_xact_lock(hashtext({key})), pg_notify({channel}, '')"
             relax = ", set_config('synchronous_commit', 'off', true)" if relaxed else ""
             opening = f"SELECT {lock}{relax}{_FENCE if fenced else ''}"
@@ -379,7 +401,7 @@ class PgConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return bool(self.raw.info.transaction_status != pq.TransactionStatus.IDLE)
+        return bool(self.raw.info.transaction_status != _driver().pq.TransactionStatus.IDLE)
 
     def listen(self) -> None:
         if not self._listening:
@@ -436,7 +458,7 @@ def connect(
     """Open `dsn` with the settings every store module relies on (module doc); `libpq` adds
     connection parameters (the lease's TCP keepalives); `statement_timeout` bounds every
     statement on the server (seconds; none by default)."""
-    if psycopg is None:  # pragma: no cover - depends on the install
+    if not load_driver():  # pragma: no cover - depends on the install
         raise StartupError(
             f"database {dsn}: PostgreSQL needs psycopg: install ntfy-intake[postgres]"
         )
@@ -473,8 +495,9 @@ def _open(
 ) -> psycopg.Connection[Any]:
     given = dsn_rules.checked(dsn.conninfo)  # StartupError for a DSN libpq would misread
     defaults = {key: value for key, value in _DEAD_PEER.items() if key not in given}
+    load_driver()  # `connect` made sure it is installed; a reconnect finds it loaded
     with dsn_rules.redacting(dsn.conninfo, DRIVER_ERROR):
-        raw = psycopg.connect(
+        raw: psycopg.Connection[Any] = _driver().connect(
             dsn.conninfo,
             autocommit=True,
             row_factory=_rows,

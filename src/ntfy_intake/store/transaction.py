@@ -76,9 +76,13 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
-# Every exception the engines' drivers raise: what code outside the store catches instead of
-# naming a driver (`except db.ERRORS`).
-ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *postgres.DRIVER_ERRORS)
+def errors() -> tuple[type[Exception], ...]:
+    """Every exception the engines' drivers raise: what code outside the store catches instead
+    of naming a driver (`except db.ERRORS`). PostgreSQL's are among them once its driver is
+    loaded, before the first connection (postgres.load_driver): so it is read where it is
+    caught, never copied at import."""
+    return (sqlite3.Error, *postgres.DRIVER_ERRORS)
+
 
 # A hook that tests set to raise between the last statement of a transaction and its COMMIT.
 # It is None in production; `write_txn` calls it only when set.
@@ -211,7 +215,7 @@ def owed_since(conn: Connection) -> float | None:
 
 def _rollback(conn: Connection) -> None:
     if conn.in_transaction:
-        with contextlib.suppress(*ERRORS):
+        with contextlib.suppress(*errors()):
             conn.execute("ROLLBACK")
 
 

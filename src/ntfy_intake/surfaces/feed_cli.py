@@ -35,14 +35,17 @@ EXIT_OK = 0
 EXIT_TIMEOUT = 1
 EXIT_ERROR = 2
 
-_EXPECTED: tuple[type[Exception], ...] = (IntakeError, *db.ERRORS, OSError, ValueError)
+
+def _expected() -> tuple[type[Exception], ...]:
+    return (IntakeError, *db.ERRORS, OSError, ValueError)  # db.ERRORS as it is now
 
 
 class _Failed(Exception):
     pass
 
 
-_REPORTED: tuple[type[Exception], ...] = (_Failed, *_EXPECTED)
+def _reported() -> tuple[type[Exception], ...]:
+    return (_Failed, *_expected())
 
 
 def _print(value: object) -> None:
@@ -54,7 +57,7 @@ def _print(value: object) -> None:
 def _store(db_path: db.Target | str) -> Iterator[FeedStore]:
     try:
         store = FeedStore.open(db_path)
-    except _EXPECTED as exc:
+    except _expected() as exc:
         raise _Failed(str(exc)) from exc
     try:
         yield store
@@ -65,7 +68,7 @@ def _store(db_path: db.Target | str) -> Iterator[FeedStore]:
 def _run(body: Callable[[], int]) -> int:
     try:
         return body()
-    except _REPORTED as exc:
+    except _reported() as exc:
         message = one_line(str(exc), 500) or type(exc).__name__
         sys.stderr.write(f"ntfy-intake feed: {message}\n")
         sys.stderr.flush()

@@ -39,7 +39,8 @@ TIMEOUT = 10.0
 NOT_RUNNING = "the daemon is not running; silences are made through it"
 
 
-_UNREADABLE: tuple[type[Exception], ...] = (*db.ERRORS, OSError, ValueError)
+def _unreadable() -> tuple[type[Exception], ...]:
+    return (*db.ERRORS, OSError, ValueError)  # db.ERRORS as it is now
 
 
 class _Refused(Exception):
@@ -73,7 +74,7 @@ def _locate(settings: Settings, now: float) -> _Daemon:
             snapshot = summary.read(conn).snapshot
         finally:
             conn.close()
-    except _UNREADABLE as exc:
+    except _unreadable() as exc:
         raise _Refused(f"cannot read the daemon's state at {path}: {exc}") from exc
     updated = snapshot.get("updated_at")
     port = snapshot.get("http_port")
