@@ -6,11 +6,12 @@ longer counted as ready, so the cool-off gave way "nobody else is ready" at once
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 
-from ntfy_intake.rules import yielding
+from ntfy_intake.rules import readiness, yielding
 from ntfy_intake.runtime.cluster import Member
 from ntfy_intake.runtime.yielding import Cooloff
 
@@ -71,3 +72,29 @@ def test_a_yielder_does_not_take_its_released_lease_back_while_the_target_s_row_
     member.remaining, member.term = -0.065, 1
     cooloff.began()
     assert cooloff() is None
+
+
+def test_a_fresh_refusal_by_the_node_yielded_to_ends_its_grace_at_once() -> None:
+    """A double fault: nas, yielded to, says not ready in a fresh row (its own route cut at the
+    same moment). Nobody can take the work: the yielder campaigns at once instead of leaving
+    the lease free for the grace (only a stale row is given the benefit of a late probe)."""
+    member = _Member()
+    refusing: set[str] = set()
+    cooloff = Cooloff(
+        cast(Member, member), cooloff=300.0, peers=list, refuses=refusing.__contains__
+    )
+    cooloff.began("nas", 1)
+    assert cooloff() is not None  # nas's row stale: left to nas
+    refusing.add("nas")
+    assert cooloff() is None  # nas's fresh row refuses: campaign at once
+
+
+@pytest.mark.parametrize(
+    ("ready", "age", "refuses"),
+    [(False, 1.0, True), (False, 60.0, False), (True, 1.0, False)],
+)
+def test_only_a_fresh_not_ready_row_refuses(ready: bool, age: float, refuses: bool) -> None:
+    row = replace(peer(), ready=ready, seen_age_s=age)
+    other = replace(peer(), node="pi", ready=False, seen_age_s=1.0)
+    assert readiness.says_not_ready([row, other], row.node, probe_every=1.0) is refuses
+    assert not readiness.says_not_ready([other], "nas", probe_every=1.0)

@@ -202,6 +202,13 @@ def ready_peers(
     return sorted(peers, key=lambda row: (row.seen_age_s, row.node))
 
 
+def says_not_ready(rows: Sequence[NodeSeen], node: str, *, probe_every: float) -> bool:
+    """Whether `node`'s row, seen within the last two probes, says it cannot take the work: a
+    fresh refusal, unlike a row gone stale (which may only be a late probe on a busy box)."""
+    limit = fresh_within(probe_every)
+    return any(row.node == node and not row.ready and row.seen_age_s <= limit for row in rows)
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
 

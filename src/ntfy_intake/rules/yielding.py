@@ -21,7 +21,7 @@ that a leader reaches the database; these rules look at the work itself:
   another node is ready, so the node it yielded to takes the lease, not itself again. The
   cool-off never leaves the work undone: it gives way at once when no other node is ready
   (but the lease it released is left to the node it yielded to for `grace`: that node's row may
-  only be late), and when the lease has stayed free for `grace` (lease_ttl + renew_every: the
+  only be late, unless a fresh one of it refuses the work), and when the lease has stayed free for `grace` (lease_ttl + renew_every: the
   ready node should have taken it by then, and two nodes that each yielded within a cool-off
   must not both wait).
   A node that gives the work up (a graceful stop, a yield back) writes its row as not ready

@@ -106,7 +106,12 @@ async def serve(
     work = yielding.WorkWatch()  # what this node's row says of its work: the yield rule's view
     prober = readiness.Prober(settings, member, work)  # section 11: could this node do the work?
     # The cool-off asks in the lease thread: the rows read again when the lease is free.
-    cooloff = yielding.Cooloff(member, cooloff=cluster.yield_cooloff, peers=prober.campaign_peers)
+    cooloff = yielding.Cooloff(
+        member,
+        cooloff=cluster.yield_cooloff,
+        peers=prober.campaign_peers,
+        refuses=prober.says_not_ready,
+    )
     member.hold_off = lambda: prober.hold_off() or cooloff()
     member.readiness_view = prober.view
     probing: asyncio.Task[None] | None = None

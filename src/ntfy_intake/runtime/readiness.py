@@ -218,6 +218,10 @@ class Prober:
             probe_every=self.probe_every,
         )
 
+    def says_not_ready(self, node: str) -> bool:
+        """Whether `node`'s fresh row refuses the work (rules/readiness.says_not_ready)."""
+        return readiness.says_not_ready(self.rows_now(), node, probe_every=self.probe_every)
+
     def campaign_peers(self) -> list[NodeSeen]:
         """`peers_ready` for a campaign step, in the lease thread, right after it read the lease:
         when the lease is free and the last read of the rows (older than that read of the lease)

@@ -155,11 +155,13 @@ class Cooloff:
         *,
         cooloff: float,
         peers: Callable[[], Sequence[NodeSeen]],
+        refuses: Callable[[str], bool] = lambda node: False,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._member = member
         self._cooloff = cooloff
         self._peers = peers
+        self._refuses = refuses  # a node's fresh row says not ready (Prober.says_not_ready)
         self._monotonic = monotonic
         # The ready node campaigns within renew_every of the release NOTIFY; a lease still free
         # after a whole ttl more was not taken by it, and must not stay free.
@@ -179,13 +181,17 @@ class Cooloff:
         view = self._member.view()
         remaining = view["lease_remaining_s"]
         free_for = None if remaining is None or remaining > 0 else -float(remaining)
+        peers = self._peers()  # first: with the lease free it reads the rows again
         handed = self._handed
-        # Still the term it released (no node took a newer one): the node it yielded to.
+        # Still the term it released (no node took a newer one): the node it yielded to,
+        # unless its fresh row refuses the work (a stale one may only be a late probe).
         to = handed[0] if handed is not None and view.get("term") == handed[1] else None
+        if to is not None and self._refuses(to):
+            to = None
         return rules.cooloff(
             self._monotonic(),
             self.until,
-            peers=self._peers(),
+            peers=peers,
             lease_free_for=free_for,
             grace=self._grace,
             handed_to=to,
