@@ -172,6 +172,31 @@ class Note(NamedTuple):
     summary: str
 
 
+def device_note(
+    incident: str,
+    *,
+    kind: object,
+    event_id: str,
+    sequence_id: object,
+    topic: object,
+    time: object,
+    delivery_key: str | None,
+) -> Note:
+    """The `incident_info` entry of a delete/clear that came after its request went out (None:
+    its message joined none): what the planner writes live and a rebuild writes again."""
+    payload: dict[str, object] = {
+        "schema": DEVICE_ACTION_SCHEMA,
+        "incident": incident,
+        "event": kind,
+        "id": event_id,
+        "sequence_id": sequence_id,
+        "topic": topic,
+        "time": time,
+        "delivery_key": delivery_key,
+    }
+    return Note(event_id, payload, f"{incident}: {kind} of {sequence_id}")
+
+
 class Aside(NamedTuple):
     """Something the store writes in its frame's place, outside the decided rows: a conflict or
     a note of the planner's, or an item the store handed over (`Planner.aside`: a junk frame, a
@@ -457,17 +482,15 @@ class Planner:
         where = self.answers.requests.get((event.topic, event.sequence_id))
         if where is None or where[1] == "collecting":
             return None
-        payload: dict[str, object] = {
-            "schema": DEVICE_ACTION_SCHEMA,
-            "incident": incident,
-            "event": event.kind,
-            "id": event.id,
-            "sequence_id": event.sequence_id,
-            "topic": event.topic,
-            "time": event.time,
-            "delivery_key": where[0],
-        }
-        return Note(event.id, payload, f"{incident}: {event.kind} of {event.sequence_id}")
+        return device_note(
+            incident,
+            kind=event.kind,
+            event_id=event.id,
+            sequence_id=event.sequence_id,
+            topic=event.topic,
+            time=event.time,
+            delivery_key=where[0],
+        )
 
     def _seen(self, index: int, event: Arrival) -> bool:
         """Known id: a duplicate (a resume candidate again) or a conflict (quarantined)."""

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ntfy_intake.rules import cadence, timestamps
-from ntfy_intake.rules.batch_plan import DEVICE_ACTION_SCHEMA, REBUILT_UNKNOWN_SHA256
+from ntfy_intake.rules.batch_plan import REBUILT_UNKNOWN_SHA256, device_note
 from ntfy_intake.store import audit, audit_mirror, db, dialect, feed
 from ntfy_intake.store.cursor import Cursor
 from ntfy_intake.store.cursor import save as save_cursor
@@ -417,29 +417,23 @@ def _info(conn: Connection, entries: list[_Info]) -> int:
             )
             continue
         record = entry.record
-        event_id, incident, sequence = (
-            record["event_id"],
+        note = device_note(
             record["incident"],
-            record.get("sequence_id"),
+            kind=record.get("event"),
+            event_id=record["event_id"],
+            sequence_id=record.get("sequence_id"),
+            topic=record.get("topic", ""),
+            time=record.get("time"),
+            delivery_key=record["info_for"] or None,
         )
-        payload: dict[str, object] = {
-            "schema": DEVICE_ACTION_SCHEMA,
-            "incident": incident,
-            "event": record.get("event"),
-            "id": event_id,
-            "sequence_id": sequence,
-            "topic": record.get("topic", ""),
-            "time": record.get("time"),
-            "delivery_key": record["info_for"] or None,
-        }
         feed.append_unread(
             conn,
             feed.INFO_CHANNEL,
-            payload,
-            delivery_key=event_id,
+            note.payload,
+            delivery_key=note.event_id,
             sender=feed.FEED_SENDER,
-            summary=f"{incident}: {record.get('event')} of {sequence}",
-            idempotency_key=event_id,
+            summary=note.summary,
+            idempotency_key=note.event_id,
             now=entry.at,
         )
     return feed.head_of(conn, feed.INFO_CHANNEL)
