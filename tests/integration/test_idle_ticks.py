@@ -26,10 +26,9 @@ from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
 IDLE_S = 3.0
 
 
-@pytest.mark.emulator(keepalive_interval=45.0)
-def test_idle_ticker_does_not_wake_every_50_ms(
-    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def count_passes(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The ticker's passes, as the monotonic instants it asked the writer to settle the cursor
+    (every pass does, first thing after its nap)."""
     passes: list[float] = []
     settle = writer_module.Writer.settle_cursor
 
@@ -38,6 +37,14 @@ def test_idle_ticker_does_not_wake_every_50_ms(
         await settle(self, **kwargs)
 
     monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    return passes
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_idle_ticker_does_not_wake_every_50_ms(
+    emu: NtfyEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes = count_passes(monkeypatch)
     config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
     with DaemonThread(config):
         emu.wait_for_subscribers(1, timeout=30)
@@ -102,14 +109,7 @@ def test_idle_ticker_does_not_beat_every_second_yet_the_watchdog_keeps_pinging(
     """The ticker beat at least once a second so the watchdog could tell idle from wedged; it
     now sleeps until its next due work (the snapshot's 10 s refresh here), its sleep a promise
     the watchdog reads (Heartbeat.until), and pings go on."""
-    passes: list[float] = []
-    settle = writer_module.Writer.settle_cursor
-
-    async def counted(self: writer_module.Writer, **kwargs: bool) -> None:
-        passes.append(time.monotonic())
-        await settle(self, **kwargs)
-
-    monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    passes = count_passes(monkeypatch)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as systemd:
         systemd.bind(str(tmp_path / "notify.sock"))
         systemd.settimeout(0.05)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from ntfy_intake.flow import writer as writer_module
 from ntfy_intake.runtime import ticker
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
 from ..harness import DaemonThread, event_ids, query, settings_for, wait_until
+from .test_idle_ticks import count_passes
 
 EVENTS = 20
 RATE = 10.0  # events a second: one batch each
@@ -58,14 +58,7 @@ def test_events_flowing_cost_the_ticker_one_pass_a_second_not_two(
     """The cursor's save and the last frame time's, each at most once a second, fell due a
     few ms apart: two passes a second while events flowed. The frame time now goes with the
     cursor's save, and work due within the gather window waits for one pass."""
-    passes: list[float] = []
-    settle = writer_module.Writer.settle_cursor
-
-    async def counted(self: writer_module.Writer, **kwargs: bool) -> None:
-        passes.append(time.monotonic())
-        await settle(self, **kwargs)
-
-    monkeypatch.setattr(writer_module.Writer, "settle_cursor", counted)
+    passes = count_passes(monkeypatch)
     config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
     seconds = 4.0
     with DaemonThread(config):
