@@ -34,12 +34,16 @@ def sig() -> Iterator[SignalHandle]:
         yield handle
 
 
-def config(emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle) -> Any:
+def config(
+    emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle, **more: str
+) -> Any:
+    """The owner loop's daemon (relay, Signal sender, poll receive); `more`: other settings."""
     return settings.load(
         None,
         env_for(
             emu.url,
             state,
+            **more,
             relay_url=triage.url,
             cadence_debounce="0s",
             cadence_cooldown="0s",  # every event a request: every one could reach the owner

@@ -20,38 +20,19 @@ from typing import Any
 import httpx
 import pytest
 
-from ntfy_intake import settings
 from ntfy_intake.store import audit, db, migrations, rebuild
 from ntfy_intake.testbed.emulator import NtfyEmulator
 from ntfy_intake.testbed.receiver import ReceiverHandle
 from ntfy_intake.testbed.signal_standin import SignalHandle
 
-from ..harness import DaemonThread, env_for, query, wait_until, wipe_store
-from .test_owner_loop_rebuild import OWNER, SENDER, reply, sig  # noqa: F401
+from ..harness import DaemonThread, query, wait_until, wipe_store
+from .test_owner_loop_rebuild import OWNER, SENDER, config, reply, sig  # noqa: F401
 
 pytestmark = pytest.mark.engines
 
 INFO = "incident_info"
 TOKEN = "agent-token-7Qx2-rebuild-feed-0042"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def config(emu: NtfyEmulator, state: Path, triage: ReceiverHandle, sig: SignalHandle) -> Any:
-    return settings.load(
-        None,
-        env_for(
-            emu.url,
-            state,
-            http_token=TOKEN,
-            relay_url=triage.url,
-            cadence_debounce="0s",
-            owner_signal_url=sig.url,
-            owner_signal_number=SENDER,
-            owner_recipients=OWNER,
-            owner_receive="poll",
-            owner_receive_every="1s",
-        ),
-    )
 
 
 def base(daemon: DaemonThread) -> str:
@@ -101,7 +82,7 @@ def test_rebuild_restores_incident_info_entries_with_their_seqs(
     cursor it holds on the channel points past entries that are no longer there (the next
     entry written takes seq 1 again, one the agent already acked)."""
     state = tmp_path / "state"
-    settings_ = config(emu, state, triage, sig)
+    settings_ = config(emu, state, triage, sig, http_token=TOKEN)
     with DaemonThread(settings_) as first:
         emu.wait_for_subscribers(1, timeout=30)
         original = emu.publish("alerts", "Disk full number 1", title="Disk full", priority=5)["id"]
