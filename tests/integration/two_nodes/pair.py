@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
-from ...standby import Cluster, Lease, serving_as_leader, standing_by
+from ...standby import RENEW, TTL, Cluster, Lease, serving_as_leader, standing_by
 from ...standby_nodes import Node
 
 PROBE_EVERY = 1.0
 YIELD_AFTER = 4.0
+# A yield's bound: yield_after + lease_ttl + renew_every + 5 s (DESIGN.md section 11).
+YIELD_BOUND = YIELD_AFTER + TTL + RENEW + 5.0
 
 
 def start_pair(
@@ -65,3 +68,13 @@ def audit_disk_full(state_dir: Path) -> Iterator[None]:
     finally:
         today.unlink()
         os.rename(aside, today)
+
+
+def yield_for_a_full_disk(cluster: Cluster, alpha: Node, term: int) -> tuple[Lease, float]:
+    """Inside `audit_disk_full(alpha.state_dir)`: the leader alpha latches and yields term
+    `term` to beta within YIELD_BOUND; the lease beta took, and how long after the fault."""
+    fault = cluster.fault(alpha, "the leader's audit disk full", time.monotonic())
+    taken, took = cluster.failover(fault, term, YIELD_BOUND)
+    assert taken.node == "beta"
+    assert alpha.events("audit.latched"), "the fault did not latch the leader"
+    return taken, took

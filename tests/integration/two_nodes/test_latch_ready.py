@@ -14,16 +14,15 @@ from ntfy_intake.rules.readiness import LATCHED
 from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
 from ...harness import wait_until
-from ...standby import RENEW, TTL, Cluster, serving_as_leader, settle
+from ...standby import Cluster, serving_as_leader, settle
 from ...standby_nodes import Node, Stream
-from .pair import PROBE_EVERY, YIELD_AFTER, audit_disk_full, start_pair
+from .pair import PROBE_EVERY, audit_disk_full, start_pair, yield_for_a_full_disk
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
 
-YIELD_BOUND = YIELD_AFTER + TTL + RENEW + 5.0
 WATCHED_PROBES = 4  # after the other node holds the lease: the yielder's `leaving` is over by then
 
 
@@ -53,10 +52,7 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
         with audit_disk_full(alpha.state_dir):
-            fault = cluster.fault(alpha, "the leader's audit disk full", time.monotonic())
-            taken, _took = cluster.failover(fault, lease.term, YIELD_BOUND)
-            assert taken.node == "beta"
-            assert alpha.events("audit.latched"), "the fault did not latch the leader"
+            yield_for_a_full_disk(cluster, alpha, lease.term)
             wait_until(lambda: role(alpha) == "standby", 30, "alpha's standby surface answering")
             seen = []
             until = time.monotonic() + WATCHED_PROBES * PROBE_EVERY

@@ -27,14 +27,20 @@ from ...standby import (
     settle,
 )
 from ...standby_nodes import Stream
-from .pair import PROBE_EVERY, YIELD_AFTER, audit_disk_full, ready, start_pair
+from .pair import (
+    PROBE_EVERY,
+    YIELD_AFTER,
+    YIELD_BOUND,
+    audit_disk_full,
+    ready,
+    start_pair,
+    yield_for_a_full_disk,
+)
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("engine", ["postgresql"], indirect=True),
 ]
-
-YIELD_BOUND = YIELD_AFTER + TTL + RENEW + 5.0
 
 
 def handover_notices(cluster: Cluster) -> list[tuple[str, str, str]]:
@@ -90,10 +96,7 @@ def test_a_leader_whose_audit_disk_is_full_yields_instead_of_leading_latched_unt
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
         with audit_disk_full(alpha.state_dir):
-            fault = cluster.fault(alpha, "the leader's audit disk full", time.monotonic())
-            taken, took = cluster.failover(fault, lease.term, YIELD_BOUND)
-            assert taken.node == "beta"
-            assert alpha.events("audit.latched"), "the fault did not latch the leader"
+            taken, took = yield_for_a_full_disk(cluster, alpha, lease.term)
             count = cluster.recorded()
             wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
     finally:
