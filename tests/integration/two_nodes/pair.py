@@ -8,7 +8,6 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from ntfy_intake.testbed.ntfy_route import NtfyRoute
 
@@ -53,10 +52,13 @@ def ready(cluster: Cluster, node: str) -> bool:
 
 
 @contextlib.contextmanager
-def audit_disk_full(state_dir: Path) -> Iterator[None]:
-    """Every write to today's audit file fails with ENOSPC (the file swapped for /dev/full
-    under the running daemon; the original kept aside and put back at the end)."""
-    audit = state_dir / "audit"
+def audit_disk_full(node: Node) -> Iterator[None]:
+    """Every write to the node's audit file of today fails with ENOSPC (the file swapped for
+    /dev/full under the running daemon; the original kept aside). At the end the file comes
+    back only once the node's process is gone: a process still running had read /dev/full as
+    its file (a standby's mirror wrote the journal again behind it: "twice" in mirrors_match),
+    which no real disk that fills and is freed does. A process this stopped is started again."""
+    audit = node.state_dir / "audit"
     (today,) = sorted(audit.glob("audit-*.jsonl"))[-1:]
     aside = today.with_name(today.name + ".aside")
     link = today.with_name(today.name + ".full")
@@ -66,12 +68,18 @@ def audit_disk_full(state_dir: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        running = node.alive
+        if running:
+            _at, code = node.terminate()
+            assert code == 0, f"{node.name} exited {code} at its stop: {node.stderr()}"
         today.unlink()
         os.rename(aside, today)
+        if running:
+            node.start()
 
 
 def yield_for_a_full_disk(cluster: Cluster, alpha: Node, term: int) -> tuple[Lease, float]:
-    """Inside `audit_disk_full(alpha.state_dir)`: the leader alpha latches and yields term
+    """Inside `audit_disk_full(alpha)`: the leader alpha latches and yields term
     `term` to beta within YIELD_BOUND; the lease beta took, and how long after the fault."""
     fault = cluster.fault(alpha, "the leader's audit disk full", time.monotonic())
     taken, took = cluster.failover(fault, term, YIELD_BOUND)

@@ -473,7 +473,7 @@ def test_a_yield_back_to_a_node_in_its_cooloff_hands_over_within_2s_of_the_relea
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
         yielded = _into_the_cooloff(cluster, routes, beta)
         wall = time.time()
-        with audit_disk_full(alpha.state_dir):
+        with audit_disk_full(alpha):
             fault = cluster.fault(alpha, "alpha's audit disk full", time.monotonic())
             taken, _ = cluster.wait_lease(lambda s: s.term > yielded.term, 30, "a new term")
             seen = time.time()

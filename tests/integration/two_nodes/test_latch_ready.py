@@ -51,7 +51,7 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
     stream = Stream(cluster.emu).start()
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
-        with audit_disk_full(alpha.state_dir):
+        with audit_disk_full(alpha):
             yield_for_a_full_disk(cluster, alpha, lease.term)
             wait_until(lambda: role(alpha) == "standby", 30, "alpha's standby surface answering")
             seen = []

@@ -95,7 +95,7 @@ def test_a_leader_whose_audit_disk_is_full_yields_instead_of_leading_latched_unt
     stream = Stream(cluster.emu).start()
     try:
         wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
-        with audit_disk_full(alpha.state_dir):
+        with audit_disk_full(alpha):
             taken, took = yield_for_a_full_disk(cluster, alpha, lease.term)
             count = cluster.recorded()
             wait_until(lambda: cluster.recorded() >= count + 30, 30, "beta recording")
