@@ -60,14 +60,16 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
                 seen.append(row_of(cluster, "alpha"))
                 time.sleep(PROBE_EVERY / 4)
             assert all(not ready for ready, _, _ in seen), seen
-            assert seen[-1] == (False, LATCHED, "standby"), seen
+            # The latch is named; on a busy box a late ntfy probe may be named beside it.
+            ready_, reason, work = seen[-1]
+            assert not ready_ and LATCHED in str(reason) and work == "standby", seen
             answer = alpha.healthz()
             assert answer is not None and answer[0] == 503, answer
             assert answer[1]["status"] == "not_ready" and LATCHED in answer[1]["reason"], answer
             cluster_view = alpha.status()["cluster"]
-            assert cluster_view["ready"] is False and cluster_view["not_ready"] == LATCHED
+            assert cluster_view["ready"] is False and LATCHED in cluster_view["not_ready"]
             (mine,) = (n for n in cluster_view["nodes"] if n["node"] == "alpha")
-            assert mine["reason"] == LATCHED, mine
+            assert LATCHED in mine["reason"], mine
             # No other node ready (beta stops): the latched node still leads, within the
             # graceful bound, and records, its new term's daemon latched again.
             now = cluster.lease()
@@ -81,7 +83,7 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
             count = cluster.recorded()
             wait_until(lambda: cluster.recorded() >= count + 30, 30, "alpha recording")
             wait_until(
-                lambda: row_of(cluster, "alpha") == (False, LATCHED, "latched"),
+                lambda: _names_latch(row_of(cluster, "alpha"), "latched"),
                 10,
                 "alpha's row saying its new term latched",
             )
@@ -99,3 +101,8 @@ def test_a_node_that_yielded_for_its_latch_says_not_ready_yet_leads_when_nobody_
         published = stream.stop()
     settle(cluster, published)
     print(f"{len(published)} published; the latched node led again {took:.2f} s after the stop")
+
+
+def _names_latch(row: tuple[bool, str | None, str], work: str) -> bool:
+    ready, reason, intake = row
+    return not ready and LATCHED in str(reason) and intake == work
