@@ -1,7 +1,8 @@
 """A TCP proxy on 127.0.0.1 in front of PostgreSQL, for one node only: `cut()` stops every byte
 both ways, as a link that went dead does (no RST, no FIN: what was sent is held, a new
 connection is accepted and left waiting), `restore()` lets it all flow again, as a healed link
-does with what TCP kept retransmitting. Threads, one pair per connection; closed by `close`.
+does with what TCP kept retransmitting; `refuse()` closes every connection and each new one, as
+a restarting server does. Threads, one pair per connection; closed by `close`.
 
 A proxy in user space cannot fake a lost packet: the kernel still ACKs what a client sends to
 it, so the client's TCP keepalives and user timeout never fire. Only the node's own timers
@@ -31,6 +32,7 @@ class Proxy:
         self.port = int(self._listener.getsockname()[1])
         self._flowing = threading.Event()
         self._flowing.set()
+        self._refusing = threading.Event()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -55,7 +57,20 @@ class Proxy:
         self._flowing.clear()
 
     def restore(self) -> None:
+        self._refusing.clear()
         self._flowing.set()
+
+    def refuse(self) -> None:
+        """A server restarting, as this node sees it: every open connection closed, and each
+        new one closed at once, until `restore()`."""
+        self._refusing.set()
+        with self._lock:
+            sockets, self._sockets = list(self._sockets), []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
 
     def close(self) -> None:
         self._closed.set()
@@ -101,6 +116,9 @@ class Proxy:
                 continue
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             self._keep(client)
             self.connections += 1
             self._spawn(self._connect, client)

@@ -58,7 +58,7 @@ log = structlog.get_logger("ntfy_intake.cluster")
 PREFIX_FILE = "cluster-instance-prefix"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LISTEN_SLICE_S = 0.5  # a standby's wait on the release NOTIFY, in slices a stop can cut
-RETRY_FRACTION = 0.25  # of renew_every: how soon a failed renewal is tried again
+RETRY_FRACTION = 0.25  # of renew_every: how soon a failed lease statement is tried again
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -230,7 +230,9 @@ class Member:
                 if isinstance(said, StartupError):
                     raise said from exc  # a refused login, a missing database: exit 2
                 self._failed(said)
-                await _wait(stop, self.renew_every)
+                # Soon, as a failed renewal is: a restarted server is back within a second or
+                # two, and a release it carries then must find this node listening again.
+                await _wait(stop, RETRY_FRACTION * self.renew_every)
                 continue
             self.problem = None
             if won is not None:
@@ -316,7 +318,7 @@ class Member:
                 heard = await self._in_thread(self._listen, min(left, LISTEN_SLICE_S))
             except db.ERRORS as exc:
                 self._failed(exc)
-                await _wait(stop, min(left, self.renew_every))
+                await _wait(stop, min(left, RETRY_FRACTION * self.renew_every))
                 return
             if heard:
                 return
