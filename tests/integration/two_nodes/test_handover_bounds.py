@@ -167,8 +167,19 @@ def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_strea
     under the same key."""
     restart = state == "after_a_restart"
     dsn, data_dir = own_server
-    # The shipped reorder window (the tests' 300 ms hid the drain's wait for it).
-    cluster = Cluster(tmp_path, dsn, emu, tagged, ntfy_reorder_window="5s", http_token=TOKEN)
+    # The shipped reorder window (the tests' 300 ms hid the drain's wait for it) and lease:
+    # under the tests' 3 s / 1 s, CI's load once held the restart 1.51 s, so alpha lost its 2 s
+    # local window and stepped down, and no leader was left to stop gracefully.
+    cluster = Cluster(
+        tmp_path,
+        dsn,
+        emu,
+        tagged,
+        ntfy_reorder_window="5s",
+        http_token=TOKEN,
+        cluster_lease_ttl="8s",
+        cluster_renew_every="2s",
+    )
     try:
         alpha, beta = leader_and_standby(cluster)
         clients = Clients(alpha).start()
@@ -189,6 +200,7 @@ def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_strea
                 tagged.faults.commit_then_stall(4.0)
                 wait_until(lambda: tagged.in_flight("alpha"), 30, "a POST of alpha held open")
             wait_until(clients.polling.is_set, 10, "a quiet long poll open on alpha")
+            assert not alpha.events("cluster.lease_lost"), "alpha no longer leads: the premise"
             at = alpha.send(signal.SIGTERM)
             fault = cluster.fault(alpha, f"SIGTERM of the leader ({state})", at)
             taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
