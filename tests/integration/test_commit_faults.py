@@ -20,6 +20,7 @@ import pytest
 
 from ntfy_intake.errors import StoreError
 from ntfy_intake.flow import database, intake, relay
+from ntfy_intake.flow.journal import MARK_OWED_AT_MOST
 from ntfy_intake.flow.owner import OwnerSender
 from ntfy_intake.rules import notices
 from ntfy_intake.runtime.daemon import Daemon
@@ -94,9 +95,19 @@ def fallback_400_notice(daemon: Daemon, state: Path) -> None:
 
 
 def cursor_move(daemon: Daemon, state: Path) -> None:
-    # Read long ago: the reorder window has passed, the cursor may move at once.
+    # Read long ago: the reorder window has passed, the cursor may move at once (a drain's).
+    asyncio.run(daemon.writer.record(received("aaaaaaaaaaa1", read_at=time.monotonic() - 60)))
+    asyncio.run(daemon.writer.settle_cursor(at_once=True))
+    assert query(state, "SELECT kind, value FROM cursor") == [("id", "aaaaaaaaaaa1")]
+    assert daemon.writer.cursor == cursor.Cursor.at_id("aaaaaaaaaaa1", 1_764_470_000)
+    assert daemon.counters.cursor_moves == 1
+
+
+def owed_cursor_move(daemon: Daemon, state: Path) -> None:
+    # Live, the cursor rides the next write: here the ticker's owed one, whose COMMIT fails.
     asyncio.run(daemon.writer.record(received("aaaaaaaaaaa1", read_at=time.monotonic() - 60)))
     asyncio.run(daemon.writer.settle_cursor())
+    asyncio.run(daemon.journal.write_owed_mark(time.monotonic() + MARK_OWED_AT_MOST))
     assert query(state, "SELECT kind, value FROM cursor") == [("id", "aaaaaaaaaaa1")]
     assert daemon.writer.cursor == cursor.Cursor.at_id("aaaaaaaaaaa1", 1_764_470_000)
     assert daemon.counters.cursor_moves == 1
@@ -237,6 +248,7 @@ SITES = [
     Site("intake-notice-counted-twice", "Journal.record_notice", intake_notice),
     Site("fallback-400-notice-counted-twice", "Writer._record_drop", fallback_400_notice),
     Site("cursor-move-counted-twice", "save", cursor_move),
+    Site("owed-cursor-move-lost-or-counted-twice", "write_owed_mark", owed_cursor_move),
     # The first transaction of `_settle_and_claim` is the claim; the second settles.
     Site("relay-401-notice-lost", "Relay._settle_and_claim", relay_401_notice, skip=1),
     Site("relay-dead-row-counted-twice", "Relay._settle_and_claim", relay_dead_row, skip=1),

@@ -303,7 +303,7 @@ def test_a_steady_stream_saves_the_cursor_at_most_once_a_second_not_every_tick(
     def settle_at(at: float, *, at_once: bool = False) -> str | None:
         now["t"] = at
         asyncio.run(daemon.writer.settle_cursor(at_once=at_once))
-        saved = cursor.load(daemon.conn)
+        saved = stored_cursor(daemon)
         return None if saved is None or saved.kind != "id" else saved.value
 
     start = now["t"]
@@ -334,7 +334,7 @@ def test_a_steady_stream_wakes_the_ticker_to_settle_once_a_save_may_follow_not_p
         asyncio.run(daemon.writer.record([item]))
     now["t"] = start + window
     asyncio.run(daemon.writer.settle_cursor())  # quiet before: wake00000001 saved at once
-    assert cursor.load(daemon.conn) == cursor.Cursor.at_id("wake00000001", 1_764_470_000)
+    assert stored_cursor(daemon) == cursor.Cursor.at_id("wake00000001", 1_764_470_000)
     settle_due = daemon.writer.next_due(now["t"], 0.0)[0]
     # The next event's window ends 0.2 s on; the next save may come 1 s on.
     assert settle_due == start + window + writer_module.CURSOR_SAVE_EVERY
@@ -358,5 +358,12 @@ def test_a_cursor_settled_before_ntfy_refused_it_is_not_saved_over_the_reset(
     asyncio.run(daemon.writer.drop_cursor(refused, '{"code":40008}'))
     now["t"] += 5.0
     asyncio.run(daemon.writer.settle_cursor())
-    saved = cursor.load(daemon.conn)
+    saved = stored_cursor(daemon)
     assert saved is not None and (saved.kind, saved.value) == ("all", "all")
+
+
+def stored_cursor(daemon: Daemon) -> cursor.Cursor | None:
+    """The cursor the store holds once what is owed is written: live, a settled cursor rides
+    the next write (store/cursor.owe), which the ticker makes when no batch comes."""
+    audit.write_owed_mark(daemon.conn)
+    return cursor.load(daemon.conn)

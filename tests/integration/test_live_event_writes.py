@@ -134,3 +134,37 @@ def test_a_live_event_writes_a_few_small_pages_not_a_dozen_large_ones(
     per_event = frames * (page + 24) / EVENTS
     assert frames >= EVENTS  # each event's batch committed at least its inbox row
     assert per_event <= 28 * 1024, (frames, page)
+
+
+@pytest.mark.emulator(keepalive_interval=45.0)
+def test_an_alert_alone_costs_one_fsync_of_the_store_not_two(
+    emu: NtfyEmulator, tmp_path: Path
+) -> None:
+    """Kills the second fsync a lone alert (a homelab's usual rate: one every few minutes) cost
+    the store: its batch's COMMIT, then, once its reorder window had passed, the cursor's save
+    in a transaction of its own, fsynced too. The cursor only ever lags safely (a restart
+    resumes earlier, and the inbox absorbs what is read again), so it rides the next write
+    like the audit mark: the ticker writes it unsynced when no batch comes."""
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config) as running:
+        daemon = running.daemon
+        assert daemon is not None
+        emu.wait_for_subscribers(1)
+        if db.is_postgres(daemon.conn):
+            pytest.skip("counts SQLite statements; PostgreSQL's rides are counted in its own tests")
+        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
+        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
+        counts = StoreCounts()
+        batches, cursors = daemon.counters.batches, daemon.counters.cursor_moves
+        daemon.conn.set_trace_callback(counts)  # type: ignore[attr-defined]
+        try:
+            event_id = emu.publish("alerts", "disk full", title="disk full")["id"]
+            wait_until(lambda: event_id in event_ids(tmp_path), what="the alert recorded")
+            wait_until(lambda: daemon.counters.cursor_moves > cursors, what="the cursor settled")
+            wait_until(lambda: db.owed_since(daemon.conn) is None, what="owed writes")
+        finally:
+            daemon.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+        assert daemon.counters.batches - batches == 1
+        saved = daemon.conn.execute("SELECT value FROM cursor WHERE id = 1").fetchone()
+    assert counts.counts["durable commits"] == 1, dict(counts.counts)
+    assert saved is not None and saved[0] == event_id  # the cursor did reach the store

@@ -43,6 +43,7 @@ from ntfy_intake.store.cursor import (
     save_last_frame_time,
 )
 from ntfy_intake.store.cursor import backfill_done as clear_backfill
+from ntfy_intake.store.cursor import owe as owe_cursor
 from ntfy_intake.store.cursor import save as save_cursor
 from ntfy_intake.wire import refusals
 from ntfy_intake.wire.frames import Event, Junk
@@ -283,7 +284,11 @@ class Writer:
             return
         if not at_once and now - self._cursor_saved_at < CURSOR_SAVE_EVERY:
             return
-        await self._database.run(save_cursor, self._database.conn, cursor, self._clock())
+        # Live, it rides the next write (store/cursor.owe): a lone alert's store costs one
+        # fsync, not two. A drain or a handover saves it at once.
+        conn = self._database.conn
+        if at_once or not owe_cursor(conn, cursor, self._clock()):
+            await self._database.run(save_cursor, conn, cursor, self._clock())
         self.cursor, self._settled, self._cursor_saved_at = cursor, None, now
         self._cursor_just_saved = True
         self._counters.cursor_moves += 1
@@ -340,10 +345,16 @@ class Writer:
     # -- intake's cursor questions -------------------------------------------------------------------
 
     async def current_resume(self) -> Resume:
-        resume = await self._database.run(load_resume, self._database.conn)
+        resume = await self._database.run(self._load_resume)
         assert resume is not None
         self.cursor = resume.cursor
         return resume
+
+    def _load_resume(self) -> Resume | None:
+        """In the worker thread: an owed cursor written first (unsynced, with whatever else is
+        owed), so a reconnect resumes where this process settled, not where the store lags."""
+        audit.write_owed_mark(self._database.conn)
+        return load_resume(self._database.conn)
 
     async def owe_backfill(self, since: int, gap_from: int | None) -> Owed:
         """The connection opened: persist the backfill it owes before anything else happens."""
@@ -365,7 +376,8 @@ class Writer:
 
     def _record_drop(self, notice: Notice) -> None:
         now = self._clock()
-        with db.write_txn(self._database.conn) as txn:
+        # carry_all: an owed cursor goes first, so the reset is the cursor that stays.
+        with db.write_txn(self._database.conn, carry_all=True) as txn:
             replay.from_the_start(txn.conn, now)
             self._owner_queue.notice(txn, notice, now)
 

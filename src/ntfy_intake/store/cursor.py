@@ -170,13 +170,28 @@ def load(conn: Connection) -> Cursor | None:
 
 
 def save(conn: Connection, cursor: Cursor, now: float) -> None:
-    with db.write_txn(conn):
-        conn.execute(
-            "INSERT INTO cursor(id, kind, value, message_time, updated_at) VALUES (1, ?, ?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, value = excluded.value,"
-            " message_time = excluded.message_time, updated_at = excluded.updated_at",
-            (cursor.kind, cursor.value, cursor.message_time, now),
-        )
+    """The cursor, at once (a drain, a handover). Whatever is owed goes first (carry_all): an
+    owed cursor, older than this one, written after it would move it back."""
+    with db.write_txn(conn, carry_all=True):
+        conn.execute(_SAVE, (cursor.kind, cursor.value, cursor.message_time, now))
+
+
+def owe(conn: Connection, cursor: Cursor, now: float) -> bool:
+    """The cursor, owed to the connection's next write transaction (the next batch's while
+    events flow; the ticker's unsynced owed write otherwise): a lost or late save only resumes
+    a restart earlier, and the inbox absorbs what is read again. A lone alert's store costs one
+    fsync, its batch's, not two. False when `conn` carries no owed writes (the caller saves)."""
+    if not isinstance(conn, postgres.PgConnection | SqliteConnection):
+        return False
+    ride(conn, "cursor", _SAVE, (cursor.kind, cursor.value, cursor.message_time, now))
+    return True
+
+
+_SAVE = (
+    "INSERT INTO cursor(id, kind, value, message_time, updated_at) VALUES (1, ?, ?, ?, ?)"
+    " ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, value = excluded.value,"
+    " message_time = excluded.message_time, updated_at = excluded.updated_at"
+)
 
 
 @dataclass(frozen=True, slots=True)
