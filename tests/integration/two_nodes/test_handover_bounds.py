@@ -201,16 +201,19 @@ def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_strea
                 wait_until(lambda: tagged.in_flight("alpha"), 30, "a POST of alpha held open")
             wait_until(clients.polling.is_set, 10, "a quiet long poll open on alpha")
             assert not alpha.events("cluster.lease_lost"), "alpha no longer leads: the premise"
+            waits = cluster.cpu_waits()
             at = alpha.send(signal.SIGTERM)
             fault = cluster.fault(alpha, f"SIGTERM of the leader ({state})", at)
             taken, seen = cluster.wait_lease(lambda s: s.term > lease.term, 30, "a new term")
+            waited = waits.stop()
             assert alpha.proc is not None
             code = alpha.proc.wait(30)
             exited = time.monotonic()
             print(
                 f"\nPostgreSQL back {back - restarted:.2f} s after the restart; SIGTERM at"
                 f" +{at - restarted:.2f} s; {taken.node} took term {taken.term}"
-                f" {seen - at:.2f} s after it; alpha exited {code} after {exited - at:.2f} s"
+                f" {seen - at:.2f} s after it ({waited:.2f} s waiting for a CPU); alpha exited"
+                f" {code} after {exited - at:.2f} s"
             )
             assert taken.node == beta.name
             assert code == 0
@@ -223,7 +226,10 @@ def test_graceful_stop_right_after_an_immediate_postgresql_restart_under_a_strea
         finally:
             published = stream.stop()
             clients.stop()
-        assert handover < GRACEFUL_BOUND, f"the graceful stop handed over in {handover:.2f} s"
+        assert handover - waited < GRACEFUL_BOUND, (
+            f"the graceful stop handed over in {handover:.2f} s, {waited:.2f} s of it the"
+            " nodes waiting for a CPU (tests/cpu_waits.py)"
+        )
         settle(cluster, published, alpha)
     finally:
         cluster.close()
@@ -416,11 +422,14 @@ def _sigterm_hands_over_to_beta(
     """SIGTERM of the leader alpha: beta takes the next term within GRACEFUL_BOUND of the
     signal, or of its own first `readiness.ready` when it was still starting then (a process
     that is not up yet cannot take anything over: CI's load once held beta's start-up 1.96 s
-    past the SIGTERM, and it led 0.08 s after it was ready), alpha exits 0, and beta records."""
+    past the SIGTERM, and it led 0.08 s after it was ready), less the nodes' waits for a CPU
+    (tests/cpu_waits.py), alpha exits 0, and beta records."""
     wall = time.time()
+    waits = cluster.cpu_waits()
     at = alpha.send(signal.SIGTERM)
     fault = cluster.fault(alpha, f"SIGTERM of alpha {when}", at)
     taken, seen = cluster.wait_lease(lambda s: s.term > term, 30, "a new term")
+    waited = waits.stop()
     assert alpha.proc is not None
     code = alpha.proc.wait(30)
     cluster.fault(alpha, "the leader's stop", at, until=time.monotonic())
@@ -430,9 +439,11 @@ def _sigterm_hands_over_to_beta(
     starting = max(0.0, ready - wall) if ready is not None else 0.0
     print(f"\n{taken.node} took term {taken.term} {handover:.2f} s after the SIGTERM")
     assert taken.node == "beta" and code == 0
-    assert handover - starting < GRACEFUL_BOUND, (
-        f"handed over in {handover:.2f} s, {starting:.2f} s of it beta's start-up; "
-        f"beta: {_timeline(beta, wall)}"
+    # The larger of the two allowances, never both: a start-up under load is CPU waits too.
+    allowed = max(starting, waited)
+    assert handover - allowed < GRACEFUL_BOUND, (
+        f"handed over in {handover:.2f} s, {starting:.2f} s of it beta's start-up, "
+        f"{waited:.2f} s the nodes waiting for a CPU; beta: {_timeline(beta, wall)}"
     )
     count = cluster.recorded()
     wait_until(lambda: cluster.recorded() >= count + 20, 30, "beta recording")

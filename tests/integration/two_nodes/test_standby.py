@@ -313,15 +313,17 @@ def test_daily_cap_holds_across_three_failovers(
                 if how is None:
                     break
                 term = cluster.lease().term  # type: ignore[union-attr]
+                waits = None
                 if how == "kill9":
                     fault = cluster.fault(leader, f"kill -9 of {leader.name}", leader.kill9())
                     bound = CRASH_BOUND
                 else:
+                    waits = cluster.cpu_waits()
                     at, code = leader.terminate()
                     assert code == 0
                     fault = cluster.fault(leader, f"SIGTERM of {leader.name}", at)
                     bound = GRACEFUL_BOUND
-                lease, _ = cluster.failover(fault, term, bound)
+                lease, _ = cluster.failover(fault, term, bound, waits)
                 assert lease.node == standby.name
                 leader, standby = standby, leader
                 standby.start()

@@ -121,8 +121,9 @@ def test_graceful_stop_hands_over_within_2s_with_one_takeover_notice_naming_both
             stream = Stream(emu).start()
             try:
                 wait_until(lambda: cluster.recorded() >= 30, 30, "the stream flowing")
+                waits = cluster.cpu_waits()
                 fault = cluster.fault(alpha, "SIGTERM of the leader", alpha.send(signal.SIGTERM))
-                lease, _ = cluster.failover(fault, 1, GRACEFUL_BOUND)
+                lease, _ = cluster.failover(fault, 1, GRACEFUL_BOUND, waits)
                 assert lease.node == "beta"
                 assert alpha.proc is not None and alpha.proc.wait(30) == 0
                 count = cluster.recorded()
