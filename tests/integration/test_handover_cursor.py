@@ -101,3 +101,39 @@ def test_a_handover_right_after_an_audit_line_leaves_an_id_cursor_and_a_cache_lo
     (gap,) = notices(tmp_path, "gap")
     assert gap["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last_seen))
     assert gap["window_end"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock["now"]))
+
+
+def test_a_stop_after_only_backfilled_events_leaves_an_id_cursor_and_a_cache_loss_a_gap(
+    tmp_path: Path,
+) -> None:
+    """Kills the time cursor a first start left when all it recorded came from its start-up
+    poll (alerts published in the half minute before it joined; none since): DESIGN.md section 3
+    says a graceful stop leaves an id cursor once any event was recorded. With the join time as
+    the cursor, a restart after ntfy lost its cache resumed by time: no probe, so the alert
+    lost meanwhile went unnoticed, and the owner was not told. The newest cached event of the
+    poll is now the cursor when no live one is: every event the cache held before it was in
+    that poll, so nothing before it is left unread."""
+    # The server's clock 10 s behind this one: the alerts come before the join's second (the
+    # stream, since the join, does not replay them) and inside the poll's half minute.
+    clock = {"now": time.time() - 10}
+    config_emu = EmulatorConfig(
+        keepalive_interval=1.0, clock=lambda: clock["now"], cache_duration=1000.0
+    )
+    with NtfyEmulator(config_emu).running() as emu:
+        before = [emu.publish("alerts", f"before the join {n}")["id"] for n in range(2)]
+        config = settings_for(emu.url, tmp_path, ntfy_cache_duration="1000s")
+        with DaemonThread(config) as running:
+            daemon = running.daemon
+            assert daemon is not None
+            # Both from the poll, not from the stream.
+            wait_until(lambda: daemon.counters.extra.get("backfill_new") == 2, what="the poll")
+            assert set(before) <= set(event_ids(tmp_path))
+        assert cursor_row(tmp_path) == ("id", before[-1])
+
+        # ntfy restarts without its cache, a minute on; what it held is gone with it.
+        clock["now"] += 60
+        emu.faults.evict(None)
+        kept = emu.publish("alerts", "published after the loss")
+        with DaemonThread(config):
+            wait_until(lambda: kept["id"] in event_ids(tmp_path), what="recording again")
+            wait_until(lambda: notices(tmp_path, "gap"), what="the gap notice")

@@ -119,6 +119,7 @@ class Writer:
         self.next_release: float | None = None  # when the next debounce window closes
         self._saved_frame_time: int | None = None  # the last server time persisted
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)
+        self._backfilled: inbox_batch.Candidate | None = None  # a poll's newest cached event
         self._cursor_saved_at = float("-inf")  # monotonic
         self._frame_time_saved_at = 0.0
         self._cursor_just_saved = False  # by the ticker's pass that asks `save_frame_time` next
@@ -214,11 +215,14 @@ class Writer:
             self._due_moved(result)
             return result  # latched: the cursor stays frozen for the life of the process
         self._crash.hit("after_audit_write")
-        # The cursor: only over events whose audit line is durable, and only stream events
-        # (backfilled ones are off the stream). settle_cursor persists it after the window.
+        # The cursor: only over events whose audit line is durable, and stream events (a
+        # poll's only from a time: `_adopt_backfilled`). settle_cursor persists it after the
+        # window.
         for candidate in result.candidates:
             item = batch[candidate.index]
             if not isinstance(item, intake.Received):
+                if candidate.cached:  # a poll's, in its order: the newest comes last
+                    self._backfilled = candidate
                 continue
             self.resume.durable(
                 candidate.event_id,
@@ -325,10 +329,26 @@ class Writer:
             result = await self.record(frames, also=finish if last else None)
             totals["new"] += result.recorded
             totals["duplicate"] += result.duplicates
+        self._adopt_backfilled()
         log.info("intake.backfill_recorded", since=backfill.owed.since, **totals)
         self._counters.add("backfills")
         self._counters.add("backfill_new", totals["new"])
         self._counters.add("backfill_polled", backfill.polled)
+
+    def _adopt_backfilled(self) -> None:
+        """The newest cached event of a poll becomes the cursor to save when the one persisted
+        is a time (a first start's join, a history) and no live event settled one: a graceful
+        stop leaves an id cursor once any event was recorded (DESIGN.md section 3), so that a
+        restart after a cache loss can ask after it (the gap probe). Every event the cache held
+        before it was in that poll and is recorded with its audit line: a resume from it leaves
+        nothing unread. A live event settling later takes its place, as ever."""
+        newest, self._backfilled = self._backfilled, None
+        if newest is None or self._settled is not None:
+            return
+        if self.cursor is not None and self.cursor.kind == "id":
+            return
+        self._settled = Cursor.at_id(newest.event_id, newest.message_time)
+        self.due_moved()
 
     async def record_refusal(self, refused: refusals.Refused) -> None:
         await self._journal.note(
