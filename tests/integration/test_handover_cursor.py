@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ntfy_intake.runtime.cluster import Holding
+from ntfy_intake.settings import Settings
 from ntfy_intake.testbed.emulator import EmulatorConfig, NtfyEmulator
 
 from ..harness import DaemonThread, cursor_row, event_ids, notices, settings_for, wait_until
@@ -91,16 +92,7 @@ def test_a_handover_right_after_an_audit_line_leaves_an_id_cursor_and_a_cache_lo
         assert cursor_row(tmp_path) == ("id", target[0])
 
         # The server restarts without its cache; the next leader asks after the cursor message.
-        last_seen = clock["now"]
-        clock["now"] += 60
-        emu.faults.evict(None)
-        kept = emu.publish("alerts", "published after the loss")
-        with DaemonThread(config):
-            wait_until(lambda: kept["id"] in event_ids(tmp_path), what="replay after the loss")
-            wait_until(lambda: notices(tmp_path, "gap"), what="gap notice")
-    (gap,) = notices(tmp_path, "gap")
-    assert gap["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last_seen))
-    assert gap["window_end"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock["now"]))
+        restart_after_a_cache_loss(emu, clock, config, tmp_path)
 
 
 def test_a_stop_after_only_backfilled_events_leaves_an_id_cursor_and_a_cache_loss_a_gap(
@@ -131,9 +123,22 @@ def test_a_stop_after_only_backfilled_events_leaves_an_id_cursor_and_a_cache_los
         assert cursor_row(tmp_path) == ("id", before[-1])
 
         # ntfy restarts without its cache, a minute on; what it held is gone with it.
-        clock["now"] += 60
-        emu.faults.evict(None)
-        kept = emu.publish("alerts", "published after the loss")
-        with DaemonThread(config):
-            wait_until(lambda: kept["id"] in event_ids(tmp_path), what="recording again")
-            wait_until(lambda: notices(tmp_path, "gap"), what="the gap notice")
+        restart_after_a_cache_loss(emu, clock, config, tmp_path)
+
+
+def restart_after_a_cache_loss(
+    emu: NtfyEmulator, clock: dict[str, float], config: Settings, tmp_path: Path
+) -> None:
+    """ntfy loses its cache a minute on (the server's clock, `clock`), one alert is published,
+    and the daemon starts again: it records that alert and tells the owner of the gap, from the
+    last frame it saw to the oldest message the server still holds."""
+    last_seen = clock["now"]
+    clock["now"] += 60
+    emu.faults.evict(None)
+    kept = emu.publish("alerts", "published after the loss")
+    with DaemonThread(config):
+        wait_until(lambda: kept["id"] in event_ids(tmp_path), what="recording again")
+        wait_until(lambda: notices(tmp_path, "gap"), what="the gap notice")
+    (gap,) = notices(tmp_path, "gap")
+    assert gap["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last_seen))
+    assert gap["window_end"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock["now"]))

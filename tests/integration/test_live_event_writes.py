@@ -5,13 +5,16 @@ event: bytes and CPU")."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ntfy_intake.runtime.daemon import Daemon
 from ntfy_intake.store import db
 from ntfy_intake.testbed.emulator import NtfyEmulator
 
@@ -40,6 +43,35 @@ class StoreCounts:
                 self.counts["durable commits"] += 1
 
 
+@contextlib.contextmanager
+def settled_daemon(emu: NtfyEmulator, tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon on SQLite (what these tests count is SQLite's), its start-up poll and the
+    writes it owed settled."""
+    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
+    with DaemonThread(config) as running:
+        daemon = running.daemon
+        assert daemon is not None
+        emu.wait_for_subscribers(1)
+        if db.is_postgres(daemon.conn):
+            pytest.skip(
+                "counts what SQLite writes; PostgreSQL's rides are counted in its own tests"
+            )
+        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
+        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
+        yield daemon
+
+
+@contextlib.contextmanager
+def counted(daemon: Daemon) -> Iterator[StoreCounts]:
+    """The transactions and durable commits on the daemon's connection meanwhile."""
+    counts = StoreCounts()
+    daemon.conn.set_trace_callback(counts)  # type: ignore[attr-defined]
+    try:
+        yield counts
+    finally:
+        daemon.conn.set_trace_callback(None)  # type: ignore[attr-defined]
+
+
 @pytest.mark.emulator(keepalive_interval=45.0)  # ntfy's: the frame time is saved on events
 def test_a_live_event_costs_one_write_transaction_not_two(
     emu: NtfyEmulator, tmp_path: Path
@@ -50,19 +82,9 @@ def test_a_live_event_costs_one_write_transaction_not_two(
     ride the next write transaction. Before: 33 transactions for 10 events (10 batches, 10
     marks, 9 snapshots, 2 cursors, 2 frame times); after: the batches, the cursor's once a
     second, and one owed write at the end."""
-    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
-    with DaemonThread(config) as running:
-        daemon = running.daemon
-        assert daemon is not None
-        emu.wait_for_subscribers(1)
-        if db.is_postgres(daemon.conn):
-            pytest.skip("counts SQLite statements; PostgreSQL's rides are counted in its own tests")
-        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
-        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
-        counts = StoreCounts()
+    with settled_daemon(emu, tmp_path) as daemon:
         batches, cursors = daemon.counters.batches, daemon.counters.cursor_moves
-        daemon.conn.set_trace_callback(counts)  # type: ignore[attr-defined]
-        try:
+        with counted(daemon) as counts:
             start = time.monotonic()
             ids = []
             for i in range(EVENTS):
@@ -72,8 +94,6 @@ def test_a_live_event_costs_one_write_transaction_not_two(
             # What the events leave owed (the mark, the snapshot, the frame time), written by
             # the ticker in one transaction once no batch came to carry it.
             wait_until(lambda: db.owed_since(daemon.conn) is None, what="owed writes")
-        finally:
-            daemon.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         batches = daemon.counters.batches - batches
         cursors = daemon.counters.cursor_moves - cursors
     assert 1 <= batches <= EVENTS
@@ -103,15 +123,7 @@ def test_a_live_event_writes_a_few_small_pages_not_a_dozen_large_ones(
     two indexes written for rare reads, the outbox links' table and index of one key, the audit
     mark in every batch; and each frame was a 4 KiB page for rows of a few hundred bytes. Read
     from the WAL itself, checkpoints kept out: the bytes the events' commits appended."""
-    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
-    with DaemonThread(config) as running:
-        daemon = running.daemon
-        assert daemon is not None
-        emu.wait_for_subscribers(1)
-        if db.is_postgres(daemon.conn):
-            pytest.skip("reads SQLite's WAL")
-        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
-        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
+    with settled_daemon(emu, tmp_path) as daemon:
         path = Path(daemon.conn.execute("PRAGMA database_list").fetchone()[2])
         page = daemon.conn.execute("PRAGMA page_size").fetchone()[0]
         probe = db.connect(path)
@@ -145,25 +157,13 @@ def test_an_alert_alone_costs_one_fsync_of_the_store_not_two(
     in a transaction of its own, fsynced too. The cursor only ever lags safely (a restart
     resumes earlier, and the inbox absorbs what is read again), so it rides the next write
     like the audit mark: the ticker writes it unsynced when no batch comes."""
-    config = settings_for(emu.url, tmp_path, ntfy_keepalive_interval="45s")
-    with DaemonThread(config) as running:
-        daemon = running.daemon
-        assert daemon is not None
-        emu.wait_for_subscribers(1)
-        if db.is_postgres(daemon.conn):
-            pytest.skip("counts SQLite statements; PostgreSQL's rides are counted in its own tests")
-        wait_until(lambda: daemon.counters.extra.get("backfills", 0) >= 1, what="start-up poll")
-        wait_until(lambda: db.owed_since(daemon.conn) is None, what="start-up writes settled")
-        counts = StoreCounts()
+    with settled_daemon(emu, tmp_path) as daemon:
         batches, cursors = daemon.counters.batches, daemon.counters.cursor_moves
-        daemon.conn.set_trace_callback(counts)  # type: ignore[attr-defined]
-        try:
+        with counted(daemon) as counts:
             event_id = emu.publish("alerts", "disk full", title="disk full")["id"]
             wait_until(lambda: event_id in event_ids(tmp_path), what="the alert recorded")
             wait_until(lambda: daemon.counters.cursor_moves > cursors, what="the cursor settled")
             wait_until(lambda: db.owed_since(daemon.conn) is None, what="owed writes")
-        finally:
-            daemon.conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert daemon.counters.batches - batches == 1
         saved = daemon.conn.execute("SELECT value FROM cursor WHERE id = 1").fetchone()
     assert counts.counts["durable commits"] == 1, dict(counts.counts)
