@@ -211,10 +211,7 @@ class Member:
         try:
             migrations.apply(self._connection())
         except db.ERRORS as exc:
-            if self._conn is not None:
-                with contextlib.suppress(*db.ERRORS):
-                    self._conn.close()
-                self._conn = None
+            self._drop_connection()
             raise storage.startup_error(exc, self.dsn) from exc
         self._migrated = True
 
@@ -318,6 +315,9 @@ class Member:
                 heard = await self._in_thread(self._listen, min(left, LISTEN_SLICE_S))
             except db.ERRORS as exc:
                 self._failed(exc)
+                # The lease's session most likely broke with it (a server restart): a fresh one
+                # at the next read, not a dead socket that fails once more a retry later.
+                self._drop_connection()
                 await _wait(stop, min(left, RETRY_FRACTION * self.renew_every))
                 return
             if heard:
@@ -456,6 +456,12 @@ class Member:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- plumbing ------------------------------------------------------------------------------------
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(*db.ERRORS):
+                self._conn.close()
+            self._conn = None
 
     def _connection(self) -> Any:
         if self._conn is None:
