@@ -182,8 +182,9 @@ def device_note(
     time: object,
     delivery_key: str | None,
 ) -> Note:
-    """The `incident_info` entry of a delete/clear that came after its request went out (None:
-    its message joined none): what the planner writes live and a rebuild writes again."""
+    """The `incident_info` entry of a delete/clear that came after its request went out
+    (`delivery_key` None: its message joined none): what the planner writes live and a rebuild
+    writes again."""
     payload: dict[str, object] = {
         "schema": DEVICE_ACTION_SCHEMA,
         "incident": incident,

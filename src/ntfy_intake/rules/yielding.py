@@ -21,9 +21,9 @@ that a leader reaches the database; these rules look at the work itself:
   another node is ready, so the node it yielded to takes the lease, not itself again. The
   cool-off never leaves the work undone: it gives way at once when no other node is ready
   (but the lease it released is left to the node it yielded to for `grace`: that node's row may
-  only be late, unless a fresh one of it refuses the work), and when the lease has stayed free for `grace` (lease_ttl + renew_every: the
-  ready node should have taken it by then, and two nodes that each yielded within a cool-off
-  must not both wait).
+  only be late, unless a fresh one of it refuses the work), and when the lease has stayed free
+  for `grace` (lease_ttl + renew_every: the ready node should have taken it by then, and two
+  nodes that each yielded within a cool-off must not both wait).
   A node that gives the work up (a graceful stop, a yield back) writes its row as not ready
   before it releases, and the caller reads the rows again when the lease is free
   (runtime/readiness, `campaign_peers`): so the node it yielded to, stopping or yielding in
