@@ -12,7 +12,13 @@ process blocked in `select` on a socket: what the method itself reads for a proc
 
 Per event: 5 events/s published for the same time; `/proc/PID/io` write_bytes and CPU per event,
 against the floor measured the same way in its own process: one SQLite INSERT (WAL, synchronous
-FULL) plus one fsynced audit line append per event.
+FULL) plus one fsynced audit line append per event. A second reference, the contract's minimum,
+does in one thread only what DESIGN.md sections 2 and 4 make every live event do: read it from
+an emulator's stream (h11), decode it with the daemon's decoder, one transaction on the daemon's
+schema (the id and the incident read; the inbox row, the outbox link, the incident and the
+journal row written; COMMIT under synchronous FULL), then its audit line appended and fsynced. No
+planner, cadence, cursor, health snapshot or event loop: what the contract itself costs in
+Python, before anything a daemon adds to it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,72 @@ for line in sys.stdin:
 """
 
 
+# The contract's minimum (module doc): one process, one thread, per event what sections 2 and 4
+# require and nothing else. Prints "ready" once the stream's `open` frame came.
+_CONTRACT = """
+import os, socket, sys, time
+from pathlib import Path
+import h11
+from ntfy_intake.store import audit, db, incident_rows, migrations
+from ntfy_intake.wire.frames import Message, Open, decode_line
+port, directory = int(sys.argv[1]), Path(sys.argv[2])
+conn = db.connect(str(directory / "contract.sqlite3"))
+migrations.apply(conn)
+log = audit.AuditLog(directory / "contract-audit", clock=time.time)
+KEY, WINDOW = "alerts:footprint", "tri_contract"
+conn.execute("BEGIN IMMEDIATE")
+conn.execute(
+    "INSERT INTO outbox(delivery_key, incident_key, reason, state, due_at, created_at)"
+    " VALUES (?, ?, 'first', 'collecting', ?, ?)", (WINDOW, KEY, time.time() + 3600, time.time()))
+conn.execute("COMMIT")
+KNOWN = "SELECT event_id, raw_sha256 FROM inbox WHERE event_id = ?"
+INCIDENT = "SELECT key, severity, status, events FROM incidents WHERE key = ?"
+INBOX = (
+    "INSERT INTO inbox(event_id, topic, time, expires, raw, raw_sha256, incident_key, severity,"
+    " outcome, reason, delivery_key, received_at, event, sequence_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, 3, 'joined', 'debounce', ?, ?, 'message', NULL)")
+LINK = "INSERT INTO outbox_events(delivery_key, event_id) VALUES (?, ?)"
+JOURNAL = "INSERT INTO audit_journal(line) VALUES (?)"
+topics = frozenset({"alerts", "backups"})
+sock = socket.create_connection(("127.0.0.1", port))
+http = h11.Connection(h11.CLIENT)
+target = f"/alerts,backups/json?since={int(time.time())}"
+host = f"127.0.0.1:{port}"
+sock.sendall(http.send(h11.Request(method="GET", target=target, headers=[("Host", host)])))
+sock.sendall(http.send(h11.EndOfMessage()))
+buffer, events = b"", 0
+while data := sock.recv(65536):
+    http.receive_data(data)
+    while isinstance(part := http.next_event(), h11.Response | h11.Data):
+        if isinstance(part, h11.Data):
+            buffer += bytes(part.data)
+    *lines, buffer = buffer.split(b"\\n")
+    for line in lines:
+        frame = decode_line(line, topics)
+        if isinstance(frame, Open):
+            sys.stdout.write("ready\\n"); sys.stdout.flush()
+        if not isinstance(frame, Message):
+            continue
+        now = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(KNOWN, (frame.id,)).fetchall()
+        seen = conn.execute(INCIDENT, (KEY,)).fetchone()
+        events = (seen[3] if seen else 0) + 1
+        conn.execute(INBOX, (frame.id, frame.topic, frame.time, frame.expires, frame.raw,
+                             frame.raw_sha256, KEY, WINDOW, now))
+        conn.execute(LINK, (WINDOW, frame.id))
+        conn.execute(incident_rows.SAVE, (KEY, 3, "firing", frame.time, frame.id, frame.time,
+                                          frame.time, events, 1))
+        record = audit.encode({"ts": "2026-12-07T00:00:00.000Z", "kind": "event",
+                               "event_id": frame.id, "incident": KEY, "severity": 3,
+                               "status": "firing", "outcome": "joined", "reason": "debounce",
+                               "delivery_key": WINDOW})
+        seq = conn.execute(JOURNAL, (record,)).lastrowid
+        conn.execute("COMMIT")
+        log.append([audit.file_line(seq, record)], last_seq=seq)
+"""
+
+
 @dataclass
 class Sample:
     """One process's counters at one moment."""
@@ -111,6 +183,7 @@ class Footprint:
     events: int
     live: Sample
     floor: Sample
+    contract: Sample
     threads: int
 
 
@@ -158,6 +231,30 @@ def floor(directory: Path, events: int) -> Sample:
         return Sample.of(proc.pid) - before
 
 
+def contract_minimum(directory: Path, events: int) -> Sample:
+    """The contract's minimum (module doc) on its own emulator, at the live phase's rate."""
+    config = EmulatorConfig(keepalive_interval=45.0, manager_interval=None)
+    with NtfyEmulator(config).running() as emu:
+        port = emu.url.rsplit(":", 1)[1]
+        with _script(_CONTRACT, port, str(directory)) as proc:
+            before = Sample.of(proc.pid)
+            _publish(emu, events)
+            wait_for(
+                lambda: _audit_events(directory / "contract-audit") >= events,
+                30,
+                "the contract's minimum recorded the live events",
+                interval=0.05,
+            )
+            return Sample.of(proc.pid) - before
+
+
+def _publish(emu: NtfyEmulator, events: int) -> None:
+    start = time.monotonic()
+    for i in range(events):
+        time.sleep(max(0.0, start + i / RATE - time.monotonic()))
+        emu.publish("alerts", f"footprint probe #{i}", title="footprint")
+
+
 def _audit_events(audit_dir: Path) -> int:
     total = 0
     for path in audit_dir.glob("*"):
@@ -185,10 +282,7 @@ def measure(workdir: Path, seconds: float, *, idle_only: bool = False) -> Footpr
                 audit_dir = state / "audit"
                 already = _audit_events(audit_dir)
                 before = Sample.of(proc.pid)
-                start = time.monotonic()
-                for i in range(events):
-                    time.sleep(max(0.0, start + i / RATE - time.monotonic()))
-                    emu.publish("alerts", f"footprint probe #{i}", title="footprint")
+                _publish(emu, events)
                 wait_for(
                     lambda: _audit_events(audit_dir) >= already + events,
                     30,
@@ -200,7 +294,8 @@ def measure(workdir: Path, seconds: float, *, idle_only: bool = False) -> Footpr
                 live = Sample.of(proc.pid) - before
     reference = reference_idle(seconds)
     floor_sample = floor(workdir, events) if events else Sample(0, 0.0, 0)
-    return Footprint(seconds, idle, reference, events, live, floor_sample, threads)
+    contract = contract_minimum(workdir, events) if events else Sample(0, 0.0, 0)
+    return Footprint(seconds, idle, reference, events, live, floor_sample, contract, threads)
 
 
 def rows(fp: Footprint) -> list[Row]:
@@ -247,6 +342,18 @@ def rows(fp: Footprint) -> list[Row]:
                 ratio(cpu, floor_cpu),
                 f"<= {TARGET_CPU_MS_EVENT:g} ms",
                 met(cpu <= TARGET_CPU_MS_EVENT),
+            ),
+            Row(
+                "  the contract's minimum: CPU per live event (one thread, no planner)",
+                f"{fp.contract.cpu_s * 1000 / fp.events:.2f} ms",
+                f"floor {floor_cpu:.2f} ms",
+                ratio(fp.contract.cpu_s, fp.floor.cpu_s),
+            ),
+            Row(
+                "  the contract's minimum: write_bytes per live event",
+                f"{fp.contract.write_bytes / fp.events / 1024:.1f} KiB",
+                f"floor {floor_kib:.1f} KiB",
+                ratio(fp.contract.write_bytes, fp.floor.write_bytes),
             ),
             Row(
                 "wake-ups per live event",
