@@ -115,7 +115,7 @@ class Writer:
         self.subscribed = asyncio.Event()  # set when a subscription first opens
         self._between_batches = asyncio.Event()  # clear while a batch is recorded (`batch_done`)
         self._between_batches.set()
-        self.cursor: Cursor | None = None  # the cursor last persisted
+        self.cursor: Cursor | None = None  # the cursor last saved, or owed to the next write
         self.next_release: float | None = None  # when the next debounce window closes
         self._saved_frame_time: int | None = None  # the last server time persisted
         self._settled: Cursor | None = None  # settled, not yet persisted (`CURSOR_SAVE_EVERY`)

@@ -314,9 +314,8 @@ def flush(conn: Connection, log: AuditLog, *, mark_rides: bool = False) -> int:
     if dialect.is_postgres(conn):
         written = mirror(conn, log)
         if log.last_seq > log.marked:
-            if mark_rides and isinstance(conn, postgres.PgConnection):
-                ride(conn, FLUSHED_KEY, _MARK_FORWARD, (FLUSHED_KEY, str(log.last_seq)))
-            else:
+            forward = (FLUSHED_KEY, str(log.last_seq))
+            if not (mark_rides and ride(conn, FLUSHED_KEY, _MARK_FORWARD, forward)):
                 _mark_flushed(conn, log.last_seq)
             log.marked = log.last_seq
         return written

@@ -22,8 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from ntfy_intake.store import db, postgres
-from ntfy_intake.store.transaction import Connection, SqliteConnection, ride
+from ntfy_intake.store import db
+from ntfy_intake.store.transaction import Connection, ride
 
 Kind = Literal["id", "time", "all"]
 
@@ -158,10 +158,7 @@ def owe_last_frame_time(conn: Connection, server_time: int) -> bool:
     """The last frame's time, owed to the connection's next write transaction (the next batch's
     while events flow; the ticker's owed write otherwise): lagging only widens a gap's window.
     False when `conn` carries no owed writes (the caller saves it in its own transaction)."""
-    if not isinstance(conn, postgres.PgConnection | SqliteConnection):
-        return False
-    ride(conn, "last_frame_time", _SAVE_FRAME_TIME, (server_time, server_time))
-    return True
+    return ride(conn, "last_frame_time", _SAVE_FRAME_TIME, (server_time, server_time))
 
 
 def load(conn: Connection) -> Cursor | None:
@@ -181,10 +178,7 @@ def owe(conn: Connection, cursor: Cursor, now: float) -> bool:
     events flow; the ticker's unsynced owed write otherwise): a lost or late save only resumes
     a restart earlier, and the inbox absorbs what is read again. A lone alert's store costs one
     fsync, its batch's, not two. False when `conn` carries no owed writes (the caller saves)."""
-    if not isinstance(conn, postgres.PgConnection | SqliteConnection):
-        return False
-    ride(conn, "cursor", _SAVE, (cursor.kind, cursor.value, cursor.message_time, now))
-    return True
+    return ride(conn, "cursor", _SAVE, (cursor.kind, cursor.value, cursor.message_time, now))
 
 
 _SAVE = (

@@ -190,18 +190,16 @@ def _written(riders: dict[str, Rider], riding: dict[str, Rider]) -> None:
             del riders[name]
 
 
-def can_ride(conn: Connection) -> bool:
-    """Whether `conn` carries owed writes (`ride`): the store's own connections do."""
-    return isinstance(conn, postgres.PgConnection | SqliteConnection)
-
-
-def ride(
-    conn: postgres.PgConnection | SqliteConnection, name: str, sql: str, params: tuple[Any, ...]
-) -> None:
+def ride(conn: Connection, name: str, sql: str, params: tuple[Any, ...]) -> bool:
     """Owe `sql` to the next write transaction on `conn`, in place of one owed under `name`
-    (module doc). Only for a statement that cannot fail but with its transaction."""
+    (module doc). Only for a statement that cannot fail but with its transaction. False when
+    `conn` carries no owed writes (only the store's own connections do): the caller writes it
+    in a transaction of its own."""
+    if not isinstance(conn, postgres.PgConnection | SqliteConnection):
+        return False
     owed = conn.riders.get(name)
     conn.riders[name] = Rider(sql, params, time.monotonic() if owed is None else owed.since)
+    return True
 
 
 def owed_since(conn: Connection) -> float | None:

@@ -8,8 +8,6 @@ from typing import Any
 
 from ntfy_intake.store import db, transaction
 from ntfy_intake.store.db import Connection
-from ntfy_intake.store.postgres import PgConnection
-from ntfy_intake.store.transaction import SqliteConnection
 
 HEALTH_KEY = "health"
 
@@ -51,8 +49,7 @@ def save_health(conn: Connection, snapshot: dict[str, Any], *, ride: bool = Fals
     within `MARK_OWED_AT_MOST` otherwise), where a snapshot that changes with every event costs
     no transaction and no fsync of its own."""
     params = (HEALTH_KEY, json.dumps(snapshot))
-    if ride and isinstance(conn, PgConnection | SqliteConnection):
-        transaction.ride(conn, HEALTH_KEY, _SAVE, params)
+    if ride and transaction.ride(conn, HEALTH_KEY, _SAVE, params):
         return
     # Every owed write goes first (carry_all): an owed snapshot, older than this one (the final
     # `stopped`), left owed and written later would replace it.
