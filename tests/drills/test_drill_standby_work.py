@@ -54,7 +54,7 @@ def test_a_leader_that_cannot_do_the_work_yields_it_within_the_bound(
         how = value(table, f"  {LABELS[kind]}: how / latched / ready again (p50 / max)")
         latched = "1 of 1" if kind == "audit_full" else "0 of 1"
         assert f" / {latched} / " in how and not how.endswith("/ -"), how
-    assert value(table, "work faults: the faulted node took the lease back itself") == "0"
+    assert value(table, "work faults: the faulted node took the lease back itself") == "0", table
     assert value(table, "lost (pi / nas files)") == "0 / 0"
     assert value(table, "double outcomes (pi / nas files)") == "0 / 0"
     assert value(table, "published ids without an inbox row") == "0"

@@ -9,7 +9,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -284,6 +284,9 @@ class Round:
     detail: str = ""  # a work fault: what was done
     latched: bool | None = None  # a work fault: the faulted node's audit latch was set
     retook: bool = False  # a work fault: the faulted node took a new term itself meanwhile
+    # (term, node) of each lease seen after the fault, in order: what a take-back came after
+    # (straight back, or after the other node's term lapsed).
+    terms: list[tuple[int, str]] = field(default_factory=list)
     ready_again_s: float | None = None  # a work fault: lifted -> the faulted node ready again
 
     @property
@@ -309,7 +312,11 @@ class Round:
         lease = "-" if self.lease_s is None else f"{self.lease_s:.2f} s"
         event = "-" if self.event_s is None else f"{self.event_s:.2f} s"
         detail = f" ({self.detail})" if self.detail else ""
+        back = ""
+        if self.retook:
+            seen = " -> ".join(f"{node} {term}" for term, node in self.terms)
+            back = f"; {self.target} took the lease back itself (terms after the fault: {seen})"
         return (
             f"{LABELS[self.kind]}{detail} of {self.target} (term {self.term_before}):"
-            f" {self.outcome}; lease {lease}, first event {event}"
+            f" {self.outcome}; lease {lease}, first event {event}{back}"
         )

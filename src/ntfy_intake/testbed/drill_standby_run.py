@@ -309,6 +309,9 @@ class StandbyDrill:
         while True:
             lease = self.cluster.lease()
             now = time.monotonic()
+            last = done.terms[-1][0] if done.terms else done.term_before
+            if lease is not None and lease.fresh and lease.term > last:
+                done.terms.append((lease.term, lease.node))
             if lease is not None and lease.fresh and (held is None or lease.term != held.term):
                 after = lease.expires_at - self.ttl > fault.server_at
                 moved = lease.term > done.term_before
